@@ -1,0 +1,46 @@
+"""The `voxline` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="voxline",
+        description="voxline: a streaming real-time voice engine (CPU by default, shipped models).",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    serve = sub.add_parser("serve", help="run the HTTP / WebSocket server with its engine process")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
+
+    converse = sub.add_parser(
+        "converse", help="one spoken turn from a WAV file: ASR -> LLM -> TTS, reply as 24 kHz WAV"
+    )
+    converse.add_argument("--input", required=True, help="WAV file with the spoken question")
+    converse.add_argument("--output", required=True, help="where to write the spoken reply (WAV)")
+    converse.add_argument("--seed", type=int, default=None, help="sampling seed (default: greedy)")
+
+    say = sub.add_parser("say", help="synthesize text to a WAV file with the shipped Piper voice")
+    say.add_argument("text", help="text to speak")
+    say.add_argument("--output", required=True, help="WAV file to write")
+    say.add_argument("--rate", type=int, default=24000, help="output sample rate (default: %(default)s)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from voxline.logs import setup_logging
+
+    setup_logging(args.verbose)
+    from voxline import commands
+
+    return commands.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

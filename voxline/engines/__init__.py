@@ -1,0 +1,1 @@
+"""The async-chunk engine: streams, stages, scheduler, engine process and its clients."""

@@ -1,0 +1,1 @@
+"""GPU fast paths, each with an exact eager fallback used on CPU."""

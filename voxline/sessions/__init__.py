@@ -1,0 +1,1 @@
+"""Session actors: conversation state, turn detection, response lifecycle. Transport-agnostic."""

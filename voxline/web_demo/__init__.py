@@ -1,0 +1,1 @@
+"""voxline.web_demo."""

@@ -1,0 +1,95 @@
+"""Moonshine base-en adapter: real shipped model on CPU (onnxruntime, no moonshine_cpp import)."""
+
+from __future__ import annotations
+
+import sys
+import wave
+
+import numpy as np
+import pytest
+from speech import espeak, noise
+
+from voxline.engines.models.moonshine_asr import (
+    MoonshineASR,
+    MoonshineTokenizer,
+    shipped_model_dir,
+)
+from voxline.errors import ModelUnavailableError
+
+
+@pytest.fixture(scope="module")
+def asr() -> MoonshineASR:
+    return MoonshineASR.load()
+
+
+def test_capital_of_france(asr: MoonshineASR) -> None:
+    text = asr.transcribe(espeak("What is the capital of France?")).lower()
+    assert "capital" in text and "france" in text
+
+
+def test_second_sentence_key_words(asr: MoonshineASR) -> None:
+    text = asr.transcribe(
+        espeak("Please set a timer for ten minutes and turn off the kitchen lights.")
+    ).lower()
+    for word in ("timer", "minutes", "kitchen", "lights"):
+        assert word in text, text
+
+
+def test_shipped_sample_is_sensible_english(asr: MoonshineASR) -> None:
+    path = shipped_model_dir().parent.parent / "test-data" / "beckett.wav"
+    with wave.open(str(path), "rb") as w:
+        assert w.getframerate() == 16000 and w.getnchannels() == 1
+        audio = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768
+    text = asr.transcribe(audio).lower()
+    for word in ("ever", "tried", "failed", "try again", "fail better"):
+        assert word in text, text
+
+
+def test_empty_and_very_short_audio(asr: MoonshineASR) -> None:
+    assert asr.transcribe(np.zeros(0, np.float32)) == ""
+    assert asr.transcribe(np.zeros(400, np.float32)) == ""  # 25 ms
+    assert isinstance(asr.transcribe(noise(0.1)), str)  # the shortest clip it decodes
+    assert asr.transcribe(np.zeros(16000, np.float32)) == ""  # 1 s of silence
+
+
+def test_batch_matches_single(asr: MoonshineASR) -> None:
+    clips = [espeak("Good morning."), np.zeros(100, np.float32), espeak("Thank you very much.")]
+    assert asr.transcribe_batch(clips) == [asr.transcribe(c) for c in clips]
+    assert asr.transcribe_batch([]) == []
+
+
+def test_rejects_bad_input(asr: MoonshineASR) -> None:
+    with pytest.raises(ValueError, match="1-D"):
+        asr.transcribe(np.zeros((2, 16000), np.float32))
+    with pytest.raises(ValueError, match="at most 64 s"):
+        asr.transcribe(np.zeros(65 * 16000, np.float32))
+
+
+def test_tokenizer_format(tmp_path) -> None:
+    # Entry lengths: 1-byte form below 128, two-byte form (second * 128 + first - 128) above.
+    long_piece = "\u2581" + "x" * 200
+    blob = bytearray()
+    for piece in [b"<s>", "\u2581Hi".encode(), b"\xc3", b"\xa9", long_piece.encode(), b"</s>"]:
+        n = len(piece)
+        blob += bytes([n]) if n < 128 else bytes([n % 128 + 128, n // 128])
+        blob += piece
+    (tmp_path / "tokenizer.bin").write_bytes(bytes(blob))
+    tok = MoonshineTokenizer.from_file(tmp_path / "tokenizer.bin")
+    assert len(tok) == 6 and tok.pieces[4] == long_piece.encode()
+    assert tok.decode([0, 1, 2, 3, 5]) == "Hi\u00e9"  # specials dropped, byte fallback joined
+    assert tok.decode([1, 4]) == "Hi " + "x" * 200
+
+
+def test_shipped_tokenizer_ids(asr: MoonshineASR) -> None:
+    tok = asr.tokenizer
+    assert tok.pieces[:3] == [b"<unk>", b"<s>", b"</s>"]
+    assert tok.pieces[3 + ord("A")] == b"A"  # byte-fallback block starts at id 3
+
+
+def test_missing_files_are_named(tmp_path) -> None:
+    with pytest.raises(ModelUnavailableError, match="encoder_model.ort"):
+        MoonshineASR.load(str(tmp_path))
+
+
+def test_native_runtime_never_imported(asr: MoonshineASR) -> None:
+    assert "moonshine_cpp" not in sys.modules

@@ -1,0 +1,192 @@
+"""EngineCore stream logic with hand-built models: turns, async chunks, cancel, truncate."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+from conftest import TIME_FACTOR
+from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS, tone
+
+from voxline.engines import protocol as p
+from voxline.engines.core import EngineCore, Models
+
+
+class Harness:
+    """Drives an EngineCore the way run_engine_loop does, collecting its outputs."""
+
+    def __init__(self, stop_after: int = 12, asr_text: str = "hello there friend",
+                 step_seconds: float = 0.0) -> None:
+        self.woke = threading.Event()
+        self.lm = CountingLM(stop_after=stop_after, step_seconds=step_seconds)
+        self.tts = ToneTTS()
+        self.asr = FixedASR(asr_text)
+        self.core = EngineCore(Models(EnergyVAD(), self.asr, self.lm, self.tts), self.woke.set)
+        self.outputs: list[p.EngineOutput] = []
+
+    def send(self, *msgs: p.EngineInput) -> None:
+        for m in msgs:
+            self.core.add_input(m)
+
+    def run_until(self, pred, timeout: float = 10.0) -> list[p.EngineOutput]:
+        deadline = time.monotonic() + timeout * TIME_FACTOR
+        while not pred(self.outputs):
+            assert time.monotonic() < deadline, f"timed out; outputs: {self.kinds()}"
+            if not self.core.has_work():
+                self.woke.wait(0.05)
+                self.woke.clear()
+            self.outputs.extend(self.core.step())
+        return self.outputs
+
+    def kinds(self) -> list[str]:
+        return [type(o).__name__ for o in self.outputs]
+
+    def of(self, cls):
+        return [o for o in self.outputs if isinstance(o, cls)]
+
+    def close(self) -> None:
+        self.core.close()
+
+
+def has(cls, **fields):
+    return lambda outs: any(
+        isinstance(o, cls) and all(getattr(o, k) == v for k, v in fields.items()) for o in outs)
+
+
+def speech_turn(seconds: float = 0.8) -> bytes:
+    audio = np.concatenate([np.zeros(8000, np.float32), tone(seconds), np.zeros(16000, np.float32)])
+    return audio.astype("<f4").tobytes()
+
+
+def test_server_vad_turn_gives_speech_events_and_final_transcript():
+    h = Harness()
+    h.send(p.OpenStream("s1"), p.AppendAudio("s1", speech_turn()))
+    h.run_until(has(p.TranscriptFinal))
+    started, = h.of(p.SpeechStarted)
+    stopped, = h.of(p.SpeechStopped)
+    final, = h.of(p.TranscriptFinal)
+    assert started.item_id == stopped.item_id == final.item_id
+    assert 450 <= started.audio_start_ms <= 520  # the tone starts at 500 ms
+    assert 1250 <= stopped.audio_end_ms <= 1350  # and ends at 1300 ms
+    assert final.text == "hello there friend"
+    assert [i.text for i in h.core.streams["s1"].conversation.items] == ["hello there friend"]
+    h.close()
+
+
+def test_response_streams_audio_before_the_llm_finishes_and_completes():
+    h = Harness(stop_after=24, step_seconds=0.02)
+    h.send(p.OpenStream("s1"), p.AddItem("s1", "u1", "user", "say something long"),
+           p.CreateResponse("s1", "r1", "a1"))
+    h.run_until(has(p.ResponseDone))
+    kinds = h.kinds()
+    first_audio = kinds.index("AudioChunk")
+    last_text = len(kinds) - 1 - kinds[::-1].index("TextDelta")
+    assert first_audio < last_text, "TTS must start on the first segment (async chunk)"
+    done, = h.of(p.ResponseDone)
+    assert done.status == p.ResponseStatus.COMPLETED and done.output_tokens == 24
+    deltas = "".join(o.text for o in h.of(p.TextDelta))
+    assert done.text == deltas.strip()
+    spoken = " ".join(o.text for o in h.of(p.AudioChunk))
+    assert spoken.split() == deltas.split()  # every word spoken exactly once, in order
+    items = h.core.streams["s1"].conversation.items
+    assert [i.item_id for i in items] == ["u1", "a1"] and items[1].text == done.text
+    h.close()
+
+
+def test_cancel_stops_the_response_and_never_sends_a_stale_chunk():
+    h = Harness(stop_after=200)
+    h.send(p.OpenStream("s1"), p.AddItem("s1", "u1", "user", "talk"),
+           p.CreateResponse("s1", "r1", "a1"))
+    h.run_until(has(p.AudioChunk))
+    h.send(p.CancelResponse("s1"))
+    h.outputs.extend(h.core.step())
+    done, = h.of(p.ResponseDone)
+    assert done.status == p.ResponseStatus.CANCELLED
+    n = len(h.outputs)
+    assert not h.core.llm.has_work()  # the batch slot is free right away
+    # a new response starts; nothing of r1 may follow its ResponseDone
+    h.send(p.CreateResponse("s1", "r2", "a2", p.ResponseConfig(max_output_tokens=3)))
+    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.ResponseDone)]) == 2)
+    assert all(getattr(o, "response_id", "r2") == "r2" for o in h.outputs[n:])
+    h.close()
+
+
+def test_truncate_keeps_only_what_was_heard_and_rolls_context_back():
+    h = Harness(stop_after=30)
+    h.send(p.OpenStream("s1"), p.AddItem("s1", "u1", "user", "talk"),
+           p.CreateResponse("s1", "r1", "a1"))
+    h.run_until(has(p.ResponseDone))
+    chunks = h.of(p.AudioChunk)
+    assert len(chunks) >= 2
+    heard_ms = int(chunks[0].duration_ms)
+    h.send(p.TruncateItem("s1", "a1", heard_ms))
+    h.run_until(has(p.ItemTruncated))
+    trunc, = h.of(p.ItemTruncated)
+    assert trunc.text == chunks[0].text.strip()
+    # the next response's prompt holds the truncated text, re-prefilled from the cut
+    h.lm.calls.clear()
+    h.send(p.AddItem("s1", "u2", "user", "and"), p.CreateResponse("s1", "r2", "a2"))
+    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.ResponseDone)]) == 2)
+    slot = h.core.streams["s1"].slot.index
+    assert h.lm.cache[slot][: len(h.core.streams["s1"].slot.tokens)] == h.core.streams["s1"].slot.tokens
+    a1 = h.core.streams["s1"].conversation.find("a1")
+    assert a1.text == trunc.text and a1.audio_ms <= heard_ms + 1
+    h.close()
+
+
+def test_truncate_beyond_audio_is_an_error_and_keeps_the_item():
+    h = Harness(stop_after=5)
+    h.send(p.OpenStream("s1"), p.AddItem("s1", "u1", "user", "talk"),
+           p.CreateResponse("s1", "r1", "a1"))
+    h.run_until(has(p.ResponseDone))
+    text = h.of(p.ResponseDone)[0].text
+    h.send(p.TruncateItem("s1", "a1", 10_000_000))
+    h.run_until(has(p.StreamError))
+    err, = h.of(p.StreamError)
+    assert err.code == "invalid_value" and "audio_end_ms" in err.message and not err.fatal
+    assert h.core.streams["s1"].conversation.find("a1").text == text
+    h.close()
+
+
+def test_manual_commit_and_errors_for_bad_inputs():
+    h = Harness()
+    h.send(p.OpenStream("m", p.StreamConfig(turn_detection=None)))
+    h.send(p.CommitAudio("m", "i1"))  # nothing buffered
+    h.send(p.AppendAudio("zzz", b"\0\0\0\0"))  # unknown stream
+    h.send(p.OpenStream("m"))  # duplicate
+    h.send(p.AppendAudio("m", tone(0.5).tobytes()), p.CommitAudio("m", "i2"))
+    h.run_until(has(p.TranscriptFinal))
+    codes = [e.code for e in h.of(p.StreamError)]
+    assert codes == ["input_audio_buffer_commit_empty", "unknown_stream", "stream_exists"]
+    assert h.of(p.TranscriptFinal)[0].item_id == "i2"
+    assert not h.of(p.SpeechStarted)  # no server VAD on this stream
+    h.close()
+
+
+def test_second_response_while_one_is_active_is_refused():
+    h = Harness(stop_after=50)
+    h.send(p.OpenStream("s"), p.AddItem("s", "u", "user", "x"), p.CreateResponse("s", "r1", "a1"),
+           p.CreateResponse("s", "r2", "a2"))
+    h.outputs.extend(h.core.step())
+    errs = h.of(p.StreamError)
+    assert errs and errs[0].code == "conversation_already_has_active_response"
+    h.close()
+
+
+def test_streams_are_batched_and_independent():
+    h = Harness(stop_after=6)
+    for sid in ("a", "b", "c"):
+        h.send(p.OpenStream(sid), p.AddItem(sid, "u", "user", "hi " + sid),
+               p.CreateResponse(sid, "r-" + sid, "a-" + sid, p.ResponseConfig(audio=False)))
+    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.ResponseDone)]) == 3)
+    assert any(len(slots) == 3 for slots, _ in h.lm.calls)  # one forward served all three
+    for sid in ("a", "b", "c"):
+        assert all(o.response_id == "r-" + sid for o in h.outputs
+                   if getattr(o, "stream_id", None) == sid and hasattr(o, "response_id"))
+    assert not h.of(p.AudioChunk)  # audio=False: text only
+    h.send(p.CloseStream("b"))
+    h.outputs.extend(h.core.step())
+    assert h.of(p.StreamClosed)[0].stream_id == "b" and "b" not in h.core.streams
+    assert len(h.lm.free) == 4 - 2  # b's slot went back
+    h.close()

@@ -1,0 +1,136 @@
+"""LLM scheduler logic with a hand-built model (no weights): batching, reuse, discard."""
+
+from __future__ import annotations
+
+from fakes import EOS, CountingLM
+
+from voxline.engines.llm_stage import FinishReason, GenerationRequest, LLMStage, Slot
+
+
+def make_request(lm: CountingLM, rid: str, prompt: list[int], max_tokens: int = 32) -> GenerationRequest:
+    slot = Slot(lm.alloc_slot())
+    return GenerationRequest(rid, slot, lambda: list(prompt), max_tokens)
+
+
+def run_step(stage: LLMStage):
+    plan = stage.schedule()
+    assert plan is not None
+    return plan, stage.update(plan, stage.execute(plan))
+
+
+def test_requests_join_and_leave_the_batch_every_step():
+    lm = CountingLM(stop_after=3)
+    stage = LLMStage(lm)
+    a = make_request(lm, "a#1", [1, 9, 3])
+    stage.add(a)
+    run_step(stage)  # a: prefill
+    b = make_request(lm, "b#1", [5, 1, 9, 3])
+    stage.add(b)
+    plan, _ = run_step(stage)
+    assert {e.request.request_id for e in plan.entries} == {"a#1", "b#1"}
+    # a decodes one token while b prefills its whole prompt in the same forward
+    assert [len(t) for t in plan.tokens] == [1, 4]
+    while stage.has_work():
+        run_step(stage)
+    assert a.finish == b.finish == FinishReason.STOP
+    assert len(a.generated) == len(b.generated) == 3
+    assert EOS not in a.generated
+
+
+def test_max_tokens_finishes_with_length():
+    lm = CountingLM(stop_after=100)
+    stage = LLMStage(lm)
+    req = make_request(lm, "a#1", [1, 9, 3], max_tokens=5)
+    stage.add(req)
+    while stage.has_work():
+        run_step(stage)
+    assert req.finish == FinishReason.LENGTH and len(req.generated) == 5
+
+
+def test_new_turn_is_appended_to_the_cached_prefix_without_reprefill():
+    lm = CountingLM(stop_after=4)
+    stage = LLMStage(lm)
+    convo = [1, 5, 3, 20, 21, 2, 3]
+    slot = Slot(lm.alloc_slot())
+    first = GenerationRequest("s#1", slot, lambda: convo + [1, 9, 3], 16)
+    stage.add(first)
+    while stage.has_work():
+        run_step(stage)
+    # the assistant turn joins the conversation with its exact sampled tokens, then a user turn
+    convo += [1, 9, 3] + first.generated + [2, 3] + [1, 5, 3, 30, 2, 3]
+    second = GenerationRequest("s#2", slot, lambda: convo + [1, 9, 3], 16)
+    stage.add(second)
+    lm.calls.clear()
+    plan, _ = run_step(stage)
+    fed = plan.tokens[0]
+    # only what the cache lacks: the footer (the EOS was sampled, never fed), the new
+    # user turn and the header; never the earlier prefix
+    assert fed == [2, 3, 1, 5, 3, 30, 2, 3, 1, 9, 3]
+    assert second.cached_tokens == len(slot.tokens) - len(fed)
+
+
+def test_token_of_a_step_in_flight_is_discarded_when_input_changes():
+    lm = CountingLM(stop_after=50)
+    stage = LLMStage(lm)
+    convo = [1, 5, 3, 20, 2, 3]
+    req = make_request(lm, "s#1", [])
+    req.prompt = lambda: convo + [1, 9, 3]
+    stage.add(req)
+    run_step(stage)
+    run_step(stage)
+    confirmed = list(req.slot.tokens)
+    generated = list(req.generated)
+    plan = stage.schedule()  # decode step scheduled ...
+    logits = stage.execute(plan)  # ... and run, while new input arrives:
+    convo[3] = 25
+    req.epoch += 1
+    new = stage.update(plan, logits)
+    assert new == []
+    assert req.generated == generated  # the unconfirmed token is gone
+    assert req.slot.tokens == confirmed  # nothing of the step was confirmed
+    assert lm.cache[req.slot.index] == confirmed  # and the cache was rolled back
+    # the next step re-prefills from the edit point, carrying the confirmed tokens over
+    plan, _ = run_step(stage)
+    assert plan.tokens[0] == [25, 2, 3, 1, 9, 3] + generated
+
+
+def test_abort_frees_the_batch_slot_within_one_step():
+    lm = CountingLM(stop_after=50)
+    stage = LLMStage(lm)
+    a = make_request(lm, "a#1", [1, 9, 3])
+    b = make_request(lm, "b#1", [1, 9, 3])
+    stage.add(a)
+    stage.add(b)
+    run_step(stage)
+    plan = stage.schedule()
+    stage.abort("a#1")
+    stage.update(plan, stage.execute(plan))
+    assert a.finish == FinishReason.ABORT
+    plan = stage.schedule()
+    assert [e.request.request_id for e in plan.entries] == ["b#1"]
+    assert lm.cache[a.slot.index] == a.slot.tokens  # aborted step rolled back
+
+
+def test_context_overflow_fails_the_request_only():
+    lm = CountingLM(max_len=16)
+    stage = LLMStage(lm)
+    big = make_request(lm, "big#1", list(range(10, 30)))
+    ok = make_request(lm, "ok#1", [1, 9, 3])
+    stage.add(big)
+    stage.add(ok)
+    plan = stage.schedule()
+    assert [e.request.request_id for e in plan.entries] == ["ok#1"]
+    assert [r.request_id for r in stage.finished_with_error()] == ["big#1"]
+    assert big.finish == FinishReason.ERROR
+
+
+def test_prefill_is_chunked_under_the_token_budget():
+    lm = CountingLM(stop_after=2)
+    stage = LLMStage(lm, token_budget=4)
+    req = make_request(lm, "a#1", [1, 5, 3, 11, 12, 13, 2, 3, 1, 9, 3])
+    stage.add(req)
+    sizes = []
+    while stage.has_work():
+        plan, _ = run_step(stage)
+        sizes.append(len(plan.tokens[0]))
+    assert sizes[:3] == [4, 4, 3] and len(req.generated) == 2

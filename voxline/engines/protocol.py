@@ -1,0 +1,262 @@
+"""Wire types between engine clients and the engine core (msgspec; audio as raw bytes).
+
+Every input names the caller's `stream_id`; every output carries it back unchanged.
+Audio into the engine is float32 mono at 16 kHz (`INPUT_RATE`); audio out is float32
+mono at the TTS stage's native rate, stated on each chunk. Conversion to wire formats
+happens at the edges (sessions / transports), never here.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+INPUT_RATE = 16000
+
+
+class TurnDetection(msgspec.Struct, frozen=True):
+    """Server-VAD parameters (OpenAI Realtime defaults)."""
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+
+
+class StreamConfig(msgspec.Struct, frozen=True):
+    """How a stream runs. `turn_detection=None` means the client commits audio itself."""
+
+    instructions: str = "You are a helpful, concise voice assistant. Answer in one or two short sentences."
+    turn_detection: TurnDetection | None = TurnDetection()
+    transcribe_partials: bool = True
+    partial_interval_ms: int = 1000
+    temperature: float = 0.0
+    max_output_tokens: int = 256
+    speed: float = 1.0
+
+
+class ResponseConfig(msgspec.Struct, frozen=True):
+    """Per-response overrides; None inherits the stream's config."""
+
+    instructions: str | None = None
+    audio: bool = True
+    temperature: float | None = None
+    max_output_tokens: int | None = None
+    seed: int | None = None
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+class OpenStream(msgspec.Struct, tag=True, frozen=True):
+    stream_id: str
+    config: StreamConfig = StreamConfig()
+
+
+class UpdateStream(msgspec.Struct, tag=True, frozen=True):
+    stream_id: str
+    config: StreamConfig
+
+
+class AppendAudio(msgspec.Struct, tag=True, frozen=True):
+    """float32 LE mono samples at INPUT_RATE."""
+
+    stream_id: str
+    audio: bytes
+
+
+class CommitAudio(msgspec.Struct, tag=True, frozen=True):
+    """Close the buffered utterance (manual turns): transcribe it into a user item."""
+
+    stream_id: str
+    item_id: str
+
+
+class ClearAudio(msgspec.Struct, tag=True, frozen=True):
+    stream_id: str
+
+
+class AddItem(msgspec.Struct, tag=True, frozen=True):
+    """Insert a message into the conversation after `previous_item_id` (None = at the end)."""
+
+    stream_id: str
+    item_id: str
+    role: str
+    text: str
+    previous_item_id: str | None = None
+
+
+class DeleteItem(msgspec.Struct, tag=True, frozen=True):
+    stream_id: str
+    item_id: str
+
+
+class TruncateItem(msgspec.Struct, tag=True, frozen=True):
+    """Cut an assistant item to what the listener heard: its first `audio_end_ms` of audio."""
+
+    stream_id: str
+    item_id: str
+    audio_end_ms: int
+
+
+class CreateResponse(msgspec.Struct, tag=True, frozen=True):
+    stream_id: str
+    response_id: str
+    item_id: str
+    config: ResponseConfig = ResponseConfig()
+
+
+class CancelResponse(msgspec.Struct, tag=True, frozen=True):
+    """Stop the running response (if any) within one engine step; its slot is freed."""
+
+    stream_id: str
+
+
+class CloseStream(msgspec.Struct, tag=True, frozen=True):
+    """End the stream: abort every request behind it and free its resources."""
+
+    stream_id: str
+
+
+EngineInput = (
+    OpenStream
+    | UpdateStream
+    | AppendAudio
+    | CommitAudio
+    | ClearAudio
+    | AddItem
+    | DeleteItem
+    | TruncateItem
+    | CreateResponse
+    | CancelResponse
+    | CloseStream
+)
+
+# ---------------------------------------------------------------------------- outputs
+
+
+class SpeechStarted(msgspec.Struct, tag=True, frozen=True):
+    stream_id: str
+    audio_start_ms: int
+    item_id: str
+
+
+class SpeechStopped(msgspec.Struct, tag=True, frozen=True):
+    stream_id: str
+    audio_end_ms: int
+    item_id: str
+
+
+class TranscriptPartial(msgspec.Struct, tag=True, frozen=True):
+    stream_id: str
+    item_id: str
+    text: str
+
+
+class TranscriptFinal(msgspec.Struct, tag=True, frozen=True):
+    """The utterance's transcript; the item is now in the conversation (unless empty)."""
+
+    stream_id: str
+    item_id: str
+    text: str
+
+
+class TextDelta(msgspec.Struct, tag=True, frozen=True):
+    stream_id: str
+    response_id: str
+    text: str
+
+
+class AudioChunk(msgspec.Struct, tag=True, frozen=True):
+    """float32 LE mono at `sample_rate`; `text` is the span of the reply this audio speaks."""
+
+    stream_id: str
+    response_id: str
+    audio: bytes
+    sample_rate: int
+    duration_ms: float
+    text: str
+
+
+class ResponseStatus(enum.IntEnum):
+    IN_PROGRESS = 0
+    COMPLETED = 1
+    CANCELLED = 2
+    INCOMPLETE = 3  # stopped by max_output_tokens
+    FAILED = 4
+
+
+class ResponseDone(msgspec.Struct, tag=True, frozen=True):
+    stream_id: str
+    response_id: str
+    status: ResponseStatus
+    text: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class ItemTruncated(msgspec.Struct, tag=True, frozen=True):
+    stream_id: str
+    item_id: str
+    audio_end_ms: int
+    text: str
+
+
+class StreamError(msgspec.Struct, tag=True, frozen=True):
+    """A request failed; the stream stays usable unless `fatal`."""
+
+    stream_id: str
+    message: str
+    code: str = "engine_error"
+    fatal: bool = False
+
+
+class StreamClosed(msgspec.Struct, tag=True, frozen=True):
+    stream_id: str
+
+
+EngineOutput = (
+    SpeechStarted
+    | SpeechStopped
+    | TranscriptPartial
+    | TranscriptFinal
+    | TextDelta
+    | AudioChunk
+    | ResponseDone
+    | ItemTruncated
+    | StreamError
+    | StreamClosed
+)
+
+
+class EngineReady(msgspec.Struct, tag=True, frozen=True):
+    """Sent once by the engine process when its models are loaded."""
+
+    load_seconds: float
+    pid: int
+
+
+class EngineFailed(msgspec.Struct, tag=True, frozen=True):
+    """Sent by the engine process before it exits on an unrecoverable error."""
+
+    message: str
+
+
+ProcessMessage = EngineOutput | EngineReady | EngineFailed
+
+_encoder = msgspec.msgpack.Encoder()
+_input_decoder = msgspec.msgpack.Decoder(EngineInput)
+_output_decoder = msgspec.msgpack.Decoder(ProcessMessage)
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_input(data: bytes) -> EngineInput:
+    return _input_decoder.decode(data)
+
+
+def decode_output(data: bytes) -> EngineOutput | EngineReady | EngineFailed:
+    return _output_decoder.decode(data)

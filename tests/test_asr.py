@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import wave
 
@@ -19,7 +20,20 @@ from voxline.errors import ModelUnavailableError
 
 @pytest.fixture(scope="module")
 def asr() -> MoonshineASR:
-    return MoonshineASR.load()
+    model = MoonshineASR.load()  # folded fast path, converted once into the settings' cache
+    assert model.folded
+    return model
+
+
+def first_step_logits(model: MoonshineASR, hidden: np.ndarray) -> np.ndarray:
+    feed = {
+        "input_ids": np.array([[1]], np.int64),
+        "encoder_hidden_states": hidden,
+        "use_cache_branch": np.array([False]),
+    }
+    for name in model._past_names:
+        feed[name] = np.zeros((1, model._heads, 0, model._head_dim), np.float32)
+    return model.decoder.run(["logits"], feed)[0]
 
 
 def test_capital_of_france(asr: MoonshineASR) -> None:
@@ -84,6 +98,26 @@ def test_shipped_tokenizer_ids(asr: MoonshineASR) -> None:
     tok = asr.tokenizer
     assert tok.pieces[:3] == [b"<unk>", b"<s>", b"</s>"]
     assert tok.pieces[3 + ord("A")] == b"A"  # byte-fallback block starts at id 3
+
+
+def test_folded_fast_path_equals_shipped_files(asr: MoonshineASR) -> None:
+    plain = MoonshineASR.load(fold_weights=False)
+    assert not plain.folded
+    clip = espeak("I would like to book a table for four people tonight.")
+    hidden = plain.encode(clip)
+    np.testing.assert_allclose(asr.encode(clip), hidden, atol=1e-3)
+    ref = first_step_logits(plain, hidden)
+    np.testing.assert_allclose(first_step_logits(asr, hidden), ref, atol=1e-3 * np.abs(ref).max())
+    assert asr.decode(hidden, 40) == plain.decode(hidden, 40)
+
+
+def test_folding_failure_falls_back_to_shipped_files(tmp_path, caplog) -> None:
+    not_a_dir = tmp_path / "cache"
+    not_a_dir.write_text("a file where the cache directory should be")
+    with caplog.at_level(logging.WARNING):
+        model = MoonshineASR.load(cache_dir=not_a_dir)
+    assert not model.folded
+    assert "weight folding failed" in caplog.text
 
 
 def test_missing_files_are_named(tmp_path) -> None:

@@ -85,7 +85,7 @@ class StreamHandle:
         self._queue: asyncio.Queue[EngineOutput] = asyncio.Queue(max_queued_outputs + 1)
         self._terminal: StreamClosed | StreamError | None = None
         self._terminal_consumed = False
-        self._closing = False  # CloseStream sent; later data outputs are discarded
+        self._closing = False  # CloseStream sent; waiting for the engine to confirm
         self._released = asyncio.get_running_loop().create_future()  # engine is done with it
 
     @property
@@ -105,7 +105,9 @@ class StreamHandle:
         engine died), ValueError if `msg` names another stream.
         """
         if msg.stream_id != self.stream_id:
-            raise ValueError(f"{type(msg).__name__}.stream_id {msg.stream_id!r} is not {self.stream_id!r}")
+            raise ValueError(
+                f"{type(msg).__name__}.stream_id {msg.stream_id!r} is not {self.stream_id!r}"
+            )
         if self._terminal is not None:
             raise self._end_error()
         self._client.send(msg)
@@ -127,32 +129,39 @@ class StreamHandle:
             raise StopAsyncIteration
         return await self.next()
 
-    async def aclose(self, timeout: float = 5.0) -> None:
-        """Close the stream in the engine and wait (up to `timeout`) until it confirms.
+    async def aclose(self, confirm_timeout: float = 5.0) -> None:
+        """Close the stream in the engine and wait (up to `confirm_timeout` s) until it confirms.
 
-        Idempotent. Afterwards the stream id may be opened again. Outputs still queued
-        stay readable, followed by the terminal output.
+        Idempotent. Outputs the engine produced before the close stay readable (space
+        permitting), followed by the terminal output. Afterwards the id may be reused.
         """
-        if not self._released.done() and not self._closing:
-            self._closing = True
-            try:
-                self._client._send_to_engine(CloseStream(self.stream_id))
-            except EngineError:
-                pass  # engine down: nothing left to close there
-            else:
+        if not self._released.done():
+            if not self._closing:
+                self._closing = True
                 try:
-                    await asyncio.wait_for(asyncio.shield(self._released), timeout)
-                except TimeoutError:
-                    logger.warning("stream %r: engine did not confirm close in %.1f s", self.stream_id, timeout)
+                    self._client._send_to_engine(CloseStream(self.stream_id))
+                except EngineError:  # engine down: nothing left to close there
+                    self._released.set_result(None)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._released), confirm_timeout)
+            except TimeoutError:
+                logger.warning(
+                    "stream %r: engine did not confirm close in %.1f s",
+                    self.stream_id,
+                    confirm_timeout,
+                )
         self._client._release(self, StreamClosed(self.stream_id))
 
     # -- called by the client on the event loop -------------------------------------------
 
     def _deliver(self, out: EngineOutput) -> bool:
         """Queue a non-terminal output; False if the queue is full."""
-        if self._terminal is not None or self._closing:
-            return True  # ended or closing: the consumer no longer wants data
+        if self._terminal is not None:
+            return True  # already ended (e.g. overflow): nobody will read it
         if self._queue.qsize() >= self._limit:
+            if self._closing:  # the caller asked to close: it will not read this far
+                logger.debug("stream %r: closing; dropping %s", self.stream_id, type(out).__name__)
+                return True
             return False
         self._queue.put_nowait(out)
         return True
@@ -228,9 +237,13 @@ class EngineClient(abc.ABC):
         stream is not open on this client (use `open_stream` to open one).
         """
         if isinstance(msg, OpenStream):
-            raise EngineError("open streams with open_stream(), not send(OpenStream)", msg.stream_id)
+            raise EngineError(
+                "open streams with open_stream(), not send(OpenStream)", msg.stream_id
+            )
         if msg.stream_id not in self._streams:
-            raise EngineError(f"{type(msg).__name__}: stream {msg.stream_id!r} is not open", msg.stream_id)
+            raise EngineError(
+                f"{type(msg).__name__}: stream {msg.stream_id!r} is not open", msg.stream_id
+            )
         self._send_to_engine(msg)
 
     async def open_stream(self, stream_id: str, config: StreamConfig | None = None) -> StreamHandle:
@@ -262,6 +275,7 @@ class EngineClient(abc.ABC):
 
     def _set_down(self, error: str | None) -> None:
         self._ready = False
+        self._pid = None
         self._ready_event.clear()
         if error is not None:
             self._last_error = error
@@ -279,7 +293,9 @@ class EngineClient(abc.ABC):
 
     def _overflow(self, handle: StreamHandle) -> None:
         sid = handle.stream_id
-        logger.warning("stream %r: consumer is %d outputs behind; failing the stream", sid, self._max_queued)
+        logger.warning(
+            "stream %r: consumer is %d outputs behind; failing the stream", sid, self._max_queued
+        )
         handle._finish(
             StreamError(
                 sid,
@@ -350,7 +366,9 @@ class InProcessEngineClient(EngineClient):
             raise
         self._set_ready(os.getpid(), load_seconds)
         logger.info(
-            "in-process engine ready in %.2f s (core load %.2f s)", time.perf_counter() - t0, load_seconds
+            "in-process engine ready in %.2f s (core load %.2f s)",
+            time.perf_counter() - t0,
+            load_seconds,
         )
 
     async def close(self) -> None:

@@ -16,6 +16,7 @@ dropped (its `response_id` no longer matches): a stale chunk is never sent.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -89,6 +90,12 @@ class Models:
     tts: TTSModel
 
 
+def _timed_call(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - t0
+
+
 def new_item_id() -> str:
     return "item_" + uuid.uuid4().hex[:20]
 
@@ -126,6 +133,8 @@ class ResponseRun:
     spans: list[AudioSpan] = field(default_factory=list)
     audio_ms: float = 0.0
     llm_done: bool = False
+    llm_ms: float = 0.0
+    tts_ms: float = 0.0
 
 
 class StreamState:
@@ -180,9 +189,9 @@ class EngineCore:
         self._tts_pool = ThreadPoolExecutor(1, thread_name_prefix="voxline-tts")
         self._llm_pool = ThreadPoolExecutor(1, thread_name_prefix="voxline-llm")
         self._asr_jobs: deque[ASRJob] = deque()
-        self._asr_running: tuple[ASRJob, Future[str]] | None = None
-        self._tts_running: tuple[TTSJob, Future[list[SpeechChunkLike]]] | None = None
-        self._llm_running: tuple[StepPlan, Future[torch.Tensor]] | None = None
+        self._asr_running: tuple[ASRJob, Future[tuple[str, float]]] | None = None
+        self._tts_running: tuple[TTSJob, Future[tuple[list[SpeechChunkLike], float]]] | None = None
+        self._llm_running: tuple[StepPlan, Future[tuple[torch.Tensor, float]]] | None = None
         self._tts_turn = 0
 
     # ------------------------------------------------------------------ loop interface
@@ -374,7 +383,7 @@ class EngineCore:
         if self._asr_running is not None or not self._asr_jobs:
             return
         job = self._asr_jobs.popleft()
-        fut = self._asr_pool.submit(self.models.asr.transcribe, job.audio)
+        fut = self._asr_pool.submit(_timed_call, self.models.asr.transcribe, job.audio)
         fut.add_done_callback(lambda _f: self._wake())
         self._asr_running = (job, fut)
 
@@ -387,7 +396,8 @@ class EngineCore:
         if stream is None:
             return
         try:
-            text = fut.result().strip()
+            text, seconds = fut.result()
+            text = text.strip()
         except Exception as exc:
             logger.exception("ASR failed")
             self._error(job.stream_id, f"transcription failed: {exc}", "asr_error")
@@ -402,7 +412,7 @@ class EngineCore:
         if text:
             self._conversation_changed(stream)
             stream.conversation.add(job.item_id, "user", text)
-        self._outputs.append(p.TranscriptFinal(job.stream_id, job.item_id, text))
+        self._outputs.append(p.TranscriptFinal(job.stream_id, job.item_id, text, seconds * 1000))
 
     # --------------------------------------------------------------------------- LLM
 
@@ -450,7 +460,7 @@ class EngineCore:
             self._llm_finished(req)
         if plan is None:
             return
-        fut = self._llm_pool.submit(self.llm.execute, plan)
+        fut = self._llm_pool.submit(_timed_call, self.llm.execute, plan)
         fut.add_done_callback(lambda _f: self._wake())
         self._llm_running = (plan, fut)
 
@@ -460,7 +470,7 @@ class EngineCore:
         plan, fut = self._llm_running
         self._llm_running = None
         try:
-            logits = fut.result()
+            logits, seconds = fut.result()
         except Exception as exc:
             logger.exception("LLM step failed")
             for entry in plan.entries:
@@ -475,6 +485,7 @@ class EngineCore:
             response = self._response_of(req)
             if response is None:
                 continue
+            response.llm_ms += seconds * 1000
             self._emit_text(response, req)
             if req.finish is not None:
                 self._llm_finished(req)
@@ -538,7 +549,8 @@ class EngineCore:
         self._outputs.append(p.ResponseDone(
             stream_id, response.response_id, status, text,
             input_tokens=req.prompt_tokens, output_tokens=len(req.generated),
-            cached_tokens=max(req.cached_tokens, 0)))
+            cached_tokens=max(req.cached_tokens, 0), llm_ms=response.llm_ms,
+            tts_ms=response.tts_ms))
 
     def _cancel_response(self, stream: StreamState) -> None:
         response = stream.response
@@ -593,7 +605,7 @@ class EngineCore:
             response.tts_busy = True
             job = TTSJob(stream.stream_id, response.response_id, text, response.speed,
                          response.config.seed)
-            fut = self._tts_pool.submit(self._synthesize, job)
+            fut = self._tts_pool.submit(_timed_call, self._synthesize, job)
             fut.add_done_callback(lambda _f: self._wake())
             self._tts_running = (job, fut)
             return
@@ -612,7 +624,8 @@ class EngineCore:
             return  # stale: the response was cancelled or replaced meanwhile
         response.tts_busy = False
         try:
-            chunks = fut.result()
+            chunks, seconds = fut.result()
+            response.tts_ms += seconds * 1000
         except Exception as exc:
             logger.exception("TTS failed")
             self._error(job.stream_id, f"speech synthesis failed: {exc}", "tts_error")

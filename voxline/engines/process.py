@@ -201,6 +201,7 @@ class _Child:
         self.exited: asyncio.Future[int | None] = loop.create_future()
         self.reader: asyncio.Task[None] | None = None
         self.failure: str | None = None  # its EngineFailed message, if any
+        self.stopping = False  # we asked it to exit: its exit is expected
         self.t_spawn = time.perf_counter()
 
 
@@ -373,6 +374,8 @@ class MultiprocessEngineClient(EngineClient):
         code = child.process.exitcode
         if not child.exited.done():
             child.exited.set_result(code)
+        if child.stopping:
+            return
         if child is self._child:
             self._set_down(self._death_message(child, code))
             self._track(self._handle_death(child))
@@ -382,7 +385,9 @@ class MultiprocessEngineClient(EngineClient):
     async def _handle_startup_death(self, child: _Child, code: int | None) -> None:
         await self._drain(child)  # pick up an EngineFailed that raced the exit
         if not child.ready.done():
-            child.ready.set_exception(EngineError(self._death_message(child, code, "during start-up")))
+            child.ready.set_exception(
+                EngineError(self._death_message(child, code, "during start-up"))
+            )
 
     async def _handle_death(self, child: _Child) -> None:
         message = self._last_error or "engine process died"
@@ -434,11 +439,17 @@ class MultiprocessEngineClient(EngineClient):
         assert self._loop is not None
         task = self._loop.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("engine supervision task failed", exc_info=task.exception())
 
     async def _stop_child(self, child: _Child) -> None:
         """Stop `child` (SIGTERM, then SIGKILL after `stop_timeout`) and close its sockets."""
         assert self._loop is not None
+        child.stopping = True
         if not child.exited.done():
             child.process.terminate()
             try:

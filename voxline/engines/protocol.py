@@ -159,6 +159,7 @@ class TranscriptFinal(msgspec.Struct, tag=True, frozen=True):
     stream_id: str
     item_id: str
     text: str
+    asr_ms: float = 0.0  # time the ASR model spent on this utterance
 
 
 class TextDelta(msgspec.Struct, tag=True, frozen=True):
@@ -194,6 +195,8 @@ class ResponseDone(msgspec.Struct, tag=True, frozen=True):
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
+    llm_ms: float = 0.0  # wall time of the batched LLM steps this response took part in
+    tts_ms: float = 0.0  # time the TTS model spent on this response
 
 
 class ItemTruncated(msgspec.Struct, tag=True, frozen=True):

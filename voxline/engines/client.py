@@ -359,9 +359,12 @@ class InProcessEngineClient(EngineClient):
         logger.info("starting in-process engine (%s)", self._spec)
         self._thread = threading.Thread(target=self._run, args=(started,), name="voxline-engine")
         self._thread.start()
+        _stop_at_interpreter_exit(self._stop, self._inbox)
         try:
             load_seconds = await started
         except BaseException:
+            self._closed = True
+            self._stop.set()
             await self._join()
             raise
         self._set_ready(os.getpid(), load_seconds)
@@ -398,8 +401,7 @@ class InProcessEngineClient(EngineClient):
     # -- engine thread ----------------------------------------------------------------------
 
     def _run(self, started: asyncio.Future[float]) -> None:
-        loop = self._loop
-        assert loop is not None and self._exited is not None
+        assert self._exited is not None
         try:
             t0 = time.perf_counter()
             try:
@@ -407,28 +409,47 @@ class InProcessEngineClient(EngineClient):
             except Exception as exc:
                 logger.exception("engine core failed to load")
                 err = EngineError(f"engine core failed to load: {type(exc).__name__}: {exc}")
-                loop.call_soon_threadsafe(_set_exception_if_pending, started, err)
+                self._notify(_set_exception_if_pending, started, err)
                 return
-            loop.call_soon_threadsafe(_set_result_if_pending, started, time.perf_counter() - t0)
+            self._notify(_set_result_if_pending, started, time.perf_counter() - t0)
             try:
                 run_engine_loop(core, self._inbox, self._emit, self._stop)
             except Exception as exc:
                 logger.exception("engine loop crashed")
-                loop.call_soon_threadsafe(self._on_loop_crash, f"{type(exc).__name__}: {exc}")
+                self._notify(self._on_loop_crash, f"{type(exc).__name__}: {exc}")
         finally:
-            try:
-                loop.call_soon_threadsafe(_set_result_if_pending, self._exited, None)
-            except RuntimeError:  # the event loop closed without close(): nobody waits
-                pass
+            self._notify(_set_result_if_pending, self._exited, None)
 
     def _emit(self, outputs: Sequence[EngineOutput]) -> None:
+        self._notify(self._dispatch, list(outputs))
+
+    def _notify(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run `fn(*args)` on the client's event loop; stop the engine if that loop is gone."""
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._dispatch, list(outputs))
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the event loop closed without close()
+            if not self._stop.is_set():
+                logger.warning("event loop closed without EngineClient.close(); stopping engine")
+                self._stop.set()
 
     def _on_loop_crash(self, error: str) -> None:
         message = f"engine loop crashed: {error}"
         self._set_down(message)
         self._fail_all_streams(message, ENGINE_DEAD)
+
+
+def _stop_at_interpreter_exit(stop: threading.Event, inbox: Inbox) -> None:
+    """Stop the (non-daemon) engine thread before the interpreter joins it at exit,
+    so a forgotten `close()` cannot hang the process."""
+
+    def stop_engine() -> None:
+        stop.set()
+        inbox.wake()
+
+    register = getattr(threading, "_register_atexit", None)  # runs before the thread join
+    if register is not None:
+        register(stop_engine)
 
 
 def _set_result_if_pending(fut: asyncio.Future[Any], value: Any) -> None:

@@ -186,6 +186,12 @@ def _watch_parent(parent_pid: int, stop: threading.Event) -> None:
 # --------------------------------------------------------------------------- client side
 
 
+def _retrieve_exception(fut: asyncio.Future[Any]) -> None:
+    """Mark a future's exception as seen (its owner may have stopped waiting)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 class _Child:
     """One engine process and the client's sockets to it."""
 
@@ -202,6 +208,8 @@ class _Child:
         self.reader: asyncio.Task[None] | None = None
         self.failure: str | None = None  # its EngineFailed message, if any
         self.stopping = False  # we asked it to exit: its exit is expected
+        self.closed = False
+        self.ready.add_done_callback(_retrieve_exception)
         self.t_spawn = time.perf_counter()
 
 
@@ -235,6 +243,7 @@ class MultiprocessEngineClient(EngineClient):
         self._tmpdir: str | None = None
         self._gen = 0
         self._child: _Child | None = None  # the live, ready child
+        self._children: set[_Child] = set()  # every child not yet stopped (live or starting)
         self._tasks: set[asyncio.Task[None]] = set()  # death handling and restarts
 
     async def start(self) -> None:
@@ -260,9 +269,8 @@ class MultiprocessEngineClient(EngineClient):
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        child, self._child = self._child, None
-        if child is not None:
-            await self._stop_child(child)
+        self._child = None
+        await asyncio.gather(*(self._stop_child(c) for c in list(self._children)))
         self._teardown()
         logger.info("engine client closed (%d restarts)", self._restarts)
 
@@ -312,6 +320,7 @@ class MultiprocessEngineClient(EngineClient):
             outputs.close()
             raise
         child = _Child(self._gen, process, inputs, outputs)
+        self._children.add(child)
         loop.add_reader(process.sentinel, self._on_child_exit, child)
         child.reader = loop.create_task(self._read_outputs(child))
         logger.info("engine process %d spawned (%s)", process.pid, self._spec)
@@ -418,7 +427,7 @@ class MultiprocessEngineClient(EngineClient):
             try:
                 await self._bring_up()
                 return
-            except EngineError as exc:
+            except Exception as exc:
                 self._last_error = str(exc)
                 delay = min(max(0.5, 2 * delay), _MAX_RESTART_DELAY_S)
                 logger.error("engine restart failed: %s; next attempt in %.1f s", exc, delay)
@@ -450,6 +459,8 @@ class MultiprocessEngineClient(EngineClient):
         """Stop `child` (SIGTERM, then SIGKILL after `stop_timeout`) and close its sockets."""
         assert self._loop is not None
         child.stopping = True
+        if not child.ready.done():
+            child.ready.set_exception(EngineError("engine process stopped during start-up"))
         if not child.exited.done():
             child.process.terminate()
             try:
@@ -469,10 +480,13 @@ class MultiprocessEngineClient(EngineClient):
         if child.reader is not None and not child.reader.done():
             child.reader.cancel()
             await asyncio.gather(child.reader, return_exceptions=True)
-        child.inputs.close()
-        child.outputs.close()
-        if child.process.exitcode is not None:
-            child.process.close()
+        if not child.closed:
+            child.closed = True
+            child.inputs.close()
+            child.outputs.close()
+            if child.process.exitcode is not None:
+                child.process.close()
+        self._children.discard(child)
 
     def _teardown(self) -> None:
         if self._ctx is not None:

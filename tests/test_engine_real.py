@@ -1,0 +1,163 @@
+"""The engine core with the real shipped models (CPU): parity, async chunks, batching."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import TIME_FACTOR
+from speech import espeak
+
+from voxline.engines import protocol as p
+from voxline.engines.core import EngineCore
+from voxline.engines.factory import load_models
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def models():
+    return load_models()
+
+
+class Driver:
+    def __init__(self, models) -> None:
+        self.woke = threading.Event()
+        self.core = EngineCore(models, self.woke.set)
+        self.outputs: list[p.EngineOutput] = []
+
+    def send(self, *msgs: p.EngineInput) -> None:
+        for m in msgs:
+            self.core.add_input(m)
+
+    def run_until(self, pred, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout * TIME_FACTOR
+        while not pred(self.outputs):
+            assert time.monotonic() < deadline, [type(o).__name__ for o in self.outputs][-20:]
+            if not self.core.has_work():
+                self.woke.wait(0.05)
+                self.woke.clear()
+            self.outputs.extend(self.core.step())
+
+    def of(self, cls, stream_id: str | None = None):
+        return [o for o in self.outputs if isinstance(o, cls)
+                and (stream_id is None or o.stream_id == stream_id)]
+
+    def done_count(self, n: int):
+        return lambda outs: sum(isinstance(o, p.ResponseDone) for o in outs) >= n
+
+
+@pytest.fixture
+def driver(models):
+    d = Driver(models)
+    yield d
+    d.core.close()
+
+
+def hf_greedy(models, prompt: list[int], max_new: int) -> str:
+    """Reference: transformers generate() on the same weights and prompt tokens."""
+    from voxline.engines.models.smollm2 import load_hf_smollm2
+
+    hf = load_hf_smollm2(torch.float32)
+    out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                      max_new_tokens=max_new, do_sample=False,
+                      eos_token_id=sorted(models.llm.eos_token_ids), pad_token_id=2)
+    return models.llm.decode(out[0, len(prompt):].tolist()).strip()
+
+
+QUESTIONS = ["What is the capital of France?", "Name three colors.", "What is two plus two?"]
+
+
+def test_engine_greedy_equals_transformers_generate_alone_and_batched(driver, models):
+    cfg = p.ResponseConfig(audio=False, max_output_tokens=24)
+    # alone
+    driver.send(p.OpenStream("solo"), p.AddItem("solo", "u", "user", QUESTIONS[0]),
+                p.CreateResponse("solo", "r", "a", cfg))
+    driver.run_until(driver.done_count(1))
+    # batched: three streams decoding in the same steps
+    for i, q in enumerate(QUESTIONS):
+        driver.send(p.OpenStream(f"b{i}"), p.AddItem(f"b{i}", "u", "user", q),
+                    p.CreateResponse(f"b{i}", "r", "a", cfg))
+    driver.run_until(driver.done_count(4))
+    llm = models.llm
+    system = llm.render_message("system", p.StreamConfig().instructions)
+    for sid, q in [("solo", QUESTIONS[0])] + [(f"b{i}", q) for i, q in enumerate(QUESTIONS)]:
+        prompt = system + llm.render_message("user", q) + llm.generation_header()
+        done, = driver.of(p.ResponseDone, sid)
+        assert done.text == hf_greedy(models, prompt, 24), sid
+        assert done.input_tokens == len(prompt)
+    assert "Paris" in driver.of(p.ResponseDone, "solo")[0].text
+
+
+def test_second_turn_reuses_the_cached_conversation(driver):
+    cfg = p.ResponseConfig(audio=False, max_output_tokens=16)
+    driver.send(p.OpenStream("s"), p.AddItem("s", "u1", "user", "What is the capital of France?"),
+                p.CreateResponse("s", "r1", "a1", cfg))
+    driver.run_until(driver.done_count(1))
+    first = driver.of(p.ResponseDone)[0]
+    driver.send(p.AddItem("s", "u2", "user", "And of Italy?"), p.CreateResponse("s", "r2", "a2", cfg))
+    driver.run_until(driver.done_count(2))
+    second = driver.of(p.ResponseDone)[1]
+    # everything up to the end of the first reply came from the cache
+    assert second.cached_tokens >= first.input_tokens + first.output_tokens - 1
+    assert second.input_tokens - second.cached_tokens < 20
+    assert "Rome" in second.text
+
+
+def test_first_audio_arrives_while_the_llm_is_still_writing(driver):
+    driver.send(p.OpenStream("s"), p.AddItem("s", "u", "user",
+                "Tell me a short story about a cat, in three sentences."),
+                p.CreateResponse("s", "r", "a", p.ResponseConfig(max_output_tokens=80)))
+    driver.run_until(driver.done_count(1))
+    kinds = [type(o).__name__ for o in driver.outputs]
+    assert kinds.index("AudioChunk") < max(i for i, k in enumerate(kinds) if k == "TextDelta")
+    chunks = driver.of(p.AudioChunk)
+    assert all(c.sample_rate == 22050 and c.text for c in chunks)
+    audio = np.concatenate([np.frombuffer(c.audio, "<f4") for c in chunks])
+    assert np.abs(audio).max() > 0.1
+
+
+def test_spoken_turns_on_three_streams_are_batched_and_kept_apart(driver):
+    sentences = {"x": "The weather is sunny today.", "y": "Please open the window.",
+                 "z": "I like to eat apples."}
+    silence = np.zeros(16000, np.float32)
+    clips = {sid: np.concatenate([silence[:8000], espeak(text), silence])
+             for sid, text in sentences.items()}
+    for sid in sentences:
+        driver.send(p.OpenStream(sid, p.StreamConfig(partial_interval_ms=500)))
+    # feed all three at real time, 100 ms at a time, so partials can run during speech
+    step = 1600
+    for i in range(0, max(len(c) for c in clips.values()), step):
+        for sid, clip in clips.items():
+            if i < len(clip):
+                driver.send(p.AppendAudio(sid, clip[i:i + step].astype("<f4").tobytes()))
+        until = time.monotonic() + 0.1
+        driver.run_until(lambda outs: time.monotonic() >= until)
+    driver.run_until(lambda outs: sum(isinstance(o, p.TranscriptFinal) for o in outs) == 3)
+    key = {"x": "sunny", "y": "window", "z": "apple"}
+    for sid in sentences:
+        final, = driver.of(p.TranscriptFinal, sid)
+        assert key[sid] in final.text.lower(), final.text
+        assert len(driver.of(p.SpeechStarted, sid)) == 1
+        assert len(driver.of(p.SpeechStopped, sid)) == 1
+        # partials may lose the race to the final on a busy machine, but never cross streams
+        assert all(o.item_id == final.item_id for o in driver.of(p.TranscriptPartial, sid))
+
+
+def test_partial_transcripts_arrive_during_speech(driver):
+    clip = np.concatenate([np.zeros(8000, np.float32),
+                           espeak("Please turn off the lights in the kitchen and close the door."),
+                           np.zeros(16000, np.float32)])
+    driver.send(p.OpenStream("s", p.StreamConfig(partial_interval_ms=500)))
+    for i in range(0, len(clip), 1600):  # real time, 100 ms at a time
+        driver.send(p.AppendAudio("s", clip[i:i + 1600].astype("<f4").tobytes()))
+        until = time.monotonic() + 0.1
+        driver.run_until(lambda outs: time.monotonic() >= until)
+    driver.run_until(lambda outs: any(isinstance(o, p.TranscriptFinal) for o in outs))
+    kinds = [type(o).__name__ for o in driver.outputs]
+    assert "TranscriptPartial" in kinds
+    assert kinds.index("TranscriptPartial") < kinds.index("SpeechStopped")
+    assert "kitchen" in driver.of(p.TranscriptFinal)[0].text.lower()

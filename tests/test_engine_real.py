@@ -42,6 +42,10 @@ class Driver:
                 self.woke.clear()
             self.outputs.extend(self.core.step())
 
+    def run_for(self, seconds: float) -> None:
+        until = time.monotonic() + seconds
+        self.run_until(lambda outs: time.monotonic() >= until)
+
     def of(self, cls, stream_id: str | None = None):
         return [o for o in self.outputs if isinstance(o, cls)
                 and (stream_id is None or o.stream_id == stream_id)]
@@ -134,8 +138,7 @@ def test_spoken_turns_on_three_streams_are_batched_and_kept_apart(driver):
         for sid, clip in clips.items():
             if i < len(clip):
                 driver.send(p.AppendAudio(sid, clip[i:i + step].astype("<f4").tobytes()))
-        until = time.monotonic() + 0.1
-        driver.run_until(lambda outs: time.monotonic() >= until)
+        driver.run_for(0.1)
     driver.run_until(lambda outs: sum(isinstance(o, p.TranscriptFinal) for o in outs) == 3)
     key = {"x": "sunny", "y": "window", "z": "apple"}
     for sid in sentences:
@@ -154,8 +157,7 @@ def test_partial_transcripts_arrive_during_speech(driver):
     driver.send(p.OpenStream("s", p.StreamConfig(partial_interval_ms=500)))
     for i in range(0, len(clip), 1600):  # real time, 100 ms at a time
         driver.send(p.AppendAudio("s", clip[i:i + 1600].astype("<f4").tobytes()))
-        until = time.monotonic() + 0.1
-        driver.run_until(lambda outs: time.monotonic() >= until)
+        driver.run_for(0.1)
     driver.run_until(lambda outs: any(isinstance(o, p.TranscriptFinal) for o in outs))
     kinds = [type(o).__name__ for o in driver.outputs]
     assert "TranscriptPartial" in kinds

@@ -367,6 +367,8 @@ class InProcessEngineClient(EngineClient):
             self._stop.set()
             await self._join()
             raise
+        if self._closed:
+            raise EngineError("engine client was closed during start-up")
         self._set_ready(os.getpid(), load_seconds)
         logger.info(
             "in-process engine ready in %.2f s (core load %.2f s)",

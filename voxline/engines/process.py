@@ -339,6 +339,8 @@ class MultiprocessEngineClient(EngineClient):
         except BaseException:
             await self._stop_child(child)
             raise
+        if self._closed:  # close() ran while we waited; it has stopped this child
+            raise EngineError("engine client was closed during start-up")
         self._child = child
         self._set_ready(ready.pid, ready.load_seconds)
         logger.info(

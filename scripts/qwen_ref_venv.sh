@@ -25,8 +25,6 @@ PINS=(
   "librosa==0.11.0"
   "soundfile>=0.12"
   "einops>=0.8"
-  "onnxruntime>=1.20"
-  "numpy<2.4"
 )
 QWEN_TTS="qwen-tts==0.1.1"
 SPEC="$(printf '%s\n' "${PINS[@]}" "$QWEN_TTS" | sha256sum | cut -c1-16)"

@@ -240,6 +240,38 @@ async def test_slow_consumer_fails_stream_instead_of_dropping() -> None:
 # -------------------------------------------------------------------- crash supervision
 
 
+class BrokenCore(EchoCore):
+    """Echo core whose step raises (a core bug) once any audio arrives."""
+
+    def step(self) -> list[EngineOutput]:
+        out = super().step()
+        if any(isinstance(o, AudioChunk) for o in out):
+            raise RuntimeError("kaboom")
+        return out
+
+
+def make_broken_core(wake: object) -> BrokenCore:
+    return BrokenCore(wake=wake)  # type: ignore[arg-type]
+
+
+async def test_in_process_loop_crash_fails_streams() -> None:
+    c = InProcessEngineClient(f"{__name__}:make_broken_core")
+    await asyncio.wait_for(c.start(), START_TIMEOUT)
+    try:
+        a = await c.open_stream("a")
+        b = await c.open_stream("b")
+        a.send(AppendAudio("a", frame(1)))
+        for h in (a, b):
+            (err,) = await drain(h, 1.0 * T)
+            assert isinstance(err, StreamError) and err.code == "engine_dead" and err.fatal
+            assert "kaboom" in err.message
+        assert not c.ready and "kaboom" in c.status()["last_error"]
+        with pytest.raises(EngineDeadError, match="kaboom"):
+            await c.open_stream("c")
+    finally:
+        await c.close()
+
+
 async def test_engine_crash_fails_open_streams_then_restarts() -> None:
     c = MultiprocessEngineClient(ECHO, {"crash_on": "boom"})
     await asyncio.wait_for(c.start(), START_TIMEOUT)

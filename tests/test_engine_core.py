@@ -190,3 +190,17 @@ def test_streams_are_batched_and_independent():
     assert h.of(p.StreamClosed)[0].stream_id == "b" and "b" not in h.core.streams
     assert len(h.lm.free) == 4 - 2  # b's slot went back
     h.close()
+
+
+def test_response_requested_at_speech_stop_waits_for_the_transcript():
+    h = Harness(stop_after=4)
+    h.send(p.OpenStream("s1"), p.AppendAudio("s1", speech_turn()))
+    h.run_until(has(p.SpeechStopped))
+    assert not h.of(p.TranscriptFinal)  # ASR still running
+    h.send(p.CreateResponse("s1", "r1", "a1"))
+    h.run_until(has(p.ResponseDone))
+    kinds = h.kinds()
+    assert kinds.index("TranscriptFinal") < kinds.index("TextDelta")
+    lm_prompt = h.lm.calls[0][1][0]
+    assert h.lm.render_message("user", "hello there friend")[3:6] == lm_prompt[-8:-5]
+    h.close()

@@ -216,7 +216,7 @@ class EngineClient(abc.ABC):
         return self._ready
 
     async def wait_ready(self) -> None:
-        """Return once the engine is ready (e.g. after a restart)."""
+        """Return once the engine is ready (e.g. after a restart); bound it with a timeout."""
         await self._ready_event.wait()
 
     def status(self) -> dict[str, Any]:

@@ -151,6 +151,8 @@ class StreamState:
         self.slot: Slot | None = None
         self.response: ResponseRun | None = None
         self.responses = 0
+        self.pending_finals = 0  # utterances whose final transcript is still being made
+        self.deferred: p.CreateResponse | None = None  # waits for pending_finals == 0
 
     def configure(self, config: p.StreamConfig) -> None:
         if config.turn_detection != self.config.turn_detection:
@@ -327,7 +329,11 @@ class EngineCore:
         stream.utterance = None
         if stream.detector:
             stream.detector.reset()
-        self._asr_jobs.appendleft(ASRJob(stream.stream_id, item_id, utt.audio(), final=True))
+        self._queue_final(stream, item_id, utt.audio())
+
+    def _queue_final(self, stream: StreamState, item_id: str, audio: np.ndarray) -> None:
+        stream.pending_finals += 1
+        self._asr_jobs.appendleft(ASRJob(stream.stream_id, item_id, audio, final=True))
 
     def _run_vad(self) -> None:
         """Batched VAD: one model call per round, one 32 ms frame from each stream."""
@@ -368,7 +374,7 @@ class EngineCore:
             stream.utterance = None
             self._outputs.append(p.SpeechStopped(stream.stream_id, int(det.last_voice_ms),
                                                  utt.item_id))
-            self._asr_jobs.appendleft(ASRJob(stream.stream_id, utt.item_id, utt.audio(), True))
+            self._queue_final(stream, utt.item_id, utt.audio())
             return
         interval = stream.config.partial_interval_ms * p.INPUT_RATE // 1000
         if (stream.config.transcribe_partials and not utt.partial_queued
@@ -401,6 +407,8 @@ class EngineCore:
         except Exception as exc:
             logger.exception("ASR failed")
             self._error(job.stream_id, f"transcription failed: {exc}", "asr_error")
+            if job.final:
+                self._final_done(stream)
             return
         if not job.final:
             utt = stream.utterance
@@ -413,13 +421,27 @@ class EngineCore:
             self._conversation_changed(stream)
             stream.conversation.add(job.item_id, "user", text)
         self._outputs.append(p.TranscriptFinal(job.stream_id, job.item_id, text, seconds * 1000))
+        self._final_done(stream)
+
+    def _final_done(self, stream: StreamState) -> None:
+        """A final transcript landed (or failed): a response waiting for it may start."""
+        stream.pending_finals -= 1
+        if stream.pending_finals == 0 and stream.deferred is not None:
+            msg, stream.deferred = stream.deferred, None
+            self._create_response(stream, msg)
 
     # --------------------------------------------------------------------------- LLM
 
     def _create_response(self, stream: StreamState, msg: p.CreateResponse) -> None:
-        if stream.response is not None:
+        """Start a response; one asked for while a user turn is still being transcribed
+        waits for that transcript, so the reply always answers what was said."""
+        if stream.response is not None or stream.deferred is not None:
+            active = stream.response.response_id if stream.response else stream.deferred.response_id  # type: ignore[union-attr]
             self._error(stream.stream_id, "CreateResponse: the stream already has an active "
-                        f"response {stream.response.response_id!r}", "conversation_already_has_active_response")
+                        f"response {active!r}", "conversation_already_has_active_response")
+            return
+        if stream.pending_finals > 0:
+            stream.deferred = msg
             return
         llm = self.models.llm
         if stream.slot is None:
@@ -553,6 +575,11 @@ class EngineCore:
             tts_ms=response.tts_ms))
 
     def _cancel_response(self, stream: StreamState) -> None:
+        if stream.deferred is not None:
+            msg, stream.deferred = stream.deferred, None
+            self._outputs.append(p.ResponseDone(stream.stream_id, msg.response_id,
+                                                p.ResponseStatus.CANCELLED, ""))
+            return
         response = stream.response
         if response is None:
             return  # nothing to cancel is not an error (OpenAI: no-op)

@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -217,7 +218,9 @@ class MultiprocessEngineClient(EngineClient):
     """Runs the engine in a supervised child process ("spawn"); see the module docstring.
 
     `start()` raises `EngineError` if the first child fails to load (with the child's
-    message), dies, or is not ready within `start_timeout` seconds.
+    message), dies, or is not ready within `start_timeout` seconds. `core_spec` and
+    `core_kwargs` must be picklable; as with any "spawn" child, a script that starts
+    this client needs the `if __name__ == "__main__":` guard.
     """
 
     def __init__(
@@ -241,6 +244,7 @@ class MultiprocessEngineClient(EngineClient):
         self._ctx: zmq.asyncio.Context | None = None
         self._sync_ctx: zmq.Context | None = None  # same context, for non-blocking sends
         self._tmpdir: str | None = None
+        self._remove_tmpdir: weakref.finalize | None = None  # also runs at exit without close()
         self._gen = 0
         self._child: _Child | None = None  # the live, ready child
         self._children: set[_Child] = set()  # every child not yet stopped (live or starting)
@@ -251,6 +255,7 @@ class MultiprocessEngineClient(EngineClient):
             raise RuntimeError("engine client already started")
         self._loop = asyncio.get_running_loop()
         self._tmpdir = tempfile.mkdtemp(prefix="voxline-engine-")
+        self._remove_tmpdir = weakref.finalize(self, shutil.rmtree, self._tmpdir, True)
         self._ctx = zmq.asyncio.Context()
         self._sync_ctx = zmq.Context.shadow(self._ctx.underlying)
         try:
@@ -491,8 +496,7 @@ class MultiprocessEngineClient(EngineClient):
         self._children.discard(child)
 
     def _teardown(self) -> None:
-        if self._ctx is not None:
+        if self._ctx is not None and not self._ctx.closed:
             self._ctx.destroy(linger=0)
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+        if self._remove_tmpdir is not None:
+            self._remove_tmpdir()

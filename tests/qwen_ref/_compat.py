@@ -8,11 +8,16 @@ by empty stand-ins that fail loudly if anything actually calls into them.
 
 from __future__ import annotations
 
+import importlib.machinery
 import sys
 import types
 
 
 class _Missing(types.ModuleType):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.__spec__ = importlib.machinery.ModuleSpec(name, loader=None)
+
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
@@ -20,8 +25,10 @@ class _Missing(types.ModuleType):
 
 
 def install() -> None:
-    # transformers probes for torchaudio when it is first imported: let it see the truth.
-    import transformers  # noqa: F401
+    # transformers and torch._dynamo probe for these packages when first imported: let
+    # them see the truth before the stand-ins go in.
+    import torch._dynamo  # noqa: F401
+    import transformers.generation  # noqa: F401
 
     for name in ("sox", "onnxruntime", "torchaudio", "torchaudio.compliance",
                  "torchaudio.compliance.kaldi"):

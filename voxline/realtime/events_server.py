@@ -1,0 +1,544 @@
+"""Server events of ``/v1/realtime``: dialect-neutral models and their one renderer.
+
+The session actor builds neutral events (canonical GA content types, audio as raw
+bytes) and never thinks about dialects; the transport calls ``render(event, dialect)``
+for the wire object. Every GA/beta difference on the way out lives in this module:
+:data:`_WIRE_TYPES` (event type names) and the ``render_*`` helpers (content part types,
+response and session objects). ``render`` returns None where a dialect has no such event
+(beta has no ``conversation.item.done``); the transport then sends nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from voxline.errors import ProtocolError
+from voxline.realtime.events_client import (
+    ContentPart,
+    ConversationItem,
+    FunctionCallItem,
+    MessageItem,
+    ITEM_TYPES,
+)
+from voxline.realtime.events_session import AudioFormat, Dialect, SessionSettings, new_id
+
+# ---------------------------------------------------------------------------------------
+# Payload objects
+# ---------------------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    """The ``error`` object of an ``error`` event; ``event_id`` is the client event's."""
+
+    type: str = "invalid_request_error"
+    code: str | None = None
+    message: str
+    param: str | None = None
+    event_id: str | None = None
+
+    @classmethod
+    def from_exception(cls, exc: ProtocolError) -> ErrorDetail:
+        return cls(code=exc.code, message=str(exc), param=exc.param, event_id=exc.event_id)
+
+
+class InputTokenDetails(BaseModel):
+    cached_tokens: int = 0
+    text_tokens: int = 0
+    audio_tokens: int = 0
+
+
+class OutputTokenDetails(BaseModel):
+    text_tokens: int = 0
+    audio_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    total_tokens: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    input_token_details: InputTokenDetails = Field(default_factory=InputTokenDetails)
+    output_token_details: OutputTokenDetails = Field(default_factory=OutputTokenDetails)
+
+
+ResponseStatus = Literal["in_progress", "completed", "cancelled", "incomplete", "failed"]
+StatusReason = Literal["turn_detected", "client_cancelled", "max_output_tokens", "content_filter"]
+
+
+class ResponseStatusDetails(BaseModel):
+    type: Literal["completed", "cancelled", "incomplete", "failed"]
+    reason: StatusReason | None = None
+    error: ErrorDetail | None = None
+
+
+class RealtimeResponse(BaseModel):
+    """A response as the session tracks it; rendered as ``realtime.response`` per dialect."""
+
+    model_config = ConfigDict(strict=True)
+
+    id: str = Field(default_factory=lambda: new_id("resp"))
+    status: ResponseStatus = "in_progress"
+    status_details: ResponseStatusDetails | None = None
+    output: list[ConversationItem] = Field(default_factory=list)
+    conversation_id: str | None = None
+    output_modalities: frozenset[str]
+    max_output_tokens: int | None = None
+    voice: str
+    output_format: AudioFormat
+    temperature: float
+    metadata: dict[str, str] | None = None
+    usage: ResponseUsage | None = None
+
+    @classmethod
+    def start(
+        cls,
+        settings: SessionSettings,
+        *,
+        conversation_id: str | None,
+        metadata: dict[str, str] | None = None,
+    ) -> RealtimeResponse:
+        """An ``in_progress`` response run with ``settings`` (already with overrides applied).
+
+        ``conversation_id`` is None for out-of-band responses (``conversation: "none"``).
+        """
+        return cls(
+            conversation_id=conversation_id,
+            output_modalities=settings.output_modalities,
+            max_output_tokens=settings.max_output_tokens,
+            voice=settings.voice,
+            output_format=settings.output_format,
+            temperature=settings.temperature,
+            metadata=metadata,
+        )
+
+    def finished(
+        self,
+        status: Literal["completed", "cancelled", "incomplete", "failed"],
+        *,
+        reason: StatusReason | None = None,
+        error: ErrorDetail | None = None,
+        usage: ResponseUsage | None = None,
+    ) -> RealtimeResponse:
+        """A copy in a final state; ``completed`` carries no status details, as OpenAI's."""
+        details = None
+        if status != "completed":
+            details = ResponseStatusDetails(type=status, reason=reason, error=error)
+        return self.model_copy(
+            update={"status": status, "status_details": details, "usage": usage or self.usage}
+        )
+
+
+class RateLimit(BaseModel):
+    name: Literal["requests", "tokens"]
+    limit: int
+    remaining: int
+    reset_seconds: float
+
+
+# ---------------------------------------------------------------------------------------
+# Neutral server events
+# ---------------------------------------------------------------------------------------
+
+
+class ServerEvent(BaseModel):
+    """Base of every server event; each gets a fresh unique ``event_...`` id."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    event_id: str = Field(default_factory=lambda: new_id("event"))
+
+
+class SessionCreated(ServerEvent):
+    session_id: str
+    session: SessionSettings
+
+
+class SessionUpdated(ServerEvent):
+    session_id: str
+    session: SessionSettings
+
+
+class ConversationCreated(ServerEvent):
+    conversation_id: str
+
+
+class SpeechStarted(ServerEvent):
+    audio_start_ms: int
+    item_id: str
+
+
+class SpeechStopped(ServerEvent):
+    audio_end_ms: int
+    item_id: str
+
+
+class InputAudioCommitted(ServerEvent):
+    item_id: str
+    previous_item_id: str | None = None
+
+
+class InputAudioCleared(ServerEvent):
+    pass
+
+
+class InputAudioTimeoutTriggered(ServerEvent):
+    """Idle timeout (``turn_detection.idle_timeout_ms``) fired; a response follows."""
+
+    audio_start_ms: int
+    audio_end_ms: int
+    item_id: str
+
+
+class ItemAdded(ServerEvent):
+    """An item entered the conversation (beta: ``conversation.item.created``)."""
+
+    item: ConversationItem
+    previous_item_id: str | None = None
+
+
+class ItemDone(ServerEvent):
+    """An item is final (GA only; beta clients get nothing)."""
+
+    item: ConversationItem
+    previous_item_id: str | None = None
+
+
+class ItemRetrieved(ServerEvent):
+    """Answer to ``conversation.item.retrieve``; the only event rendering audio bytes."""
+
+    item: ConversationItem
+
+
+class ItemTruncated(ServerEvent):
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+class ItemDeleted(ServerEvent):
+    item_id: str
+
+
+class InputTranscriptionDelta(ServerEvent):
+    item_id: str
+    content_index: int = 0
+    delta: str
+
+
+class InputTranscriptionCompleted(ServerEvent):
+    item_id: str
+    content_index: int = 0
+    transcript: str
+    usage: dict[str, Any] | None = None
+
+
+class InputTranscriptionFailed(ServerEvent):
+    item_id: str
+    content_index: int = 0
+    error: ErrorDetail
+
+
+class ResponseCreated(ServerEvent):
+    response: RealtimeResponse
+
+
+class ResponseDone(ServerEvent):
+    response: RealtimeResponse
+
+
+class OutputItemAdded(ServerEvent):
+    response_id: str
+    output_index: int
+    item: ConversationItem
+
+
+class OutputItemDone(ServerEvent):
+    response_id: str
+    output_index: int
+    item: ConversationItem
+
+
+class _ContentEvent(ServerEvent):
+    response_id: str
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+
+
+class ContentPartAdded(_ContentEvent):
+    part: ContentPart
+
+
+class ContentPartDone(_ContentEvent):
+    part: ContentPart
+
+
+class AudioDelta(_ContentEvent):
+    """Output audio, already encoded in the session's output format; rendered as base64."""
+
+    delta: bytes
+
+
+class AudioDone(_ContentEvent):
+    pass
+
+
+class AudioTranscriptDelta(_ContentEvent):
+    delta: str
+
+
+class AudioTranscriptDone(_ContentEvent):
+    transcript: str
+
+
+class TextDelta(_ContentEvent):
+    delta: str
+
+
+class TextDone(_ContentEvent):
+    text: str
+
+
+class OutputAudioBufferStarted(ServerEvent):
+    response_id: str
+
+
+class OutputAudioBufferStopped(ServerEvent):
+    response_id: str
+
+
+class OutputAudioBufferCleared(ServerEvent):
+    response_id: str
+
+
+class RateLimitsUpdated(ServerEvent):
+    rate_limits: list[RateLimit]
+
+
+class ErrorEvent(ServerEvent):
+    error: ErrorDetail
+
+    @classmethod
+    def from_exception(cls, exc: ProtocolError) -> ErrorEvent:
+        return cls(error=ErrorDetail.from_exception(exc))
+
+
+# ---------------------------------------------------------------------------------------
+# Rendering: the one place that knows both dialects' names and shapes
+# ---------------------------------------------------------------------------------------
+
+
+class WireTypes(NamedTuple):
+    ga: str
+    beta: str | None
+
+
+_WIRE_TYPES: dict[type[ServerEvent], WireTypes] = {
+    SessionCreated: WireTypes("session.created", "session.created"),
+    SessionUpdated: WireTypes("session.updated", "session.updated"),
+    ConversationCreated: WireTypes("conversation.created", "conversation.created"),
+    SpeechStarted: WireTypes(
+        "input_audio_buffer.speech_started", "input_audio_buffer.speech_started"
+    ),
+    SpeechStopped: WireTypes(
+        "input_audio_buffer.speech_stopped", "input_audio_buffer.speech_stopped"
+    ),
+    InputAudioCommitted: WireTypes("input_audio_buffer.committed", "input_audio_buffer.committed"),
+    InputAudioCleared: WireTypes("input_audio_buffer.cleared", "input_audio_buffer.cleared"),
+    InputAudioTimeoutTriggered: WireTypes(
+        "input_audio_buffer.timeout_triggered", "input_audio_buffer.timeout_triggered"
+    ),
+    ItemAdded: WireTypes("conversation.item.added", "conversation.item.created"),
+    ItemDone: WireTypes("conversation.item.done", None),
+    ItemRetrieved: WireTypes("conversation.item.retrieved", "conversation.item.retrieved"),
+    ItemTruncated: WireTypes("conversation.item.truncated", "conversation.item.truncated"),
+    ItemDeleted: WireTypes("conversation.item.deleted", "conversation.item.deleted"),
+    InputTranscriptionDelta: WireTypes(
+        "conversation.item.input_audio_transcription.delta",
+        "conversation.item.input_audio_transcription.delta",
+    ),
+    InputTranscriptionCompleted: WireTypes(
+        "conversation.item.input_audio_transcription.completed",
+        "conversation.item.input_audio_transcription.completed",
+    ),
+    InputTranscriptionFailed: WireTypes(
+        "conversation.item.input_audio_transcription.failed",
+        "conversation.item.input_audio_transcription.failed",
+    ),
+    ResponseCreated: WireTypes("response.created", "response.created"),
+    ResponseDone: WireTypes("response.done", "response.done"),
+    OutputItemAdded: WireTypes("response.output_item.added", "response.output_item.added"),
+    OutputItemDone: WireTypes("response.output_item.done", "response.output_item.done"),
+    ContentPartAdded: WireTypes("response.content_part.added", "response.content_part.added"),
+    ContentPartDone: WireTypes("response.content_part.done", "response.content_part.done"),
+    AudioDelta: WireTypes("response.output_audio.delta", "response.audio.delta"),
+    AudioDone: WireTypes("response.output_audio.done", "response.audio.done"),
+    AudioTranscriptDelta: WireTypes(
+        "response.output_audio_transcript.delta", "response.audio_transcript.delta"
+    ),
+    AudioTranscriptDone: WireTypes(
+        "response.output_audio_transcript.done", "response.audio_transcript.done"
+    ),
+    TextDelta: WireTypes("response.output_text.delta", "response.text.delta"),
+    TextDone: WireTypes("response.output_text.done", "response.text.done"),
+    OutputAudioBufferStarted: WireTypes(
+        "output_audio_buffer.started", "output_audio_buffer.started"
+    ),
+    OutputAudioBufferStopped: WireTypes(
+        "output_audio_buffer.stopped", "output_audio_buffer.stopped"
+    ),
+    OutputAudioBufferCleared: WireTypes(
+        "output_audio_buffer.cleared", "output_audio_buffer.cleared"
+    ),
+    RateLimitsUpdated: WireTypes("rate_limits.updated", "rate_limits.updated"),
+    ErrorEvent: WireTypes("error", "error"),
+}
+
+SERVER_EVENT_CLASSES: tuple[type[ServerEvent], ...] = tuple(_WIRE_TYPES)
+
+_BETA_PART_TYPES = {"output_text": "text", "output_audio": "audio"}
+_DROP_IF_NONE = frozenset({"usage"})
+
+
+def wire_type(event_class: type[ServerEvent], dialect: Dialect) -> str | None:
+    """The ``type`` string ``event_class`` has on the wire in ``dialect`` (None: not sent)."""
+    names = _WIRE_TYPES[event_class]
+    return names.ga if dialect is Dialect.GA else names.beta
+
+
+def render_part(part: ContentPart, dialect: Dialect, *, include_audio: bool = False) -> dict[str, Any]:
+    """A content part on the wire; beta names assistant parts ``text`` / ``audio``."""
+    kind = _BETA_PART_TYPES.get(part.type, part.type) if dialect is Dialect.BETA else part.type
+    if not part.is_audio:
+        return {"type": kind, "text": part.text or ""}
+    out: dict[str, Any] = {"type": kind, "transcript": part.transcript}
+    if include_audio and part.audio is not None:
+        out["audio"] = part.audio
+    return out
+
+
+def render_item(
+    item: ConversationItem, dialect: Dialect, *, include_audio: bool = False
+) -> dict[str, Any]:
+    """A ``realtime.item``; audio bytes only with ``include_audio`` (item retrieval)."""
+    out: dict[str, Any] = {
+        "id": item.id,
+        "object": "realtime.item",
+        "type": item.type,
+        "status": item.status,
+    }
+    if isinstance(item, MessageItem):
+        out["role"] = item.role
+        out["content"] = [
+            render_part(p, dialect, include_audio=include_audio) for p in item.content
+        ]
+    elif isinstance(item, FunctionCallItem):
+        out.update(name=item.name, call_id=item.call_id, arguments=item.arguments)
+    else:
+        out.update(call_id=item.call_id, output=item.output)
+    return out
+
+
+def render_response(response: RealtimeResponse, dialect: Dialect) -> dict[str, Any]:
+    """A ``realtime.response`` object in ``dialect``'s shape."""
+    audio = "audio" in response.output_modalities
+    tokens: int | str = "inf" if response.max_output_tokens is None else response.max_output_tokens
+    out: dict[str, Any] = {
+        "object": "realtime.response",
+        "id": response.id,
+        "status": response.status,
+        "status_details": (
+            response.status_details.model_dump(exclude_none=True)
+            if response.status_details
+            else None
+        ),
+        "output": [render_item(item, dialect) for item in response.output],
+        "conversation_id": response.conversation_id,
+    }
+    if dialect is Dialect.GA:
+        out["output_modalities"] = ["audio"] if audio else ["text"]
+        out["max_output_tokens"] = tokens
+        out["audio"] = {
+            "output": {"format": response.output_format.to_ga(), "voice": response.voice}
+        }
+    else:
+        out["modalities"] = ["text", "audio"] if audio else ["text"]
+        out["max_output_tokens"] = tokens
+        out["voice"] = response.voice
+        out["output_audio_format"] = response.output_format.to_beta()
+        out["temperature"] = response.temperature
+    out["usage"] = response.usage.model_dump() if response.usage else None
+    out["metadata"] = response.metadata
+    return out
+
+
+def _render_session(event: SessionCreated | SessionUpdated, dialect: Dialect) -> dict[str, Any]:
+    return {
+        "session": {
+            "id": event.session_id,
+            "object": "realtime.session",
+            **event.session.to_wire(dialect),
+        }
+    }
+
+
+def _render_conversation(event: ConversationCreated, dialect: Dialect) -> dict[str, Any]:
+    return {"conversation": {"id": event.conversation_id, "object": "realtime.conversation"}}
+
+
+def _render_retrieved(event: ItemRetrieved, dialect: Dialect) -> dict[str, Any]:
+    return {"item": render_item(event.item, dialect, include_audio=True)}
+
+
+_SHAPERS: dict[type[ServerEvent], Callable[[Any, Dialect], dict[str, Any]]] = {
+    SessionCreated: _render_session,
+    SessionUpdated: _render_session,
+    ConversationCreated: _render_conversation,
+    ItemRetrieved: _render_retrieved,
+}
+
+
+def _wire_value(value: Any, dialect: Dialect) -> Any:
+    if isinstance(value, ITEM_TYPES):
+        return render_item(value, dialect)
+    if isinstance(value, ContentPart):
+        return render_part(value, dialect)
+    if isinstance(value, RealtimeResponse):
+        return render_response(value, dialect)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list):
+        return [_wire_value(v, dialect) for v in value]
+    return value
+
+
+def render(event: ServerEvent, dialect: Dialect) -> dict[str, Any] | None:
+    """``event`` as the JSON object a ``dialect`` client expects, or None if it gets none."""
+    name = wire_type(type(event), dialect)
+    if name is None:
+        return None
+    out: dict[str, Any] = {"type": name, "event_id": event.event_id}
+    shaper = _SHAPERS.get(type(event))
+    if shaper is not None:
+        out.update(shaper(event, dialect))
+        return out
+    for field in type(event).model_fields:
+        if field == "event_id":
+            continue
+        value = getattr(event, field)
+        if value is None and field in _DROP_IF_NONE:
+            continue
+        out[field] = _wire_value(value, dialect)
+    return out
+
+
+def render_json(event: ServerEvent, dialect: Dialect) -> str | None:
+    """:func:`render` serialised compactly, ready for a WebSocket text frame."""
+    obj = render(event, dialect)
+    return None if obj is None else json.dumps(obj, separators=(",", ":"), ensure_ascii=False)

@@ -204,3 +204,15 @@ def test_response_requested_at_speech_stop_waits_for_the_transcript():
     lm_prompt = h.lm.calls[0][1][0]
     assert h.lm.render_message("user", "hello there friend")[3:6] == lm_prompt[-8:-5]
     h.close()
+
+
+def test_speak_synthesizes_text_without_the_llm():
+    h = Harness()
+    h.send(p.OpenStream("t", p.StreamConfig(turn_detection=None)),
+           p.Speak("t", "s1", "First sentence here. And a second one.", speed=1.0))
+    h.run_until(has(p.ResponseDone))
+    assert [c.text for c in h.of(p.AudioChunk)] == ["First sentence here.", "And a second one."]
+    done, = h.of(p.ResponseDone)
+    assert done.status == p.ResponseStatus.COMPLETED and done.output_tokens == 0
+    assert not h.lm.calls and not h.core.streams["t"].conversation.items
+    h.close()

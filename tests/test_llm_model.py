@@ -194,6 +194,8 @@ def test_cache_errors(tiny) -> None:
         ours.forward_batch([0], [[]])
     with pytest.raises(IndexError):
         ours.forward_batch([2], [[1]])
+    with pytest.raises(ValueError, match="token id"):
+        ours.forward_batch([0], [[1, 128]])
     ours.forward_batch([0], [[1, 2, 3]])
     with pytest.raises(ValueError):
         cache.truncate(0, 4)

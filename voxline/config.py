@@ -21,6 +21,15 @@ class Settings(BaseSettings):
     api_key: str | None = Field(default=None, description="require this bearer key if set")
     llm_dtype: str = Field(default="float32", description="float32 or bfloat16 on CPU")
     threads: int = Field(default=0, description="torch/onnxruntime intra-op threads (0 = auto)")
+    host: str = Field(default="127.0.0.1", description="bind address of `voxline serve`")
+    port: int = Field(default=8000, description="TCP port of `voxline serve`")
+    max_sessions: int = Field(default=16, ge=1, description="concurrent realtime sessions")
+    max_session_seconds: float = Field(default=1800.0, gt=0, description="session time limit")
+    max_event_bytes: int = Field(default=15 * 1024 * 1024, description="largest client event")
+    output_lead_ms: float = Field(default=200.0, gt=0, le=1000,
+                                  description="audio sent ahead of real-time playout")
+    engine: str = Field(default="process", pattern="^(process|inprocess)$",
+                        description="run the engine in a supervised child process or a thread")
 
 
 def load_settings(**overrides: object) -> Settings:

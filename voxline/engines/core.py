@@ -124,7 +124,7 @@ class ResponseRun:
     response_id: str
     item_id: str
     config: p.ResponseConfig
-    request: GenerationRequest
+    request: GenerationRequest | None  # None: speech only (`Speak`), no LLM behind it
     chunker: TextChunker
     speed: float
     emitted: str = ""
@@ -271,6 +271,8 @@ class EngineCore:
                 self._truncate_item(stream, msg)
             case p.CreateResponse():
                 self._create_response(stream, msg)
+            case p.Speak():
+                self._speak(stream, msg)
             case p.CancelResponse():
                 self._cancel_response(stream)
             case p.CloseStream():
@@ -292,7 +294,8 @@ class EngineCore:
         if stream is None:
             return
         if stream.response is not None:
-            self.llm.abort(stream.response.request.request_id)
+            if stream.response.request is not None:
+                self.llm.abort(stream.response.request.request_id)
             stream.response = None
         if stream.slot is not None:
             self.models.llm.free_slot(stream.slot.index)
@@ -305,7 +308,7 @@ class EngineCore:
 
     def _conversation_changed(self, stream: StreamState) -> None:
         """A running generation re-reads the conversation; an in-flight step is discarded."""
-        if stream.response is not None:
+        if stream.response is not None and stream.response.request is not None:
             stream.response.request.epoch += 1
 
     # ------------------------------------------------------------------------- audio
@@ -472,6 +475,18 @@ class EngineCore:
                                       stream.config.speed)
         self.llm.add(request)
 
+    def _speak(self, stream: StreamState, msg: p.Speak) -> None:
+        if stream.response is not None or stream.deferred is not None:
+            self._error(stream.stream_id, "Speak: the stream already has an active response",
+                        "conversation_already_has_active_response")
+            return
+        cfg = p.ResponseConfig(seed=msg.seed)
+        run = ResponseRun(msg.response_id, "", cfg, None, TextChunker(), msg.speed,
+                          emitted=msg.text, llm_done=True)
+        run.tts_queue.extend(run.chunker.push(msg.text) + run.chunker.flush())
+        stream.response = run
+        self._maybe_finish_response(stream.stream_id)
+
     def _start_llm(self) -> None:
         if self._llm_running is not None:
             return
@@ -559,15 +574,20 @@ class EngineCore:
                 FinishReason.LENGTH: p.ResponseStatus.INCOMPLETE,
                 FinishReason.ABORT: p.ResponseStatus.CANCELLED,
                 FinishReason.ERROR: p.ResponseStatus.FAILED,
-            }[response.request.finish or FinishReason.STOP]
+            }[response.request.finish if response.request and response.request.finish
+              else FinishReason.STOP]
         req = response.request
         llm = self.models.llm
         text = response.emitted.strip()
+        stream.response = None
+        if req is None:
+            self._outputs.append(p.ResponseDone(stream_id, response.response_id, status, text,
+                                                tts_ms=response.tts_ms))
+            return
         if req.generated:
             stream.conversation.add_generated(response.item_id, llm.generation_header(),
                                               req.generated, text, llm.message_footer(),
                                               response.spans)
-        stream.response = None
         self._outputs.append(p.ResponseDone(
             stream_id, response.response_id, status, text,
             input_tokens=req.prompt_tokens, output_tokens=len(req.generated),
@@ -583,7 +603,8 @@ class EngineCore:
         response = stream.response
         if response is None:
             return  # nothing to cancel is not an error (OpenAI: no-op)
-        self.llm.abort(response.request.request_id)
+        if response.request is not None:
+            self.llm.abort(response.request.request_id)
         response.tts_queue.clear()
         response.tts_busy = False
         self._maybe_finish_response(stream.stream_id, p.ResponseStatus.CANCELLED)

@@ -106,6 +106,16 @@ class CreateResponse(msgspec.Struct, tag=True, frozen=True):
     config: ResponseConfig = ResponseConfig()
 
 
+class Speak(msgspec.Struct, tag=True, frozen=True):
+    """Text-to-speech only: speak `text` as response `response_id` (no LLM, no conversation)."""
+
+    stream_id: str
+    response_id: str
+    text: str
+    speed: float = 1.0
+    seed: int | None = None
+
+
 class CancelResponse(msgspec.Struct, tag=True, frozen=True):
     """Stop the running response (if any) within one engine step; its slot is freed."""
 
@@ -128,6 +138,7 @@ EngineInput = (
     | DeleteItem
     | TruncateItem
     | CreateResponse
+    | Speak
     | CancelResponse
     | CloseStream
 )

@@ -87,7 +87,6 @@ class ContentPart(WireModel):
 
 class _ItemBase(WireModel):
     id: str | None = None
-    object: Literal["realtime.item"] | None = None
     status: ItemStatus = "completed"
 
     def with_id(self, item_id: str | None = None) -> Self:
@@ -131,6 +130,10 @@ class MessageItem(_ItemBase):
                 self._dialect_hint = Dialect.GA
             part.type = canonical
         return self
+
+    def dialect_hint(self) -> Dialect | None:
+        """BETA for assistant ``text``/``audio`` parts, GA for ``output_*``, else None."""
+        return self._dialect_hint
 
     @property
     def text(self) -> str:
@@ -293,7 +296,7 @@ class ConversationItemCreate(ClientEventBase):
     previous_item_id: str | None = None
 
     def dialect_hint(self) -> Dialect | None:
-        return self.item._dialect_hint if isinstance(self.item, MessageItem) else None
+        return self.item.dialect_hint() if isinstance(self.item, MessageItem) else None
 
 
 class ConversationItemRetrieve(ClientEventBase):

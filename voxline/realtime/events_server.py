@@ -2,10 +2,11 @@
 
 The session actor builds neutral events (canonical GA content types, audio as raw
 bytes) and never thinks about dialects; the transport calls ``render(event, dialect)``
-for the wire object. Every GA/beta difference on the way out lives in this module:
-:data:`_WIRE_TYPES` (event type names) and the ``render_*`` helpers (content part types,
-response and session objects). ``render`` returns None where a dialect has no such event
-(beta has no ``conversation.item.done``); the transport then sends nothing.
+for the wire object. Every GA/beta difference on the way out goes through :func:`render`:
+:data:`_WIRE_TYPES` (event type names), the ``render_*`` helpers here (content part
+types, response objects) and ``SessionSettings.to_ga`` / ``to_beta`` (session objects).
+``render`` returns None where a dialect has no such event (beta has no
+``conversation.item.done``); the transport then sends nothing.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from voxline.errors import ProtocolError
 from voxline.realtime.events_client import (
+    ITEM_TYPES,
     ContentPart,
     ConversationItem,
     FunctionCallItem,
     MessageItem,
-    ITEM_TYPES,
 )
 from voxline.realtime.events_session import AudioFormat, Dialect, SessionSettings, new_id
 
@@ -186,7 +187,10 @@ class InputAudioCleared(ServerEvent):
 
 
 class InputAudioTimeoutTriggered(ServerEvent):
-    """Idle timeout (``turn_detection.idle_timeout_ms``) fired; a response follows."""
+    """Idle timeout (``turn_detection.idle_timeout_ms``) fired; a response follows.
+
+    GA only: beta has no such event, and strictly typed beta clients reject unknown ones.
+    """
 
     audio_start_ms: int
     audio_end_ms: int
@@ -230,10 +234,12 @@ class InputTranscriptionDelta(ServerEvent):
 
 
 class InputTranscriptionCompleted(ServerEvent):
+    """Final transcript of a user audio item; ``audio_seconds`` is rendered as its usage."""
+
     item_id: str
     content_index: int = 0
     transcript: str
-    usage: dict[str, Any] | None = None
+    audio_seconds: float
 
 
 class InputTranscriptionFailed(ServerEvent):
@@ -349,9 +355,7 @@ _WIRE_TYPES: dict[type[ServerEvent], WireTypes] = {
     ),
     InputAudioCommitted: WireTypes("input_audio_buffer.committed", "input_audio_buffer.committed"),
     InputAudioCleared: WireTypes("input_audio_buffer.cleared", "input_audio_buffer.cleared"),
-    InputAudioTimeoutTriggered: WireTypes(
-        "input_audio_buffer.timeout_triggered", "input_audio_buffer.timeout_triggered"
-    ),
+    InputAudioTimeoutTriggered: WireTypes("input_audio_buffer.timeout_triggered", None),
     ItemAdded: WireTypes("conversation.item.added", "conversation.item.created"),
     ItemDone: WireTypes("conversation.item.done", None),
     ItemRetrieved: WireTypes("conversation.item.retrieved", "conversation.item.retrieved"),
@@ -400,8 +404,10 @@ _WIRE_TYPES: dict[type[ServerEvent], WireTypes] = {
 
 SERVER_EVENT_CLASSES: tuple[type[ServerEvent], ...] = tuple(_WIRE_TYPES)
 
+_PAYLOAD_FIELDS: dict[type[ServerEvent], tuple[str, ...]] = {
+    cls: tuple(name for name in cls.model_fields if name != "event_id") for cls in _WIRE_TYPES
+}
 _BETA_PART_TYPES = {"output_text": "text", "output_audio": "audio"}
-_DROP_IF_NONE = frozenset({"usage"})
 
 
 def wire_type(event_class: type[ServerEvent], dialect: Dialect) -> str | None:
@@ -494,15 +500,41 @@ def _render_retrieved(event: ItemRetrieved, dialect: Dialect) -> dict[str, Any]:
     return {"item": render_item(event.item, dialect, include_audio=True)}
 
 
+def _render_transcription(event: InputTranscriptionCompleted, dialect: Dialect) -> dict[str, Any]:
+    return {
+        "item_id": event.item_id,
+        "content_index": event.content_index,
+        "transcript": event.transcript,
+        "usage": {"type": "duration", "seconds": event.audio_seconds},
+    }
+
+
+def _render_part_event(event: ContentPartAdded | ContentPartDone, dialect: Dialect) -> dict[str, Any]:
+    # OpenAI's schema types response.content_part.* parts as "text"/"audio" in both
+    # dialects, unlike item content (GA "output_text"/"output_audio").
+    return {
+        "response_id": event.response_id,
+        "item_id": event.item_id,
+        "output_index": event.output_index,
+        "content_index": event.content_index,
+        "part": render_part(event.part, Dialect.BETA),
+    }
+
+
 _SHAPERS: dict[type[ServerEvent], Callable[[Any, Dialect], dict[str, Any]]] = {
     SessionCreated: _render_session,
     SessionUpdated: _render_session,
     ConversationCreated: _render_conversation,
     ItemRetrieved: _render_retrieved,
+    InputTranscriptionCompleted: _render_transcription,
+    ContentPartAdded: _render_part_event,
+    ContentPartDone: _render_part_event,
 }
 
 
 def _wire_value(value: Any, dialect: Dialect) -> Any:
+    if value is None or isinstance(value, str | int | float):
+        return value
     if isinstance(value, ITEM_TYPES):
         return render_item(value, dialect)
     if isinstance(value, ContentPart):
@@ -528,13 +560,8 @@ def render(event: ServerEvent, dialect: Dialect) -> dict[str, Any] | None:
     if shaper is not None:
         out.update(shaper(event, dialect))
         return out
-    for field in type(event).model_fields:
-        if field == "event_id":
-            continue
-        value = getattr(event, field)
-        if value is None and field in _DROP_IF_NONE:
-            continue
-        out[field] = _wire_value(value, dialect)
+    for field in _PAYLOAD_FIELDS[type(event)]:
+        out[field] = _wire_value(getattr(event, field), dialect)
     return out
 
 

@@ -46,17 +46,9 @@ class Dialect(StrEnum):
     BETA = "beta"
 
 
-_BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-
-
 def new_id(prefix: str) -> str:
-    """``prefix_`` + 22 base62 characters of 128 random bits; unique without coordination."""
-    n = int.from_bytes(os.urandom(16), "big")
-    chars = []
-    for _ in range(22):
-        n, r = divmod(n, 62)
-        chars.append(_BASE62[r])
-    return f"{prefix}_{''.join(chars)}"
+    """``prefix_`` + 22 hex digits of 88 random bits; unique without coordination."""
+    return f"{prefix}_{os.urandom(11).hex()}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -443,7 +435,7 @@ def protocol_error_from_validation(
     err = exc.errors(include_url=False)[0]
     kind: str = err["type"]
     ctx = err.get("ctx") or {}
-    path = _wire_path(raw, err["loc"], keep_last=kind in ("missing", "missing_field"))
+    path = _wire_path(raw, err["loc"], keep_last=kind == "missing")
     if kind in ("union_tag_not_found", "union_tag_invalid"):
         path.append(str(ctx.get("discriminator", "type")).strip("'"))
     if "field" in ctx:  # validators that check one sub-field report it here

@@ -10,6 +10,11 @@ to :meth:`LlamaModel.forward_batch` runs several slots at once, each with its ow
 of new tokens, so prefill chunks and one-token decodes share a step. The new tokens of a
 slot sit at positions ``lengths[slot] .. lengths[slot] + q - 1`` and query ``i`` of a
 chunk sees keys ``0 .. lengths[slot] + i`` (a bottom-right-aligned causal mask).
+
+Confirming and discarding tokens: a token that was sampled but not yet fed needs no
+undo (just don't feed it). A token that was fed and must go (a stale decode step, a
+barge-in rollback) is undone with :meth:`KVCache.truncate`. A step can also be run with
+``advance=False`` and confirmed later with :meth:`KVCache.commit`.
 """
 
 from __future__ import annotations
@@ -121,6 +126,7 @@ class _StepPlan:
     write_t: Tensor | None = None  # [N] its query index
     write_slot: Tensor | None = None  # [N] its cache slot
     write_pos: Tensor | None = None  # [N] its cache position
+    last_t: Tensor | None = None  # [B] query index of each row's last real token
 
 
 class Attention(nn.Module):
@@ -191,7 +197,9 @@ class _Backbone(nn.Module):
     def __init__(self, config) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -304,8 +312,9 @@ class LlamaModel(nn.Module):
     # -- rope / plan ------------------------------------------------------------------
 
     def _cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        inv_freq = self.inv_freq.to(positions.device)
-        freqs = positions[..., None].float() * inv_freq  # [B, Q, D/2], float32
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions[..., None].float() * self.inv_freq  # [B, Q, D/2], float32
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.rope_scale).to(self.dtype).unsqueeze(1)
         sin = (emb.sin() * self.rope_scale).to(self.dtype).unsqueeze(1)
@@ -317,7 +326,8 @@ class LlamaModel(nn.Module):
         q_max = max(counts)
         kv_len = max(st + q for st, q in zip(starts, counts, strict=True))
         lens = torch.tensor(starts, device=dev)[:, None]
-        last = torch.tensor(counts, device=dev)[:, None] - 1
+        last_t = torch.tensor(counts, device=dev) - 1
+        last = last_t[:, None]
         t = torch.arange(q_max, device=dev)[None, :]
         # Padded queries reuse the last real query's position and keys: finite, ignored.
         positions = lens + torch.minimum(t, last)  # [B, Q]
@@ -346,6 +356,7 @@ class LlamaModel(nn.Module):
             write_t=idx(write_t),
             write_slot=idx(write_slot),
             write_pos=idx(write_pos),
+            last_t=last_t,
         )
 
     # -- forward ----------------------------------------------------------------------
@@ -390,10 +401,13 @@ class LlamaModel(nn.Module):
         if len(set(slots)) != len(slots):
             raise ValueError(f"duplicate slots in one step: {list(slots)}")
         counts = [len(toks) for toks in tokens]
-        for slot, q in zip(slots, counts, strict=True):
+        vocab = self.config.vocab_size
+        for slot, toks, q in zip(slots, tokens, counts, strict=True):
             cache._check_slot(slot)
             if q == 0:
                 raise ValueError(f"slot {slot}: no new tokens")
+            if min(toks) < 0 or max(toks) >= vocab:  # on a GPU this would be a device assert
+                raise ValueError(f"slot {slot}: token id outside [0, {vocab})")
             if cache.lengths[slot] + q > cache.max_len:
                 raise ValueError(
                     f"slot {slot}: {cache.lengths[slot]} + {q} tokens exceed max_len {cache.max_len}"
@@ -408,8 +422,7 @@ class LlamaModel(nn.Module):
         for layer in self.model.layers:
             h = layer(h, plan, cache)
         if not all_logits:
-            rows = torch.arange(len(slots), device=self.device)
-            h = h[rows, torch.tensor(counts, device=self.device) - 1]
+            h = h[torch.arange(len(slots), device=self.device), plan.last_t]
         logits = self.lm_head(self.model.norm(h)).float()
 
         for slot, q in zip(slots, counts, strict=True):

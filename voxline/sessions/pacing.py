@@ -1,0 +1,69 @@
+"""Real-time pacing of output audio, as a pure state machine (the caller passes `now`).
+
+The client is modelled as a player that starts each frame as soon as it arrives or as
+soon as the previous frame ends, whichever is later. The pacer releases a frame only
+while the audio already sent but not yet played stays under `lead_ms`, so a cancel can
+stop the sound within `lead_ms` and the server always knows what was heard.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OutFrame:
+    response_id: str
+    item_id: str
+    payload: bytes  # wire-format audio (PCM16 / G.711), already encoded
+    ms: float
+
+
+class OutputPacer:
+    def __init__(self, lead_ms: float = 200.0) -> None:
+        if not 0 < lead_ms <= 1000:
+            raise ValueError(f"lead_ms must be in (0, 1000], got {lead_ms}")
+        self.lead_ms = lead_ms
+        self._queue: deque[OutFrame] = deque()
+        self._play_end = 0.0  # when everything sent so far will have finished playing (s)
+        self.sent_ms: dict[str, float] = {}  # per item: audio sent to the client
+
+    def push(self, frame: OutFrame) -> None:
+        self._queue.append(frame)
+
+    def pending(self, response_id: str | None = None) -> bool:
+        return any(response_id is None or f.response_id == response_id for f in self._queue)
+
+    def due(self, now: float) -> list[OutFrame]:
+        """Frames to send now (in order)."""
+        out: list[OutFrame] = []
+        while self._queue and self.buffered_ms(now) < self.lead_ms - 1e-6:
+            frame = self._queue.popleft()
+            self._play_end = max(self._play_end, now) + frame.ms / 1000
+            self.sent_ms[frame.item_id] = self.sent_ms.get(frame.item_id, 0.0) + frame.ms
+            out.append(frame)
+        return out
+
+    def buffered_ms(self, now: float) -> float:
+        """Audio sent but not yet played at `now`."""
+        return max(0.0, self._play_end - now) * 1000
+
+    def next_deadline(self, now: float) -> float | None:
+        """When the next queued frame becomes due (None when nothing is queued)."""
+        if not self._queue:
+            return None
+        return max(now, self._play_end - self.lead_ms / 1000)
+
+    def heard_ms(self, item_id: str, now: float) -> float:
+        """How much of `item_id`'s audio has played by `now` (the item sent last)."""
+        return max(0.0, self.sent_ms.get(item_id, 0.0) - self.buffered_ms(now))
+
+    def clear(self, now: float) -> None:
+        """Drop queued audio; what was sent still plays out (the client clears its own buffer)."""
+        self._queue.clear()
+
+    def interrupt(self, now: float) -> None:
+        """Barge-in: drop queued audio and assume the client stopped playing now."""
+        self._queue.clear()
+        self._play_end = now

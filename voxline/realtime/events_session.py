@@ -60,7 +60,8 @@ DEFAULT_INSTRUCTIONS = (
     "You are a helpful, friendly voice assistant. Answer briefly and conversationally."
 )
 DEFAULT_VOICE = "alloy"
-DEFAULT_TEMPERATURE = 0.8
+# voxline runs small local LLMs, which answer best greedy; clients may raise it.
+DEFAULT_TEMPERATURE = 0.0
 # OpenAI limits temperature to [0.6, 1.2] for its audio models; small local LLMs are
 # often run colder or hotter, so voxline accepts the usual sampling range.
 TEMPERATURE_MIN, TEMPERATURE_MAX = 0.0, 2.0

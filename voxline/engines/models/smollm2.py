@@ -178,6 +178,8 @@ def _resolve(path: str | Path | None, cache: Path | None) -> Path:
     local = Path(path).expanduser()
     if local.is_dir():
         return local
+    if local.is_absolute() or str(path).startswith((".", "~")) or local.exists():
+        raise ModelUnavailableError(str(path), "checkpoint directory", "no such directory")
     from huggingface_hub import snapshot_download
 
     try:

@@ -79,7 +79,7 @@ class TransformerConfig:
 
     @staticmethod
     def _parse_common(
-        d: dict[str, Any], *, where: str, head_dim_default: int | None
+        d: dict[str, Any], *, where: str, head_dim_default: int | None, per_layer_types: bool
     ) -> dict[str, Any]:
         hidden = int(_get(d, "hidden_size", where=where))
         heads = int(_get(d, "num_attention_heads", where=where))
@@ -89,11 +89,14 @@ class TransformerConfig:
             raise ValueError(f"{where}: hidden_act {act!r} is not supported")
         layers = int(_get(d, "num_hidden_layers", where=where))
         window = d.get("sliding_window") if d.get("use_sliding_window") else None
-        types = d.get("layer_types") or [
-            "sliding_attention" if window is not None and i >= d.get("max_window_layers", 28)
-            else "full_attention"
-            for i in range(layers)
-        ]
+        if per_layer_types:
+            types = d.get("layer_types") or [
+                "sliding_attention" if window is not None and i >= d.get("max_window_layers", 28)
+                else "full_attention"
+                for i in range(layers)
+            ]
+        else:  # the talker slides on every layer when it slides at all
+            types = ["sliding_attention"] * layers
         return dict(
             hidden_size=hidden,
             intermediate_size=int(_get(d, "intermediate_size", where=where)),
@@ -121,7 +124,7 @@ class CodePredictorConfig(TransformerConfig):
     @classmethod
     def parse(cls, d: dict[str, Any], *, where: str = "code_predictor_config") -> CodePredictorConfig:
         # The reference's constructor defaults head_dim to 128 (not hidden / heads).
-        common = cls._parse_common(d, where=where, head_dim_default=128)
+        common = cls._parse_common(d, where=where, head_dim_default=128, per_layer_types=True)
         return cls(
             **common,
             vocab_size=int(_get(d, "vocab_size", 2048, where=where)),
@@ -151,7 +154,7 @@ class TalkerConfig(TransformerConfig):
 
     @classmethod
     def parse(cls, d: dict[str, Any], *, where: str = "talker_config") -> TalkerConfig:
-        common = cls._parse_common(d, where=where, head_dim_default=None)
+        common = cls._parse_common(d, where=where, head_dim_default=None, per_layer_types=False)
         ids = {
             k: int(_get(d, k, where=where))
             for k in (

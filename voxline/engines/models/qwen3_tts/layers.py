@@ -10,6 +10,7 @@ code predictor.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -19,7 +20,7 @@ from voxline.kernels.attention import attend
 
 from .config import RopeConfig, TransformerConfig
 
-__all__ = ["DecoderLayer", "MLP", "RMSNorm", "Rope", "rotate_half"]
+__all__ = ["Attention", "DecoderLayer", "KVHook", "MLP", "RMSNorm", "Rope", "rotate_half"]
 
 # (layer index, new k [B, Hkv, Q, D], new v) -> (all k, all v) the queries attend over.
 KVHook = Callable[[int, Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -69,9 +70,10 @@ class Rope:
 
 
 class Attention(nn.Module):
-    """GQA self-attention with per-head RMSNorm on q and k (Qwen3)."""
+    """GQA self-attention with RoPE; per-head RMSNorm on q and k (Qwen3) unless
+    ``qk_norm=False`` (the codec decoder's transformer)."""
 
-    def __init__(self, config: TransformerConfig, layer_idx: int) -> None:
+    def __init__(self, config: TransformerConfig | Any, layer_idx: int, *, qk_norm: bool = True) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
@@ -83,8 +85,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.q_norm: nn.Module = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else nn.Identity()
+        self.k_norm: nn.Module = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else nn.Identity()
 
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, kv: KVHook

@@ -1,0 +1,579 @@
+"""The Realtime session actor: one conversation's protocol state machine, sans I/O.
+
+Inputs: parsed client events (`receive`), engine outputs (`on_engine`) and the clock
+(`tick`); every call takes `now` (seconds, monotonic) and nothing here reads a clock
+or touches a socket. Outputs: neutral server events (`take_events`, rendered per
+dialect by the transport), engine inputs (`take_commands`) and metric observations.
+
+The session decides *when*: turns (server VAD events from the engine), responses,
+barge-in and truncation, and real-time pacing of output audio. The engine decides
+how fast. Client mistakes become `error` events naming the event and the field; the
+session and its buffered audio survive them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from voxline.codecs.pcm import b64decode_audio
+from voxline.engines import protocol as ep
+from voxline.errors import AudioFormatError, ProtocolError
+from voxline.realtime import events as ev
+from voxline.sessions.audio import InputConverter, OutputEncoder
+from voxline.sessions.pacing import OutFrame, OutputPacer
+
+logger = logging.getLogger(__name__)
+
+MIN_COMMIT_MS = 100
+_STATUS = {
+    ep.ResponseStatus.COMPLETED: "completed",
+    ep.ResponseStatus.CANCELLED: "cancelled",
+    ep.ResponseStatus.INCOMPLETE: "incomplete",
+    ep.ResponseStatus.FAILED: "failed",
+}
+RATE_LIMITS = [ev.RateLimit(name="requests", limit=10_000, remaining=9_999, reset_seconds=60.0),
+               ev.RateLimit(name="tokens", limit=1_000_000, remaining=1_000_000, reset_seconds=60.0)]
+
+
+def stream_config(settings: ev.SessionSettings) -> ep.StreamConfig:
+    """The engine's view of the session settings."""
+    td = settings.turn_detection
+    return ep.StreamConfig(
+        instructions=settings.instructions,
+        turn_detection=ep.TurnDetection(td.threshold, td.prefix_padding_ms,
+                                        td.silence_duration_ms) if td else None,
+        transcribe_partials=settings.transcription_enabled,
+        temperature=settings.temperature,
+        max_output_tokens=settings.max_output_tokens or 4096,
+        speed=settings.speed,
+    )
+
+
+@dataclass
+class ActiveResponse:
+    response: ev.RealtimeResponse
+    item_id: str
+    settings: ev.SessionSettings
+    started: float
+    trigger: float  # end of user speech or response.create: the latency clock's zero
+    transcript: str = ""
+    encoder: OutputEncoder | None = None
+    engine_done: ep.ResponseDone | None = None
+    cancel_reason: str | None = None
+    first_audio: float | None = None
+    buffer_started: bool = False
+
+    @property
+    def audio(self) -> bool:
+        return self.settings.audio_output
+
+
+@dataclass
+class ItemRecord:
+    item: ev.MessageItem
+    audio_ms: float = 0.0  # assistant audio sent to the client
+    pending_transcript: bool = False
+
+
+@dataclass
+class SessionActor:
+    session_id: str
+    stream_id: str
+    settings: ev.SessionSettings = field(default_factory=ev.SessionSettings)
+    lead_ms: float = 200.0
+    max_event_bytes: int = 15 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        self.events: list[ev.ServerEvent] = []
+        self.commands: list[ep.EngineInput] = []
+        self.observations: list[tuple[str, float]] = []
+        self.items: dict[str, ItemRecord] = {}
+        self.order: list[str] = []  # item ids in conversation order
+        self.response: ActiveResponse | None = None
+        self.pacer = OutputPacer(self.lead_ms)
+        self.input = self._new_input()
+        self.manual_buffer_ms = 0.0  # audio appended since the last commit/clear (manual turns)
+        self.in_speech: str | None = None  # item id of the user turn being spoken
+        self.speech_stopped_at: float | None = None
+        self.last_activity: float = 0.0  # for idle_timeout_ms
+        self.closed: ev.ErrorDetail | None = None  # set when the session must end
+        self.conversation_id = ev.new_id("conv")
+
+    # ------------------------------------------------------------------------ outputs
+
+    def take_events(self) -> list[ev.ServerEvent]:
+        out, self.events = self.events, []
+        return out
+
+    def take_commands(self) -> list[ep.EngineInput]:
+        out, self.commands = self.commands, []
+        return out
+
+    def _emit(self, event: ev.ServerEvent) -> None:
+        self.events.append(event)
+
+    def _error(self, message: str, *, code: str, event_id: str | None = None,
+               param: str | None = None, type: str = "invalid_request_error") -> None:
+        self._emit(ev.ErrorEvent(error=ev.ErrorDetail(type=type, code=code, message=message,
+                                                      param=param, event_id=event_id)))
+
+    # ---------------------------------------------------------------------- lifecycle
+
+    def start(self, now: float) -> None:
+        self.last_activity = now
+        self.commands.append(ep.OpenStream(self.stream_id, stream_config(self.settings)))
+        self._emit(ev.SessionCreated(session_id=self.session_id, session=self.settings))
+
+    def protocol_error(self, exc: ProtocolError) -> None:
+        """A client message that failed to parse (transport-level)."""
+        self._emit(ev.ErrorEvent.from_exception(exc))
+
+    # ------------------------------------------------------------------ client events
+
+    def receive(self, event: ev.ClientEvent, now: float) -> None:
+        handler: Callable[[ev.ClientEvent, float], None] = self._handlers()[type(event)]
+        try:
+            handler(event, now)
+        except ProtocolError as exc:
+            if exc.event_id is None:
+                exc.event_id = event.event_id
+            self.protocol_error(exc)
+
+    def _handlers(self) -> dict[type, Callable]:
+        return {
+            ev.SessionUpdate: self._session_update,
+            ev.InputAudioBufferAppend: self._append,
+            ev.InputAudioBufferCommit: self._commit,
+            ev.InputAudioBufferClear: self._clear,
+            ev.ConversationItemCreate: self._item_create,
+            ev.ConversationItemRetrieve: self._item_retrieve,
+            ev.ConversationItemTruncate: self._item_truncate,
+            ev.ConversationItemDelete: self._item_delete,
+            ev.ResponseCreate: self._response_create,
+            ev.ResponseCancel: self._response_cancel,
+            ev.OutputAudioBufferClear: self._output_clear,
+        }
+
+    def _new_input(self) -> InputConverter:
+        fmt = self.settings.input_format
+        return InputConverter(fmt.encoding, fmt.rate)
+
+    def _session_update(self, e: ev.SessionUpdate, now: float) -> None:
+        old = self.settings
+        self.settings = old.apply_update(e.session)
+        if self.settings.input_format != old.input_format:
+            self.input = self._new_input()
+        self.commands.append(ep.UpdateStream(self.stream_id, stream_config(self.settings)))
+        self._emit(ev.SessionUpdated(session_id=self.session_id, session=self.settings))
+
+    def _append(self, e: ev.InputAudioBufferAppend, now: float) -> None:
+        if len(e.audio) > self.max_event_bytes:
+            raise ProtocolError(f"input_audio_buffer.append: audio is {len(e.audio)} bytes of "
+                                f"base64, more than the {self.max_event_bytes} allowed",
+                                code="invalid_value", param="audio")
+        try:
+            samples = self.input.convert(b64decode_audio(e.audio))
+        except AudioFormatError as exc:
+            raise ProtocolError(f"input_audio_buffer.append: {exc}", code="invalid_value",
+                                param="audio") from exc
+        if self.settings.turn_detection is None:
+            self.manual_buffer_ms += len(samples) * 1000 / ep.INPUT_RATE
+        if len(samples):
+            self.commands.append(ep.AppendAudio(self.stream_id, samples.astype("<f4").tobytes()))
+
+    def _commit(self, e: ev.InputAudioBufferCommit, now: float) -> None:
+        if self.settings.turn_detection is None:
+            if self.manual_buffer_ms < MIN_COMMIT_MS:
+                raise ProtocolError(
+                    "input_audio_buffer.commit: buffer too small: expected at least "
+                    f"{MIN_COMMIT_MS} ms of audio, have {self.manual_buffer_ms:.0f} ms",
+                    code="input_audio_buffer_commit_empty")
+            item_id = ev.new_id("item")
+        elif self.in_speech is not None:
+            item_id, self.in_speech = self.in_speech, None
+        else:
+            raise ProtocolError("input_audio_buffer.commit: the buffer holds no speech to commit "
+                                "(server VAD commits turns itself)",
+                                code="input_audio_buffer_commit_empty")
+        self.manual_buffer_ms = 0.0
+        self.commands.append(ep.CommitAudio(self.stream_id, item_id))
+        self._user_audio_item(item_id)
+        self.speech_stopped_at = now
+
+    def _clear(self, e: ev.InputAudioBufferClear, now: float) -> None:
+        self.manual_buffer_ms = 0.0
+        self.in_speech = None
+        self.commands.append(ep.ClearAudio(self.stream_id))
+        self._emit(ev.InputAudioCleared())
+
+    def _user_audio_item(self, item_id: str) -> None:
+        previous = self.order[-1] if self.order else None
+        item = ev.MessageItem(id=item_id, role="user", status="completed",
+                              content=[ev.ContentPart(type="input_audio", transcript=None)])
+        self._add_record(ItemRecord(item, pending_transcript=True))
+        self._emit(ev.InputAudioCommitted(item_id=item_id, previous_item_id=previous))
+        self._emit(ev.ItemAdded(item=item, previous_item_id=previous))
+
+    def _add_record(self, record: ItemRecord, previous_item_id: str | None = None) -> None:
+        assert record.item.id is not None
+        self.items[record.item.id] = record
+        if previous_item_id is None:
+            self.order.append(record.item.id)
+        else:
+            self.order.insert(self.order.index(previous_item_id) + 1, record.item.id)
+
+    def _find(self, item_id: str, event: str) -> ItemRecord:
+        record = self.items.get(item_id)
+        if record is None:
+            raise ProtocolError(f"{event}: no item with id {item_id!r} in the conversation",
+                                code="item_not_found", param="item_id")
+        return record
+
+    def _item_create(self, e: ev.ConversationItemCreate, now: float) -> None:
+        item = e.item
+        if not isinstance(item, ev.MessageItem):
+            raise ProtocolError(f"conversation.item.create: {item.type} items are not supported "
+                                "(no tools are configured)", code="invalid_value", param="item.type")
+        for i, part in enumerate(item.content):
+            if part.type == "input_audio" and part.transcript is None:
+                raise ProtocolError("conversation.item.create: audio content is not supported; "
+                                    "send audio with input_audio_buffer.append or give a "
+                                    "transcript", code="invalid_value",
+                                    param=f"item.content[{i}].audio")
+        item = item.with_id()
+        assert item.id is not None
+        if item.id in self.items:
+            raise ProtocolError(f"conversation.item.create: an item with id {item.id!r} already "
+                                "exists", code="invalid_value", param="item.id")
+        previous = e.previous_item_id
+        if previous == "root":
+            raise ProtocolError("conversation.item.create: inserting at the start is not "
+                                "supported", code="invalid_value", param="previous_item_id")
+        if previous is not None:
+            self._find(previous, "conversation.item.create")
+        self._add_record(ItemRecord(item), previous)
+        self.commands.append(ep.AddItem(self.stream_id, item.id, item.role, item.text, previous))
+        prev = previous or (self.order[-2] if len(self.order) > 1 else None)
+        self._emit(ev.ItemAdded(item=item, previous_item_id=prev))
+        self._emit(ev.ItemDone(item=item, previous_item_id=prev))
+
+    def _item_retrieve(self, e: ev.ConversationItemRetrieve, now: float) -> None:
+        self._emit(ev.ItemRetrieved(item=self._find(e.item_id, "conversation.item.retrieve").item))
+
+    def _item_delete(self, e: ev.ConversationItemDelete, now: float) -> None:
+        self._find(e.item_id, "conversation.item.delete")
+        if self.response is not None and self.response.item_id == e.item_id:
+            raise ProtocolError("conversation.item.delete: the item is being generated; cancel "
+                                "the response first", code="invalid_value", param="item_id")
+        del self.items[e.item_id]
+        self.order.remove(e.item_id)
+        self.commands.append(ep.DeleteItem(self.stream_id, e.item_id))
+        self._emit(ev.ItemDeleted(item_id=e.item_id))
+
+    def _item_truncate(self, e: ev.ConversationItemTruncate, now: float) -> None:
+        record = self._find(e.item_id, "conversation.item.truncate")
+        if record.item.role != "assistant":
+            raise ProtocolError(f"conversation.item.truncate: item {e.item_id!r} is a "
+                                f"{record.item.role} message; only assistant audio can be "
+                                "truncated", code="invalid_value", param="item_id")
+        if e.content_index != 0:
+            raise ProtocolError("conversation.item.truncate: the item has one content part; "
+                                f"content_index must be 0, got {e.content_index}",
+                                code="invalid_value", param="content_index")
+        sent = record.audio_ms
+        if self.response is not None and self.response.item_id == e.item_id:
+            self._cancel(now, "client_cancelled", interrupt=True)
+        if e.audio_end_ms > sent + 1:
+            raise ProtocolError(f"conversation.item.truncate: audio_end_ms {e.audio_end_ms} is "
+                                f"beyond the item's audio ({sent:.0f} ms)",
+                                code="invalid_value", param="audio_end_ms")
+        self.commands.append(ep.TruncateItem(self.stream_id, e.item_id, e.audio_end_ms))
+
+    def _response_create(self, e: ev.ResponseCreate, now: float) -> None:
+        params = e.response
+        if params is not None and params.out_of_band:
+            raise ProtocolError("response.create: out-of-band responses (conversation: 'none') "
+                                "are not supported", code="invalid_value",
+                                param="response.conversation")
+        if params is not None and params.input is not None:
+            raise ProtocolError("response.create: a custom input list is not supported",
+                                code="invalid_value", param="response.input")
+        settings = params.apply_to(self.settings) if params is not None else self.settings
+        self._start_response(settings, now, trigger=now, metadata=params.metadata if params else None)
+
+    def _response_cancel(self, e: ev.ResponseCancel, now: float) -> None:
+        r = self.response
+        if r is None or r.cancel_reason is not None:
+            raise ProtocolError("response.cancel: there is no response in progress",
+                                code="response_cancel_not_active")
+        if e.response_id is not None and e.response_id != r.response.id:
+            raise ProtocolError(f"response.cancel: response {e.response_id!r} is not in "
+                                f"progress (the active one is {r.response.id!r})",
+                                code="response_cancel_not_active", param="response_id")
+        self._cancel(now, "client_cancelled", interrupt=False)
+
+    def _output_clear(self, e: ev.OutputAudioBufferClear, now: float) -> None:
+        self.pacer.interrupt(now)
+        rid = self.response.response.id if self.response else ""
+        self._emit(ev.OutputAudioBufferCleared(response_id=rid))
+
+    # ---------------------------------------------------------------------- responses
+
+    def _start_response(self, settings: ev.SessionSettings, now: float, *, trigger: float,
+                        metadata: dict[str, str] | None = None) -> None:
+        if self.response is not None:
+            raise ProtocolError("response.create: conversation already has an active response "
+                                f"{self.response.response.id!r}",
+                                code="conversation_already_has_active_response")
+        response = ev.RealtimeResponse.start(settings, conversation_id=self.conversation_id,
+                                             metadata=metadata)
+        item_id = ev.new_id("item")
+        r = ActiveResponse(response, item_id, settings, started=now, trigger=trigger)
+        if r.audio:
+            r.encoder = OutputEncoder(settings.output_format.encoding, settings.output_format.rate)
+        self.response = r
+        part_type = "output_audio" if r.audio else "output_text"
+        item = ev.MessageItem(id=item_id, role="assistant", status="in_progress", content=[])
+        previous = self.order[-1] if self.order else None
+        self._add_record(ItemRecord(item))
+        self._emit(ev.ResponseCreated(response=response))
+        self._emit(ev.OutputItemAdded(response_id=response.id, output_index=0, item=item))
+        self._emit(ev.ItemAdded(item=item, previous_item_id=previous))
+        part = ev.ContentPart(type=part_type, transcript="" if r.audio else None,
+                              text=None if r.audio else "")
+        self._emit(ev.ContentPartAdded(response_id=response.id, item_id=item_id, part=part))
+        cfg = ep.ResponseConfig(
+            instructions=settings.instructions if settings.instructions != self.settings.instructions else None,
+            audio=r.audio, temperature=settings.temperature,
+            max_output_tokens=settings.max_output_tokens)
+        self.commands.append(ep.CreateResponse(self.stream_id, response.id, item_id, cfg))
+
+    def _cancel(self, now: float, reason: str, *, interrupt: bool) -> None:
+        r = self.response
+        if r is None or r.cancel_reason is not None:
+            return
+        r.cancel_reason = reason
+        if interrupt:
+            self.pacer.interrupt(now)
+        else:
+            self.pacer.clear(now)
+        self.commands.append(ep.CancelResponse(self.stream_id))
+
+    def _finish_response(self, now: float) -> None:
+        r = self.response
+        assert r is not None and r.engine_done is not None
+        done = r.engine_done
+        self.response = None
+        rid, item_id = r.response.id, r.item_id
+        status = _STATUS.get(done.status, "failed")
+        reason = None
+        if status == "cancelled":
+            reason = r.cancel_reason or "client_cancelled"
+        elif status == "incomplete":
+            reason = "max_output_tokens"
+        record = self.items.get(item_id)
+        heard = self.pacer.heard_ms(item_id, now)
+        text = r.transcript.strip()
+        part = (ev.ContentPart(type="output_audio", transcript=text) if r.audio
+                else ev.ContentPart(type="output_text", text=text))
+        item = ev.MessageItem(id=item_id, role="assistant",
+                              status="completed" if status == "completed" else "incomplete",
+                              content=[part])
+        if record is not None:
+            record.item = item
+        if r.audio:
+            self._emit(ev.AudioDone(response_id=rid, item_id=item_id))
+            self._emit(ev.AudioTranscriptDone(response_id=rid, item_id=item_id, transcript=text))
+        else:
+            self._emit(ev.TextDone(response_id=rid, item_id=item_id, text=text))
+        self._emit(ev.ContentPartDone(response_id=rid, item_id=item_id, part=part))
+        self._emit(ev.OutputItemDone(response_id=rid, output_index=0, item=item))
+        self._emit(ev.ItemDone(item=item, previous_item_id=self._previous(item_id)))
+        usage = ev.ResponseUsage(
+            total_tokens=done.input_tokens + done.output_tokens,
+            input_tokens=done.input_tokens, output_tokens=done.output_tokens,
+            input_token_details=ev.InputTokenDetails(cached_tokens=done.cached_tokens,
+                                                     text_tokens=done.input_tokens),
+            output_token_details=ev.OutputTokenDetails(text_tokens=done.output_tokens))
+        final = r.response.model_copy(update={"output": [item]}).finished(
+            status, reason=reason, usage=usage)  # type: ignore[arg-type]
+        self._emit(ev.ResponseDone(response=final))
+        self._emit(ev.RateLimitsUpdated(rate_limits=RATE_LIMITS))
+        self.observations.append(("voxline_response_seconds", now - r.started))
+        if r.audio and record is not None and status == "cancelled" and done.output_tokens:
+            # the conversation keeps only what the user heard
+            self.commands.append(ep.TruncateItem(self.stream_id, item_id, int(heard)))
+        self.last_activity = now
+
+    def _previous(self, item_id: str) -> str | None:
+        i = self.order.index(item_id) if item_id in self.order else 0
+        return self.order[i - 1] if i > 0 else None
+
+    # ------------------------------------------------------------------ engine output
+
+    def on_engine(self, out: ep.EngineOutput, now: float) -> None:
+        match out:
+            case ep.SpeechStarted():
+                self._speech_started(out, now)
+            case ep.SpeechStopped():
+                self._speech_stopped(out, now)
+            case ep.TranscriptPartial():
+                if self.settings.transcription_enabled:
+                    self._emit(ev.InputTranscriptionDelta(item_id=out.item_id, delta=out.text))
+            case ep.TranscriptFinal():
+                self._transcript_final(out)
+            case ep.TextDelta():
+                self._text_delta(out)
+            case ep.AudioChunk():
+                self._audio_chunk(out, now)
+            case ep.ResponseDone():
+                self._engine_response_done(out, now)
+            case ep.ItemTruncated():
+                self._item_truncated(out)
+            case ep.StreamError():
+                self._engine_error(out)
+            case ep.StreamClosed():
+                pass
+        self.tick(now)
+
+    def _speech_started(self, out: ep.SpeechStarted, now: float) -> None:
+        self.in_speech = out.item_id
+        self.last_activity = now
+        self._emit(ev.SpeechStarted(audio_start_ms=out.audio_start_ms, item_id=out.item_id))
+        td = self.settings.turn_detection
+        if td is None or not td.interrupt_response:
+            return
+        if self.response is not None:  # barge-in
+            self._cancel(now, "turn_detected", interrupt=True)
+        elif self.pacer.buffered_ms(now) > 0:
+            # the reply finished generating but was still playing: cut it where it stopped
+            last = next((i for i in reversed(self.order)
+                         if self.items[i].item.role == "assistant"), None)
+            heard = self.pacer.heard_ms(last, now) if last else 0.0
+            self.pacer.interrupt(now)
+            if last is not None and heard < self.items[last].audio_ms:
+                self.commands.append(ep.TruncateItem(self.stream_id, last, int(heard)))
+
+    def _speech_stopped(self, out: ep.SpeechStopped, now: float) -> None:
+        self.in_speech = None
+        self.speech_stopped_at = now
+        self._emit(ev.SpeechStopped(audio_end_ms=out.audio_end_ms, item_id=out.item_id))
+        self._user_audio_item(out.item_id)
+        td = self.settings.turn_detection
+        if td is not None and td.create_response and self.response is None:
+            self._start_response(self.settings, now, trigger=now)
+
+    def _transcript_final(self, out: ep.TranscriptFinal) -> None:
+        record = self.items.get(out.item_id)
+        if record is None:
+            return
+        record.pending_transcript = False
+        record.item = record.item.model_copy(update={"content": [
+            ev.ContentPart(type="input_audio", transcript=out.text)]})
+        if self.settings.transcription_enabled:
+            seconds = 0.0
+            self._emit(ev.InputTranscriptionCompleted(item_id=out.item_id, transcript=out.text,
+                                                      audio_seconds=seconds))
+        self._emit(ev.ItemDone(item=record.item, previous_item_id=self._previous(out.item_id)))
+
+    def _current(self, response_id: str) -> ActiveResponse | None:
+        r = self.response
+        return r if r is not None and r.response.id == response_id else None
+
+    def _text_delta(self, out: ep.TextDelta) -> None:
+        r = self._current(out.response_id)
+        if r is None or r.cancel_reason is not None:
+            return
+        r.transcript += out.text
+        if r.audio:
+            self._emit(ev.AudioTranscriptDelta(response_id=r.response.id, item_id=r.item_id,
+                                               delta=out.text))
+        else:
+            self._emit(ev.TextDelta(response_id=r.response.id, item_id=r.item_id, delta=out.text))
+
+    def _audio_chunk(self, out: ep.AudioChunk, now: float) -> None:
+        r = self._current(out.response_id)
+        if r is None or r.cancel_reason is not None or r.encoder is None:
+            return
+        import numpy as np
+
+        audio = np.frombuffer(out.audio, dtype="<f4")
+        for payload, ms in r.encoder.push(audio, out.sample_rate):
+            self.pacer.push(OutFrame(r.response.id, r.item_id, payload, ms))
+
+    def _engine_response_done(self, out: ep.ResponseDone, now: float) -> None:
+        r = self._current(out.response_id)
+        if r is None:
+            return
+        r.engine_done = out
+        if r.encoder is not None and r.cancel_reason is None:
+            for payload, ms in r.encoder.flush():
+                self.pacer.push(OutFrame(r.response.id, r.item_id, payload, ms))
+
+    def _item_truncated(self, out: ep.ItemTruncated) -> None:
+        record = self.items.get(out.item_id)
+        if record is None:
+            return
+        record.audio_ms = min(record.audio_ms, out.audio_end_ms)
+        record.item = record.item.model_copy(update={"content": [
+            ev.ContentPart(type="output_audio", transcript=out.text)]})
+        self._emit(ev.ItemTruncated(item_id=out.item_id, content_index=0,
+                                    audio_end_ms=out.audio_end_ms))
+
+    def _engine_error(self, out: ep.StreamError) -> None:
+        if out.fatal:
+            self.closed = ev.ErrorDetail(type="server_error", code=out.code, message=out.message)
+            self._emit(ev.ErrorEvent(error=self.closed))
+            return
+        self._error(out.message, code=out.code, type="server_error"
+                    if out.code.endswith("_error") else "invalid_request_error")
+
+    # ---------------------------------------------------------------------- the clock
+
+    def tick(self, now: float) -> None:
+        """Send output audio that is due; finish a response whose audio has all been sent."""
+        for frame in self.pacer.due(now):
+            r = self._current(frame.response_id)
+            if r is None:
+                continue
+            if not r.buffer_started:
+                r.buffer_started = True
+                self._emit(ev.OutputAudioBufferStarted(response_id=r.response.id))
+            if r.first_audio is None:
+                r.first_audio = now
+                self.observations.append(("voxline_first_audio_seconds", now - r.trigger))
+            record = self.items.get(frame.item_id)
+            if record is not None:
+                record.audio_ms += frame.ms
+            self._emit(ev.AudioDelta(response_id=r.response.id, item_id=r.item_id,
+                                     delta=frame.payload))
+        r = self.response
+        if r is not None and r.engine_done is not None and not self.pacer.pending(r.response.id):
+            self._finish_response(now)
+        self._check_idle(now)
+
+    def _check_idle(self, now: float) -> None:
+        td = self.settings.turn_detection
+        if (td is None or td.idle_timeout_ms is None or self.response is not None
+                or self.in_speech is not None or self.pacer.buffered_ms(now) > 0):
+            return
+        if now - self.last_activity >= td.idle_timeout_ms / 1000:
+            item_id = ev.new_id("item")
+            ms = int(self.input.received_ms)
+            self._emit(ev.InputAudioTimeoutTriggered(audio_start_ms=ms, audio_end_ms=ms,
+                                                     item_id=item_id))
+            self.last_activity = now
+            self._start_response(replace(self.settings), now, trigger=now)
+
+    def next_deadline(self, now: float) -> float | None:
+        """When `tick` must run next even if nothing arrives (None: only on input)."""
+        deadlines = []
+        d = self.pacer.next_deadline(now)
+        if d is not None:
+            deadlines.append(d)
+        td = self.settings.turn_detection
+        if td is not None and td.idle_timeout_ms is not None and self.response is None:
+            deadlines.append(self.last_activity + td.idle_timeout_ms / 1000)
+        return min(deadlines) if deadlines else None

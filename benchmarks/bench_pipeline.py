@@ -381,9 +381,11 @@ async def amain(args: argparse.Namespace) -> int:
             await client.start()
             clients[mode] = client
             print(f"{mode} engine ready in {time.perf_counter() - t0:.1f} s")
-        import torch
+        from voxline.config import load_settings
 
-        print(f"torch threads in this process: {torch.get_num_threads()}")
+        threads = load_settings().threads or os.cpu_count()
+        print(f"engine threads: torch and onnxruntime ASR {threads} (VOXLINE_THREADS or CPU "
+              "count), VAD and TTS 1")
         for mode, client in clients.items():
             for w in range(args.warmup):
                 t = await run_turn(client, mode, f"warmup-{mode}-{w}", warm_clip,

@@ -17,6 +17,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP / WebSocket server with its engine process")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     serve.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
+    serve.add_argument("--api-key", default=None,
+                       help="require this key (Authorization: Bearer, or the browser "
+                            "subprotocol openai-insecure-api-key.<key>); env VOXLINE_API_KEY")
+    serve.add_argument("--max-sessions", type=int, default=None,
+                       help="concurrent /v1/realtime sessions (default: 16)")
+    serve.add_argument("--engine", choices=["process", "inprocess"], default=None,
+                       help="engine in a supervised child process (default) or a thread")
+    serve.add_argument("--output-lead-ms", type=float, default=None,
+                       help="audio sent ahead of real-time playout, <= 1000 (default: 200)")
 
     converse = sub.add_parser(
         "converse", help="one spoken turn from a WAV file: ASR -> LLM -> TTS, reply as 24 kHz WAV"

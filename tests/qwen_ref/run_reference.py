@@ -36,13 +36,12 @@ _compat.install()
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
 from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model  # noqa: E402
 from qwen_tts.core.models import (  # noqa: E402
     Qwen3TTSConfig,
     Qwen3TTSForConditionalGeneration,
 )
+from torch import nn  # noqa: E402
 
 PREPROCESSOR_CONFIG = {
     "chunk_length_s": None,

@@ -25,7 +25,8 @@ Speech (`/v1/audio/speech`, JSON body):
   ``error`` event. Streamed bodies that fail after the first byte are cut off (the
   connection closes without the final chunk) rather than ending as if complete.
 - The status code is decided once the first sentence's audio exists, so an engine
-  failure on it is an HTTP error, not a 200 with an empty body.
+  failure on it is an HTTP error, not a 200 with an empty body; input with nothing to
+  speak (no letters or digits, e.g. ``"..."``) is a 400.
 
 Transcription (`/v1/audio/transcriptions`, multipart form):
 
@@ -399,7 +400,22 @@ async def _read_json(request: Request) -> object:
         raise _bad(f"the request body is not valid JSON: {exc}", None, "invalid_json") from exc
 
 
-@router.post("/v1/audio/speech", response_model=None)
+_SPEECH_SCHEMA = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "required": ["input"], "properties": {
+        "model": {"type": "string"}, "input": {"type": "string", "maxLength": MAX_INPUT_CHARS},
+        "voice": {"type": "string", "default": "alloy"}, "instructions": {"type": "string"},
+        "response_format": {"enum": list(SPEECH_FORMATS), "default": "wav"},
+        "speed": {"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED, "default": 1.0},
+        "stream_format": {"enum": list(STREAM_FORMATS), "default": "audio"},
+        "seed": {"type": "integer", "minimum": 0}}}}}}}
+_TRANSCRIPTION_SCHEMA = {"requestBody": {"required": True, "content": {"multipart/form-data": {
+    "schema": {"type": "object", "required": ["file"], "properties": {
+        "file": {"type": "string", "format": "binary"}, "model": {"type": "string"},
+        "language": {"enum": list(TRANSCRIPTION_LANGUAGES)},
+        "response_format": {"enum": list(TRANSCRIPTION_FORMATS), "default": "json"}}}}}}}
+
+
+@router.post("/v1/audio/speech", response_model=None, openapi_extra=_SPEECH_SCHEMA)
 async def create_speech(request: Request) -> Response:
     """Text to speech (OpenAI `audio.speech.create`); see the module docstring."""
     try:
@@ -412,6 +428,8 @@ async def create_speech(request: Request) -> Response:
     handed_off = False
     try:
         first = await speech.next_audio()
+        if first is None:  # the text chunker found no letters or digits to speak
+            raise _bad("'input' has nothing to speak: it contains no words", "input")
         if req.stream_format == "sse":
             handed_off = True
             return EngineStreamResponse(_sse_body(speech, first), speech.close,
@@ -421,13 +439,13 @@ async def create_speech(request: Request) -> Response:
             handed_off = True
             return EngineStreamResponse(_audio_body(speech, first, req.response_format),
                                         speech.close, media_type=MEDIA_TYPES[req.response_format])
-        pieces = []
-        audio = first
+        pieces: list[np.ndarray] = []
+        audio: np.ndarray | None = first
         while audio is not None:
             pieces.append(audio)
             audio = await speech.next_audio()
         await speech.close()
-        signal = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+        signal = np.concatenate(pieces)
         encode = encode_ogg_opus if req.response_format == "opus" else encode_flac
         data = await asyncio.to_thread(encode, signal, SPEECH_RATE)
         return Response(data, media_type=MEDIA_TYPES[req.response_format])
@@ -538,7 +556,7 @@ async def _read_upload(form: FormData) -> bytes:
     return data
 
 
-@router.post("/v1/audio/transcriptions", response_model=None)
+@router.post("/v1/audio/transcriptions", response_model=None, openapi_extra=_TRANSCRIPTION_SCHEMA)
 async def create_transcription(request: Request) -> Response:
     """Speech to text (OpenAI `audio.transcriptions.create`); see the module docstring."""
     form: FormData | None = None

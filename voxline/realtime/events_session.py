@@ -56,8 +56,9 @@ def new_id(prefix: str) -> str:
 # ---------------------------------------------------------------------------------------
 
 DEFAULT_MODEL = "voxline"
+# Kept in step with the engine's default: small local models ramble without a firm limit.
 DEFAULT_INSTRUCTIONS = (
-    "You are a helpful, friendly voice assistant. Answer briefly and conversationally."
+    "You are a helpful, concise voice assistant. Answer in one or two short sentences."
 )
 DEFAULT_VOICE = "alloy"
 # voxline runs small local LLMs, which answer best greedy; clients may raise it.

@@ -41,7 +41,9 @@ class Rope:
 
     def __init__(self, rope: RopeConfig) -> None:
         dim = rope.head_dim
-        self.inv_freq = 1.0 / (rope.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        # Explicit CPU: models are built under torch.device("meta") before loading.
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+        self.inv_freq = 1.0 / (rope.theta**exponents)
         self.section = rope.mrope_section
         self.interleaved = rope.mrope_interleaved
 

@@ -1,0 +1,144 @@
+"""Drives a SessionActor on asyncio: client events, engine outputs and the clock in; server
+events out, in order, through one writer. Transport-agnostic: a transport supplies an
+async iterator of parsed client events and an async `send` for server events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from voxline.engines import protocol as ep
+from voxline.engines.client import EngineClient, StreamHandle
+from voxline.errors import EngineError, ProtocolError
+from voxline.realtime import events as ev
+from voxline.sessions.actor import SessionActor
+
+logger = logging.getLogger(__name__)
+
+OUTGOING_LIMIT = 4096  # server events queued for a client that stopped reading
+
+
+class SessionEnded(Exception):
+    """The session must end; `code`/`reason` are for the transport's close frame."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+class SessionRunner:
+    def __init__(
+        self,
+        actor: SessionActor,
+        engine: EngineClient,
+        send: Callable[[ev.ServerEvent], Awaitable[None]],
+        *,
+        max_seconds: float = 1800.0,
+        observe: Callable[[str, float], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.actor = actor
+        self.engine = engine
+        self._send = send
+        self._observe = observe
+        self._clock = clock
+        self._max_seconds = max_seconds
+        self._outgoing: asyncio.Queue[ev.ServerEvent | None] = asyncio.Queue(OUTGOING_LIMIT)
+        self._wake = asyncio.Event()
+        self._stream: StreamHandle | None = None
+
+    async def run(self, incoming: AsyncIterator[ev.ClientEvent | ProtocolError]) -> None:
+        """Serve until the client leaves, the engine fails, or the time limit passes.
+
+        Raises SessionEnded when the server ends the session.
+        """
+        actor = self.actor
+        actor.start(self._clock())
+        opens = [c for c in actor.take_commands() if isinstance(c, ep.OpenStream)]
+        self._stream = await self.engine.open_stream(actor.stream_id, opens[0].config)
+        self._flush()
+        tasks = [
+            asyncio.create_task(self._writer(), name="session-writer"),
+            asyncio.create_task(self._read_client(incoming), name="session-client"),
+            asyncio.create_task(self._read_engine(), name="session-engine"),
+            asyncio.create_task(self._clock_loop(), name="session-clock"),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, timeout=self._max_seconds,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                actor._error(f"session reached its maximum duration of {self._max_seconds:.0f} s",
+                             code="session_expired", type="invalid_request_error")
+                self._flush()
+                raise SessionEnded(1000, "session expired")
+            for task in done:
+                exc = task.exception()
+                if exc is not None:
+                    raise exc
+        finally:
+            for task in tasks:
+                if task.get_name() != "session-writer":
+                    task.cancel()
+            # let the writer deliver what is queued (e.g. the final error), then stop it
+            with contextlib.suppress(asyncio.QueueFull):
+                self._outgoing.put_nowait(None)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(tasks[0], 2.0)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self._stream is not None and not self._stream.ended:
+                with contextlib.suppress(EngineError):
+                    await self._stream.aclose()
+
+    def _flush(self) -> None:
+        actor = self.actor
+        stream = self._stream
+        for cmd in actor.take_commands():
+            if stream is not None and not stream.ended:
+                stream.send(cmd)
+        for name, value in actor.observations:
+            if self._observe:
+                self._observe(name, value)
+        actor.observations.clear()
+        for event in actor.take_events():
+            try:
+                self._outgoing.put_nowait(event)
+            except asyncio.QueueFull as exc:
+                raise SessionEnded(1008, "client is not reading its events") from exc
+        self._wake.set()
+
+    async def _writer(self) -> None:
+        while (event := await self._outgoing.get()) is not None:
+            await self._send(event)
+
+    async def _read_client(self, incoming: AsyncIterator[ev.ClientEvent | ProtocolError]) -> None:
+        async for item in incoming:
+            if isinstance(item, ProtocolError):
+                self.actor.protocol_error(item)
+            else:
+                self.actor.receive(item, self._clock())
+            self._flush()
+
+    async def _read_engine(self) -> None:
+        assert self._stream is not None
+        async for out in self._stream:
+            self.actor.on_engine(out, self._clock())
+            self._flush()
+            if self.actor.closed is not None:
+                raise SessionEnded(1011, self.actor.closed.message[:120])
+
+    async def _clock_loop(self) -> None:
+        while True:
+            now = self._clock()
+            deadline = self.actor.next_deadline(now)
+            self._wake.clear()
+            timeout = None if deadline is None else max(0.0, deadline - now)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            self.actor.tick(self._clock())
+            self._flush()

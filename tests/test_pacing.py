@@ -35,6 +35,7 @@ def test_heard_ms_and_interrupt():
     assert pacer.heard_ms("x", 10.0) == pytest.approx(0.0, abs=1e-6)
     assert pacer.heard_ms("x", 10.1) == pytest.approx(100.0)
     pacer.interrupt(10.1)
+    assert pacer.heard_ms("x", 11.0) == pytest.approx(100.0)  # unplayed audio is forgotten
     assert not pacer.pending()
     assert pacer.buffered_ms(10.1) == 0.0
     assert pacer.next_deadline(10.1) is None

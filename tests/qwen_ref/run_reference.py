@@ -101,7 +101,7 @@ def _randomize(model: nn.Module, gen: torch.Generator, *, head_gain: float = 2.0
                 normal(module.gamma, 0.01, 0.1)
         # Keep the vocoder's residual stack from growing ~4x per block, so the waveform
         # stays mostly inside the final clamp to [-1, 1].
-        for name, module in model.named_modules():
+        for module in model.modules():
             if type(module).__name__.endswith("DecoderResidualUnit"):
                 module.conv2.conv.weight.mul_(0.2)
         decoder = getattr(model, "decoder", None)
@@ -222,9 +222,18 @@ def _decode(tokenizer, task: dict, arrays: dict, meta: dict) -> None:
 
 
 def _speaker_embedding(model, task: dict, arrays: dict, meta: dict) -> None:
+    from qwen_tts.core.models.modeling_qwen3_tts import mel_spectrogram
+
     for i, audio in enumerate(task["audio"]):
-        emb = model.extract_speaker_embedding(np.asarray(audio, dtype=np.float32), 24000)
+        wav = np.asarray(audio, dtype=np.float32)
+        emb = model.extract_speaker_embedding(wav, 24000)
         arrays[f"{task['name']}/embedding/{i}"] = emb.float().numpy()
+        # The front end alone, with the arguments extract_speaker_embedding uses.
+        mel = mel_spectrogram(
+            torch.from_numpy(wav)[None], n_fft=1024, num_mels=128, sampling_rate=24000,
+            hop_size=256, win_size=1024, fmin=0, fmax=12000,
+        ).transpose(1, 2)
+        arrays[f"{task['name']}/mel/{i}"] = mel[0].numpy()
     meta[task["name"]] = {"count": len(task["audio"])}
 
 
@@ -232,7 +241,7 @@ def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
     out = Path(job["out"])
     out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(int(job.get("threads", 2)))
+    torch.set_num_threads(int(job.get("threads", 1)))
     t0 = time.perf_counter()
     model, tokenizer = build_and_save(job, out)
     meta: dict = {"build_s": time.perf_counter() - t0, "tasks": {}}

@@ -27,7 +27,9 @@ class OutputPacer:
         self.lead_ms = lead_ms
         self._queue: deque[OutFrame] = deque()
         self._play_end = 0.0  # when everything sent so far will have finished playing (s)
-        self.sent_ms: dict[str, float] = {}  # per item: audio sent to the client
+        self.sent_ms: dict[str, float] = {}  # per item: audio sent (and, after an
+        # interrupt, minus what never played)
+        self._last_item: str | None = None
 
     def push(self, frame: OutFrame) -> None:
         self._queue.append(frame)
@@ -42,6 +44,7 @@ class OutputPacer:
             frame = self._queue.popleft()
             self._play_end = max(self._play_end, now) + frame.ms / 1000
             self.sent_ms[frame.item_id] = self.sent_ms.get(frame.item_id, 0.0) + frame.ms
+            self._last_item = frame.item_id
             out.append(frame)
         return out
 
@@ -64,6 +67,11 @@ class OutputPacer:
         self._queue.clear()
 
     def interrupt(self, now: float) -> None:
-        """Barge-in: drop queued audio and assume the client stopped playing now."""
+        """Barge-in: drop queued audio and assume the client stopped playing now.
+
+        Audio sent but not yet played is forgotten, so `heard_ms` stays what was heard.
+        """
         self._queue.clear()
+        if self._last_item is not None:
+            self.sent_ms[self._last_item] -= self.buffered_ms(now)
         self._play_end = now

@@ -1,7 +1,13 @@
 """Qwen3-TTS (12 Hz codec) as plain PyTorch modules: talker, code predictor, prompts,
 and a stateful streaming codec decoder; loads checkpoints in the official layout."""
 
-from .checkpoint import load_code2wav, load_safetensors_dir, load_talker
+from .checkpoint import (
+    Qwen3TTSModel,
+    load_code2wav,
+    load_safetensors_dir,
+    load_speaker_encoder,
+    load_talker,
+)
 from .code2wav import Code2WavDecoder, Code2WavState
 from .config import Code2WavConfig, Qwen3TTSConfig, load_code2wav_config, load_config
 from .generation import FinishReason, TalkerFrame, TalkerGenerator, TalkerSampling, TalkerStream
@@ -14,6 +20,7 @@ from .prompt import (
     instruct_ids,
     ref_text_ids,
 )
+from .speaker_encoder import SpeakerEncoder, mel_spectrogram
 from .talker import CodePredictor, Talker
 
 __all__ = [
@@ -25,6 +32,8 @@ __all__ = [
     "FinishReason",
     "QWEN_CHAT_TOKENS",
     "Qwen3TTSConfig",
+    "Qwen3TTSModel",
+    "SpeakerEncoder",
     "Talker",
     "TalkerFrame",
     "TalkerGenerator",
@@ -38,6 +47,8 @@ __all__ = [
     "load_code2wav_config",
     "load_config",
     "load_safetensors_dir",
+    "load_speaker_encoder",
     "load_talker",
+    "mel_spectrogram",
     "ref_text_ids",
 ]

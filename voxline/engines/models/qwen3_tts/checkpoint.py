@@ -15,6 +15,7 @@ error naming them.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,10 +23,17 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from .code2wav import Code2WavDecoder
-from .config import SPEECH_TOKENIZER_DIR, load_code2wav_config, load_config
+from .config import SPEECH_TOKENIZER_DIR, Qwen3TTSConfig, load_code2wav_config, load_config
+from .speaker_encoder import SpeakerEncoder
 from .talker import Talker
 
-__all__ = ["load_code2wav", "load_safetensors_dir", "load_talker"]
+__all__ = [
+    "Qwen3TTSModel",
+    "load_code2wav",
+    "load_safetensors_dir",
+    "load_speaker_encoder",
+    "load_talker",
+]
 
 # Encoder-side projections stored inside the decoder's quantizer; decoding never uses them.
 _UNUSED_DECODER_KEYS = ("quantizer.rvq_first.input_proj.weight", "quantizer.rvq_rest.input_proj.weight")
@@ -82,6 +90,27 @@ def load_talker(
     return talker.to(device=device, dtype=dtype).eval()
 
 
+def load_speaker_encoder(
+    model_dir: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    tensors: dict[str, Tensor] | None = None,
+) -> SpeakerEncoder:
+    """The x-vector encoder of a Base (voice clone) checkpoint."""
+    config = load_config(model_dir)
+    if config.speaker_encoder is None:
+        raise ValueError(
+            f"{model_dir}: tts_model_type {config.tts_model_type!r} has no speaker encoder "
+            "(only 'base' checkpoints clone voices)"
+        )
+    tensors = load_safetensors_dir(model_dir) if tensors is None else tensors
+    with torch.device("meta"):
+        encoder = SpeakerEncoder(config.speaker_encoder)
+    _load_into(encoder, tensors, "speaker_encoder.", where=str(model_dir))
+    return encoder.to(device=device, dtype=dtype).eval()
+
+
 def load_code2wav(
     path: str | Path, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
 ) -> Code2WavDecoder:
@@ -95,3 +124,31 @@ def load_code2wav(
         decoder = Code2WavDecoder(config)
     _load_into(decoder, tensors, "decoder.", ignore=_UNUSED_DECODER_KEYS, where=str(path))
     return decoder.to(device=device, dtype=dtype).eval()
+
+
+@dataclass
+class Qwen3TTSModel:
+    """Everything a checkpoint directory holds that speaking needs."""
+
+    config: Qwen3TTSConfig
+    talker: Talker
+    code2wav: Code2WavDecoder
+    speaker_encoder: SpeakerEncoder | None
+
+    @classmethod
+    def from_pretrained(
+        cls, model_dir: str | Path, *, dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu", codec_dtype: torch.dtype = torch.float32,
+    ) -> Qwen3TTSModel:
+        """Load talker (``dtype``), codec decoder (``codec_dtype``) and, for Base models,
+        the speaker encoder (float32)."""
+        config = load_config(model_dir)
+        tensors = load_safetensors_dir(model_dir)
+        talker = load_talker(model_dir, dtype=dtype, device=device, tensors=tensors)
+        encoder = (
+            load_speaker_encoder(model_dir, device=device, tensors=tensors)
+            if config.speaker_encoder is not None
+            else None
+        )
+        code2wav = load_code2wav(model_dir, dtype=codec_dtype, device=device)
+        return cls(config, talker, code2wav, encoder)

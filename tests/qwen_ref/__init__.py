@@ -1,0 +1,1 @@
+"""Parity harness for the Qwen3-TTS reference (``qwen-tts``); see harness.py."""

@@ -1,0 +1,152 @@
+"""Qwen3-TTS Base (voice clone): speaker encoder and clone prompts, exact against the
+official reference (see tests/test_qwen3_tts.py for how parity runs are set up).
+
+The reference's audio -> codes step (its Mimi encoder) is not reimplemented: clone
+prompts take the reference audio's codes, as the reference's ``voice_clone_prompt`` does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from qwen_ref.harness import (
+    BASE_MODEL,
+    TINY_CHAT,
+    TINY_CODEC,
+    ReferenceRun,
+    random_codes,
+    reference_or_skip,
+    text_ids,
+)
+
+from voxline.engines.models.qwen3_tts import (
+    Qwen3TTSModel,
+    TalkerGenerator,
+    TalkerSampling,
+    assistant_ids,
+    build_prompt,
+    mel_spectrogram,
+    ref_text_ids,
+)
+
+MAX_NEW = 30
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _audio(n: int, seed: int) -> list[float]:
+    t = np.arange(n) / 24000.0
+    noise = np.random.default_rng(seed).standard_normal(n)
+    wav = 0.3 * np.sin(2 * np.pi * (180 + 40 * seed) * t) + 0.2 * np.sin(2 * np.pi * 1234 * t + seed)
+    return (wav + 0.05 * noise).astype(np.float32).tolist()
+
+
+AUDIO = [_audio(9600, 1), _audio(16800, 2)]
+
+
+def _xvector(seed: int) -> list[float]:
+    return (np.random.default_rng(seed).standard_normal(64) * 0.5).astype(np.float32).tolist()
+
+
+def _case(text: int, seed: int, *, ref_text: int = 0, ref_frames: int = 0, language="english") -> dict:
+    return dict(
+        request=dict(input_ids=assistant_ids(text_ids(text, seed), TINY_CHAT), language=language),
+        embedding=_xvector(seed),
+        ref_ids=ref_text_ids(text_ids(ref_text, seed + 50), TINY_CHAT) if ref_text else None,
+        ref_code=random_codes(ref_frames, 128, seed=seed + 70) if ref_frames else None,
+    )
+
+
+# x-vector only; ICL with more text than reference frames (text keeps streaming after
+# the prompt), with fewer (padded with tts_pad), and with the whole text in the prompt.
+CASES = {
+    "xvector": _case(6, 1),
+    "icl_long_text": _case(12, 2, ref_text=5, ref_frames=4),
+    "icl_short_text": _case(2, 3, ref_text=2, ref_frames=10, language="auto"),
+    "icl_non_streaming": _case(4, 4, ref_text=3, ref_frames=6),
+}
+NON_STREAMING = {"icl_non_streaming"}
+BATCH = ["xvector", "icl_long_text", "icl_short_text"]
+
+
+def _task(name: str, cases: list[str]) -> dict:
+    chosen = [CASES[c] for c in cases]
+    return dict(
+        kind="generate", name=name, requests=[c["request"] for c in chosen], max_new_tokens=MAX_NEW,
+        non_streaming_mode=name in NON_STREAMING,
+        voice_clone=dict(
+            ref_code=[c["ref_code"] for c in chosen],
+            ref_spk_embedding=[c["embedding"] for c in chosen],
+            x_vector_only_mode=[c["ref_code"] is None for c in chosen],
+            icl_mode=[c["ref_code"] is not None for c in chosen],
+            ref_ids=[c["ref_ids"] for c in chosen],
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def base() -> tuple[ReferenceRun, Qwen3TTSModel]:
+    tasks = [_task(name, [name]) for name in CASES] + [_task("batch", BATCH)]
+    tasks.append(dict(kind="speaker_embedding", name="spk", audio=AUDIO))
+    job = dict(seed=0, config=BASE_MODEL, tokenizer_config=TINY_CODEC, eos_bias=3.0, tasks=tasks)
+    ref = reference_or_skip("base", job)
+    return ref, Qwen3TTSModel.from_pretrained(ref.model_dir)
+
+
+def _prompt(model: Qwen3TTSModel, name: str):
+    c = CASES[name]
+    return build_prompt(
+        model.talker, model.config, c["request"]["input_ids"], language=c["request"]["language"],
+        speaker_embedding=torch.tensor(c["embedding"]), ref_ids=c["ref_ids"],
+        ref_codes=torch.tensor(c["ref_code"]) if c["ref_code"] is not None else None,
+        non_streaming=name in NON_STREAMING,
+    )
+
+
+def _generate(model: Qwen3TTSModel, names: list[str]) -> list[torch.Tensor]:
+    gen = TalkerGenerator(model.talker, max_streams=len(names), max_len=128)
+    return gen.generate([_prompt(model, n) for n in names], TalkerSampling.greedy(max_frames=MAX_NEW - 1))
+
+
+def test_mel_front_end_matches_reference(base):
+    ref, _ = base
+    for i, audio in enumerate(AUDIO):
+        ours = mel_spectrogram(torch.tensor(audio))[0].numpy()
+        want = ref.arrays[f"spk/mel/{i}"]
+        assert ours.shape == want.shape
+        assert np.abs(ours - want).max() <= TOL
+
+
+def test_speaker_embedding_matches_reference(base):
+    ref, model = base
+    assert model.speaker_encoder is not None
+    for i, audio in enumerate(AUDIO):
+        ours = model.speaker_encoder.embed(np.asarray(audio)).numpy()
+        want = ref.arrays[f"spk/embedding/{i}"]
+        assert ours.shape == want.shape == (64,)
+        assert np.abs(ours - want).max() <= TOL
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_clone_frames_match_reference(base, name):
+    ref, model = base
+    (ours,) = _generate(model, [name])
+    want = ref.arrays[f"{name}/codes/0"]
+    assert ours.shape == want.shape and np.array_equal(ours.numpy(), want)
+
+
+def test_clone_batch_matches_reference(base):
+    ref, model = base
+    frames = [len(ref.arrays[f"batch/codes/{i}"]) for i in range(len(BATCH))]
+    assert len(set(frames)) > 1, f"batch members should stop at different frames: {frames}"
+    for i, ours in enumerate(_generate(model, BATCH)):
+        want = ref.arrays[f"batch/codes/{i}"]
+        assert ours.shape == want.shape and np.array_equal(ours.numpy(), want), BATCH[i]

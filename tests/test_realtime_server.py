@@ -1,0 +1,84 @@
+"""Server edges without models (engine = the echo core): auth, limits, health, metrics."""
+
+from __future__ import annotations
+
+import pytest
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
+
+from voxline.config import load_settings
+from voxline.engines.client import InProcessEngineClient
+from voxline.realtime.app import create_app
+
+ECHO = "voxline.engines.echo:make_echo_core"
+
+
+def make_client(**settings) -> TestClient:
+    app = create_app(load_settings(**settings), InProcessEngineClient(ECHO))
+    return TestClient(app)
+
+
+def test_api_key_is_required_when_configured():
+    with make_client(api_key="s3cret") as client:
+        with pytest.raises(WebSocketDisconnect) as refused:
+            with client.websocket_connect("/v1/realtime") as ws:
+                ws.receive_json()
+        assert refused.value.code == 1008
+        with client.websocket_connect("/v1/realtime",
+                                      headers={"Authorization": "Bearer s3cret"}) as ws:
+            assert ws.receive_json()["type"] == "session.created"
+        with client.websocket_connect(
+                "/v1/realtime", subprotocols=["realtime", "openai-insecure-api-key.s3cret"]) as ws:
+            assert ws.accepted_subprotocol == "realtime"
+            assert ws.receive_json()["type"] == "session.created"
+        with pytest.raises(WebSocketDisconnect):
+            with client.websocket_connect("/v1/realtime",
+                                          headers={"Authorization": "Bearer wrong"}) as ws:
+                ws.receive_json()
+
+
+def test_sessions_over_the_limit_are_refused_with_a_reason():
+    with make_client(max_sessions=1) as client:
+        with client.websocket_connect("/v1/realtime") as first:
+            assert first.receive_json()["type"] == "session.created"
+            with client.websocket_connect("/v1/realtime") as second:
+                with pytest.raises(WebSocketDisconnect) as refused:
+                    second.receive_json()
+            assert refused.value.code == 1013 and "limit of 1 sessions" in refused.value.reason
+        metrics = client.get("/metrics").text
+        assert "voxline_sessions_total 1" in metrics
+        assert "voxline_sessions_refused_total 1" in metrics
+        assert "voxline_first_audio_seconds_bucket" in metrics
+
+
+def test_health_models_and_not_ready():
+    with make_client() as client:
+        health = client.get("/health")
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+        assert client.get("/v1/models").json()["data"][0]["id"] == "voxline"
+    app = create_app(load_settings(), InProcessEngineClient(ECHO), manage_engine=False)
+    with TestClient(app) as client:
+        health = client.get("/health")
+        assert health.status_code == 503
+        assert health.json()["status"] == "unavailable" and health.json()["reason"]
+
+
+def test_session_update_and_errors_over_the_echo_engine():
+    with make_client() as client, client.websocket_connect("/v1/realtime") as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        ws.send_json({"type": "session.update", "session": {
+            "type": "realtime", "instructions": "Be brief.",
+            "audio": {"input": {"turn_detection": {"type": "server_vad",
+                                                   "silence_duration_ms": 800}}}}})
+        updated = ws.receive_json()
+        assert updated["type"] == "session.updated"
+        td = updated["session"]["audio"]["input"]["turn_detection"]
+        assert td["silence_duration_ms"] == 800 and td["threshold"] == 0.5  # deep-merged
+        assert updated["session"]["instructions"] == "Be brief."
+        ws.send_text("[1, 2]")
+        err = ws.receive_json()
+        assert err["type"] == "error" and err["error"]["code"] == "invalid_request_error"
+        ws.send_json({"type": "response.cancel", "event_id": "x"})
+        err = ws.receive_json()
+        assert err["error"]["code"] == "response_cancel_not_active"
+        assert err["error"]["event_id"] == "x"

@@ -1,0 +1,102 @@
+"""SessionActor as a pure state machine: hand-fed engine outputs and an explicit clock."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from voxline.engines import protocol as ep
+from voxline.realtime import events as ev
+from voxline.sessions.actor import SessionActor
+
+
+def make_actor(lead_ms: float = 200.0) -> SessionActor:
+    actor = SessionActor("sess_1", "s1", lead_ms=lead_ms)
+    actor.start(0.0)
+    actor.take_events()
+    assert isinstance(actor.take_commands()[0], ep.OpenStream)
+    return actor
+
+
+def one_second_chunk(response_id: str, text: str = "Hello there.") -> ep.AudioChunk:
+    audio = (0.1 * np.sin(np.arange(22050) / 10)).astype("<f4")
+    return ep.AudioChunk("s1", response_id, audio.tobytes(), 22050, 1000.0, text)
+
+
+def start_response(actor: SessionActor, now: float = 0.0) -> ep.CreateResponse:
+    actor.receive(ev.parse_client_event('{"type": "response.create"}'), now)
+    cmd, = actor.take_commands()
+    assert isinstance(cmd, ep.CreateResponse)
+    return cmd
+
+
+def names(events) -> list[str]:
+    return [type(e).__name__ for e in events]
+
+
+def test_audio_is_paced_and_response_done_waits_for_the_last_frame():
+    actor = make_actor(lead_ms=200)
+    cmd = start_response(actor)
+    assert names(actor.take_events()) == ["ResponseCreated", "OutputItemAdded", "ItemAdded",
+                                          "ContentPartAdded"]
+    actor.on_engine(ep.TextDelta("s1", cmd.response_id, "Hello there."), 0.1)
+    actor.on_engine(one_second_chunk(cmd.response_id), 0.1)
+    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.COMPLETED,
+                                    "Hello there.", 10, 3), 0.1)
+    first = actor.take_events()
+    deltas = [e for e in first if isinstance(e, ev.AudioDelta)]
+    assert len(deltas) == 5  # 200 ms lead / 40 ms frames
+    assert "ResponseDone" not in names(first)
+    t, sent, done = 0.1, len(deltas), None
+    for _ in range(1000):
+        t = max(t + 0.001, actor.next_deadline(t) or t + 0.01)
+        actor.tick(t)
+        events = actor.take_events()
+        sent += sum(isinstance(e, ev.AudioDelta) for e in events)
+        done = next((e for e in events if isinstance(e, ev.ResponseDone)), None)
+        if done is not None:
+            break
+    assert sent == 25 and 0.85 <= t <= 0.95  # one second of audio, 200 ms ahead
+    assert done is not None and done.response.status == "completed" and done.response.usage.output_tokens == 3
+
+
+def test_barge_in_cancels_then_truncates_to_what_was_heard():
+    actor = make_actor(lead_ms=200)
+    cmd = start_response(actor)
+    actor.on_engine(ep.TextDelta("s1", cmd.response_id, "Hello there."), 0.0)
+    actor.on_engine(one_second_chunk(cmd.response_id), 0.0)
+    for t in np.arange(0.0, 0.5, 0.02):
+        actor.tick(float(t))
+    actor.take_events()
+    actor.on_engine(ep.SpeechStarted("s1", 4000, "item_user"), 0.5)
+    cmds = actor.take_commands()
+    assert [type(c) for c in cmds] == [ep.CancelResponse]
+    actor.tick(0.6)
+    assert not [e for e in actor.take_events() if isinstance(e, ev.AudioDelta)]  # silence at once
+    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.CANCELLED,
+                                    "Hello there.", 10, 3), 0.61)
+    done = [e for e in actor.take_events() if isinstance(e, ev.ResponseDone)][0]
+    assert done.response.status == "cancelled"
+    assert done.response.status_details.reason == "turn_detected"
+    trunc, = actor.take_commands()
+    assert isinstance(trunc, ep.TruncateItem) and trunc.item_id == cmd.item_id
+    assert 450 <= trunc.audio_end_ms <= 520  # played from t=0 until the barge-in at 0.5 s
+
+
+def test_second_response_create_is_refused_and_names_the_event():
+    actor = make_actor()
+    start_response(actor)
+    actor.take_events()
+    actor.receive(ev.parse_client_event('{"type": "response.create", "event_id": "again"}'), 0.1)
+    err, = actor.take_events()
+    assert isinstance(err, ev.ErrorEvent)
+    assert err.error.code == "conversation_already_has_active_response"
+    assert err.error.event_id == "again"
+    assert actor.take_commands() == []
+
+
+def test_fatal_engine_error_ends_the_session():
+    actor = make_actor()
+    actor.on_engine(ep.StreamError("s1", "engine process exited", "engine_dead", fatal=True), 1.0)
+    assert actor.closed is not None and actor.closed.code == "engine_dead"
+    err, = actor.take_events()
+    assert err.error.type == "server_error"

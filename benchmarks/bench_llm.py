@@ -121,6 +121,11 @@ class RunResult:
     decode_tokens: int  # of which generated after prefill_s
     outputs: list[list[int]]
     steps: int = 0
+    cpu_s: float = 0.0  # process CPU time (all threads) spent in the run
+
+    @property
+    def tok_cpu_s(self) -> float:
+        return self.generated / max(self.cpu_s, 1e-9)
 
     @property
     def tok_s(self) -> float:
@@ -141,6 +146,7 @@ def run_engine(llm: ChatLLM, prompts: Sequence[list[int]], tokens: int) -> RunRe
         if index is None:
             raise RuntimeError(f"no free KV slot for stream {i}: raise max_slots")
         requests.append(GenerationRequest(f"bench#{i}", Slot(index), lambda p=prompt: p, tokens))
+    c0 = time.process_time()
     t0 = time.perf_counter()
     for req in requests:
         stage.add(req)
@@ -158,6 +164,7 @@ def run_engine(llm: ChatLLM, prompts: Sequence[list[int]], tokens: int) -> RunRe
                 prefill_s = time.perf_counter() - t0
                 at_prefill = sum(len(r.generated) for r in requests)
         total_s = time.perf_counter() - t0
+        cpu_s = time.process_time() - c0
     finally:
         for req in requests:
             model.free_slot(req.slot.index)
@@ -166,7 +173,7 @@ def run_engine(llm: ChatLLM, prompts: Sequence[list[int]], tokens: int) -> RunRe
         raise RuntimeError(f"engine requests ended early: {bad} ({requests[0].finish!r})")
     generated = sum(len(r.generated) for r in requests)
     return RunResult(total_s, prefill_s or total_s, generated, generated - at_prefill,
-                     [list(r.generated) for r in requests], steps)
+                     [list(r.generated) for r in requests], steps, cpu_s)
 
 
 class _StepClock:
@@ -190,6 +197,7 @@ def run_reference(hf: Any, prompts: Sequence[list[int]], tokens: int,
     total = prefill = 0.0
     outputs: list[list[int]] = []
     decode_tokens = 0
+    c0 = time.process_time()
     for prompt in prompts:
         ids = torch.tensor([prompt], dtype=torch.long)
         clock = _StepClock()
@@ -206,7 +214,7 @@ def run_reference(hf: Any, prompts: Sequence[list[int]], tokens: int,
         prefill += clock.times[0] - t0
         decode_tokens += tokens - 1
     return RunResult(total, prefill, tokens * len(prompts), decode_tokens, outputs,
-                     steps=tokens * len(prompts))
+                     steps=tokens * len(prompts), cpu_s=time.process_time() - c0)
 
 
 def median_result(results: list[RunResult]) -> RunResult:
@@ -290,7 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             e, r = engine_runs[-1], ref_runs[-1]
             print(f"  streams {streams:>2} rep {rep + 1}: engine {e.total_s:6.2f} s "
                   f"({e.tok_s:6.1f} tok/s, {e.steps} steps) | generate() {r.total_s:6.2f} s "
-                  f"({r.tok_s:6.1f} tok/s)  [{load_note()}]", flush=True)
+                  f"({r.tok_s:6.1f} tok/s) | CPU s {e.cpu_s:.1f} vs {r.cpu_s:.1f}  "
+                  f"[{load_note()}]", flush=True)
         rows.append((streams, median_result(engine_runs), median_result(ref_runs)))
 
     print()
@@ -306,6 +315,15 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{r.tok_s:>16.1f} {r.decode_tok_s:>8.1f} {r.prefill_s:>9.3f} | "
               f"{e.tok_s / r.tok_s:>5.2f}x {e.decode_tok_s / r.decode_tok_s:>11.2f}x | "
               f"{parity(e.outputs, r.outputs):>18}")
+    print()
+    print("Same runs per CPU-second (process CPU time, all threads): less sensitive to other "
+          "load than wall time, exactly so with --threads 1 (busy-waiting threads inflate it)")
+    head2 = f"{'streams':>7} | {'engine tok/CPU-s':>16} | {'generate() tok/CPU-s':>20} | {'ratio':>6}"
+    print(head2)
+    print("-" * len(head2))
+    for streams, e, r in rows:
+        print(f"{streams:>7} | {e.tok_cpu_s:>16.1f} | {r.tok_cpu_s:>20.1f} | "
+              f"{e.tok_cpu_s / r.tok_cpu_s:>5.2f}x")
     print()
     print("tok/s: all generated tokens / wall time from first input to last token. "
           "decode: tokens generated after every stream had its first token / time after it. "

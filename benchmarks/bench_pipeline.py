@@ -27,6 +27,7 @@ overlap. ``--full-replies`` lets every reply run to its end instead.
 
     .venv/bin/python benchmarks/bench_pipeline.py [--utterances 10] [--mode inprocess,process]
                                                   [--voice espeak|piper] [--no-partials]
+                                                  [--full-replies] [--threads N]
 """
 
 from __future__ import annotations
@@ -349,6 +350,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--full-replies", action="store_true",
                     help="let every reply finish instead of cancelling it after first audio")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured turns per mode first")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="engine threads (core setting `threads`; 0 = VOXLINE_THREADS or CPU count)")
     args = ap.parse_args(argv)
     args.modes = [m.strip() for m in args.mode.split(",") if m.strip()]
     if not args.modes or any(m not in MODES for m in args.modes):
@@ -376,14 +379,16 @@ async def amain(args: argparse.Namespace) -> int:
     try:
         for mode in args.modes:
             t0 = time.perf_counter()
-            client: EngineClient = (InProcessEngineClient(DEFAULT_CORE) if mode == "inprocess"
-                                    else MultiprocessEngineClient(DEFAULT_CORE, restart=False))
+            kwargs = {"threads": args.threads} if args.threads else {}
+            client: EngineClient = (
+                InProcessEngineClient(DEFAULT_CORE, kwargs) if mode == "inprocess"
+                else MultiprocessEngineClient(DEFAULT_CORE, kwargs, restart=False))
             await client.start()
             clients[mode] = client
             print(f"{mode} engine ready in {time.perf_counter() - t0:.1f} s")
         from voxline.config import load_settings
 
-        threads = load_settings().threads or os.cpu_count()
+        threads = args.threads or load_settings().threads or os.cpu_count()
         print(f"engine threads: torch and onnxruntime ASR {threads} (VOXLINE_THREADS or CPU "
               "count), VAD and TTS 1")
         for mode, client in clients.items():

@@ -44,13 +44,18 @@ if [ -f "$STAMP" ]; then
   exit 0
 fi
 
+trap 'echo "[qwen-ref-venv] failed (exit $?) at: $BASH_COMMAND" >&2' ERR
 start=$(date +%s)
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
-"${PIP[@]}" "${PINS[@]}" >&2
+pip_install() {
+  # Drop pip's notes about configured local indexes that lack a package; keep the rest.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; } >&2
+}
+pip_install "${PINS[@]}"
 # --no-deps: its declared deps include gradio, torchaudio, sox and accelerate (see above).
-"${PIP[@]}" --no-deps "$QWEN_TTS" >&2
+pip_install --no-deps "$QWEN_TTS"
 # Importing qwen_tts itself needs the stubs; check the installed pieces without running it.
 "$VENV/bin/python" -c "import importlib.util as u, torch, transformers, librosa
 assert u.find_spec('qwen_tts') is not None" >&2

@@ -409,3 +409,18 @@ def test_position_mask_is_bottom_right_aligned_with_window():
     assert mask.tolist() == [[False, True, True, True, False], [False, False, True, True, True]]
     valid = torch.tensor([[False, True, True, True, True]])
     assert position_mask(q, k, k_valid=valid)[0, 0, 0].tolist() == [False, True, True, True, False]
+
+
+def test_bfloat16_runs_end_to_end():
+    config, talker = local_talker(TINY_MODEL, seed=1)
+    talker = talker.to(torch.bfloat16)
+    req = TINY_REQUESTS["english_vivian"]
+    prompt = build_prompt(talker, config, req["input_ids"], language="english", speaker="vivian")
+    gen = TalkerGenerator(talker, max_streams=1, max_len=64)
+    (frames,) = gen.generate([prompt], TalkerSampling.greedy(max_frames=4, min_frames=4))
+    assert frames.shape == (4, 16) and int(frames.max()) < 128
+    decoder = local_decoder(TINY_CODEC, seed=3)
+    ref = decoder.decode_full(frames.T)
+    wav = decoder.to(torch.bfloat16).decode_full(frames.T)
+    assert wav.dtype == torch.bfloat16 and torch.isfinite(wav.float()).all()
+    assert (wav.float() - ref).abs().max() < 0.1

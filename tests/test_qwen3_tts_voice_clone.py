@@ -1,8 +1,10 @@
 """Qwen3-TTS Base (voice clone): speaker encoder and clone prompts, exact against the
 official reference (see tests/test_qwen3_tts.py for how parity runs are set up).
 
-The reference's audio -> codes step (its Mimi encoder) is not reimplemented: clone
-prompts take the reference audio's codes, as the reference's ``voice_clone_prompt`` does.
+Covered: the log-mel front end and ECAPA-TDNN x-vector, the codec encoder (reference
+audio -> codes; transformers' Mimi under the hood), clone prompts (x-vector only, and
+in-context with text longer / shorter than the reference, streaming or not), a mixed
+batch, and the whole in-context flow from raw reference audio to waveform.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from qwen_ref.harness import (
 )
 
 from voxline.engines.models.qwen3_tts import (
+    CodecEncoder,
     Qwen3TTSModel,
     TalkerGenerator,
     TalkerSampling,
@@ -75,6 +78,11 @@ CASES = {
 }
 NON_STREAMING = {"icl_non_streaming"}
 BATCH = ["xvector", "icl_long_text", "icl_short_text"]
+E2E = dict(
+    input_ids=assistant_ids(text_ids(8, 31), TINY_CHAT),
+    ref_ids=ref_text_ids(text_ids(6, 32), TINY_CHAT),
+    language="english",
+)
 
 
 def _task(name: str, cases: list[str]) -> dict:
@@ -96,7 +104,10 @@ def _task(name: str, cases: list[str]) -> dict:
 def base() -> tuple[ReferenceRun, Qwen3TTSModel]:
     tasks = [_task(name, [name]) for name in CASES] + [_task("batch", BATCH)]
     tasks.append(dict(kind="speaker_embedding", name="spk", audio=AUDIO))
-    job = dict(seed=0, config=BASE_MODEL, tokenizer_config=TINY_CODEC, eos_bias=3.0, tasks=tasks)
+    tasks.append(dict(kind="encode", name="enc", audio=AUDIO))
+    tasks.append(dict(kind="clone_from_audio", name="e2e", audio=AUDIO[1], max_new_tokens=MAX_NEW,
+                      **E2E))
+    job = dict(seed=0, config=BASE_MODEL, tokenizer_config=TINY_CODEC, tasks=tasks)
     ref = reference_or_skip("base", job)
     return ref, Qwen3TTSModel.from_pretrained(ref.model_dir)
 
@@ -150,3 +161,35 @@ def test_clone_batch_matches_reference(base):
     for i, ours in enumerate(_generate(model, BATCH)):
         want = ref.arrays[f"batch/codes/{i}"]
         assert ours.shape == want.shape and np.array_equal(ours.numpy(), want), BATCH[i]
+
+
+def test_codec_encoder_matches_reference(base):
+    ref, _ = base
+    encoder = CodecEncoder.from_pretrained(ref.model_dir)
+    for i, audio in enumerate(AUDIO):
+        ours = encoder.encode(np.asarray(audio)).numpy()
+        want = ref.arrays[f"enc/codes/{i}"]
+        assert ours.shape == want.shape == (-(-len(audio) // 1920), 16)
+        assert np.array_equal(ours, want)
+
+
+def test_clone_from_reference_audio_end_to_end(base):
+    """Reference clip -> (codes, x-vector) -> ICL prompt -> frames -> primed streaming decode."""
+    ref, model = base
+    audio = np.asarray(AUDIO[1])
+    ref_codes = CodecEncoder.from_pretrained(ref.model_dir).encode(audio)
+    prompt = build_prompt(
+        model.talker, model.config, E2E["input_ids"], language=E2E["language"],
+        speaker_embedding=model.speaker_encoder.embed(audio), ref_ids=E2E["ref_ids"], ref_codes=ref_codes,
+    )
+    gen = TalkerGenerator(model.talker, max_streams=1, max_len=128)
+    (frames,) = gen.generate([prompt], TalkerSampling.greedy(max_frames=MAX_NEW - 1))
+    want_frames = ref.arrays["e2e/codes/0"]
+    assert 4 < len(want_frames) < MAX_NEW - 1, "want a clone that runs a while, then stops on EOS"
+    assert np.array_equal(frames.numpy(), want_frames)
+    state = model.code2wav.new_state()
+    model.code2wav.prime(state, ref_codes.T)
+    wav = torch.cat([model.code2wav.decode(state, frames[s : s + 3].T) for s in range(0, len(frames), 3)])
+    want = ref.arrays["e2e/wav/0"]
+    assert wav.shape == want.shape
+    assert np.abs(wav.numpy() - want).max() <= TOL

@@ -140,6 +140,7 @@ async def test_barge_in_cancels_and_keeps_only_what_was_heard(server):
     try:
         await c.send(type="session.update", session={
             "type": "realtime", "instructions": "Tell a long, detailed story about a dragon.",
+            "max_output_tokens": 16,  # the reply to the interruption stays short
             "audio": {"input": {"turn_detection": {"type": "server_vad"}}}})
         await c.send(type="conversation.item.create", item={
             "type": "message", "role": "user",

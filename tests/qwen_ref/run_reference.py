@@ -12,7 +12,9 @@ JOB.json::
      "eos_bias": 0.0,
      "tasks": [{"kind": "generate", "name": ..., "requests": [...], ...},
                {"kind": "decode", "name": ..., "codes": [[[q0..q15], ...], ...]},
-               {"kind": "speaker_embedding", "name": ..., "audio": [...]}]}
+               {"kind": "speaker_embedding" | "encode", "name": ..., "audio": [...]},
+               {"kind": "clone_from_audio", "name": ..., "audio": [...], "input_ids": [...],
+                "ref_ids": [...], "max_new_tokens": N}]}
 
 It builds the reference model from the configs with seeded random weights (scaled so
 logits have O(1) gaps and the waveform is not saturated), writes the checkpoint in the
@@ -159,7 +161,7 @@ def build_and_save(job: dict, out: Path) -> tuple[Qwen3TTSForConditionalGenerati
     # Reload through the official entry points, so the tests compare against what a
     # user of the published checkpoint layout gets.
     loaded = Qwen3TTSForConditionalGeneration.from_pretrained(
-        str(model_dir), local_files_only=True, torch_dtype=torch.float32
+        str(model_dir), local_files_only=True, dtype=torch.float32
     ).eval()
     return loaded, loaded.speech_tokenizer.model.eval()
 
@@ -237,6 +239,44 @@ def _speaker_embedding(model, task: dict, arrays: dict, meta: dict) -> None:
     meta[task["name"]] = {"count": len(task["audio"])}
 
 
+def _encode(tokenizer, task: dict, arrays: dict, meta: dict) -> None:
+    for i, audio in enumerate(task["audio"]):
+        x = torch.tensor(audio, dtype=torch.float32)[None]
+        with torch.inference_mode():
+            codes = tokenizer.encode(x, torch.ones_like(x, dtype=torch.long), return_dict=True).audio_codes[0]
+        arrays[f"{task['name']}/codes/{i}"] = codes.numpy().astype(np.int64)
+    meta[task["name"]] = {"count": len(task["audio"])}
+
+
+def _clone_from_audio(model, tokenizer, task: dict, arrays: dict, meta: dict) -> None:
+    """The Base model's ``generate_voice_clone`` (ICL) flow, minus text tokenization."""
+    audio = np.asarray(task["audio"], dtype=np.float32)
+    x = torch.from_numpy(audio)[None]
+    with torch.inference_mode():
+        ref_code = tokenizer.encode(x, torch.ones_like(x, dtype=torch.long), return_dict=True).audio_codes[0]
+    spk = model.extract_speaker_embedding(audio, 24000)
+    codes, _ = model.generate(
+        input_ids=[torch.tensor([task["input_ids"]])],
+        ref_ids=[torch.tensor([task["ref_ids"]])],
+        voice_clone_prompt=dict(
+            ref_code=[ref_code], ref_spk_embedding=[spk], x_vector_only_mode=[False], icl_mode=[True]
+        ),
+        languages=[task.get("language", "auto")],
+        non_streaming_mode=False,
+        max_new_tokens=int(task["max_new_tokens"]),
+        do_sample=False,
+        subtalker_dosample=False,
+    )
+    # As generate_voice_clone: decode reference + new frames, cut the reference's share.
+    full = torch.cat([ref_code, codes[0]], dim=0)
+    with torch.inference_mode():
+        wav = tokenizer.decode(full[None], return_dict=True).audio_values[0]
+    cut = int(ref_code.shape[0] / max(full.shape[0], 1) * wav.shape[0])
+    arrays[f"{task['name']}/codes/0"] = codes[0].numpy().astype(np.int64)
+    arrays[f"{task['name']}/wav/0"] = wav[cut:].float().numpy()
+    meta[task["name"]] = {"frames": [int(codes[0].shape[0])], "ref_frames": int(ref_code.shape[0])}
+
+
 def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
     out = Path(job["out"])
@@ -255,6 +295,10 @@ def main() -> None:
             _decode(tokenizer, task, arrays, meta["tasks"])
         elif kind == "speaker_embedding":
             _speaker_embedding(model, task, arrays, meta["tasks"])
+        elif kind == "encode":
+            _encode(tokenizer, task, arrays, meta["tasks"])
+        elif kind == "clone_from_audio":
+            _clone_from_audio(model, tokenizer, task, arrays, meta["tasks"])
         else:
             raise ValueError(f"unknown task kind {kind!r}")
         meta["tasks"][task["name"]]["seconds"] = time.perf_counter() - t

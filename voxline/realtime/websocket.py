@@ -111,5 +111,5 @@ async def realtime(ws: WebSocket) -> None:
         logger.info("session %s closed", session_id)
     try:
         await ws.close(code=code, reason=reason)
-    except RuntimeError:
-        pass  # already closed by the client
+    except (RuntimeError, WebSocketDisconnect):
+        pass  # the client already went away

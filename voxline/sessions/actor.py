@@ -99,6 +99,7 @@ class SessionActor:
         self.speech_stopped_at: float | None = None
         self.last_activity: float = 0.0  # for idle_timeout_ms
         self.closed: ev.ErrorDetail | None = None  # set when the session must end
+        self.reply_after_cancel = False  # a turn ended while the interrupted reply winds down
         self.conversation_id = ev.new_id("conv")
 
     # ------------------------------------------------------------------------ outputs
@@ -406,6 +407,9 @@ class SessionActor:
             # the conversation keeps only what the user heard
             self.commands.append(ep.TruncateItem(self.stream_id, item_id, int(heard)))
         self.last_activity = now
+        if self.reply_after_cancel:
+            self.reply_after_cancel = False
+            self._start_response(self.settings, now, trigger=self.speech_stopped_at or now)
 
     def _previous(self, item_id: str) -> str | None:
         i = self.order.index(item_id) if item_id in self.order else 0
@@ -462,8 +466,12 @@ class SessionActor:
         self._emit(ev.SpeechStopped(audio_end_ms=out.audio_end_ms, item_id=out.item_id))
         self._user_audio_item(out.item_id)
         td = self.settings.turn_detection
-        if td is not None and td.create_response and self.response is None:
+        if td is None or not td.create_response:
+            return
+        if self.response is None:
             self._start_response(self.settings, now, trigger=now)
+        elif self.response.cancel_reason is not None:
+            self.reply_after_cancel = True  # answer once the cancelled reply has finished
 
     def _transcript_final(self, out: ep.TranscriptFinal) -> None:
         record = self.items.get(out.item_id)

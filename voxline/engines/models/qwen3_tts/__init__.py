@@ -9,6 +9,7 @@ from .checkpoint import (
     load_talker,
 )
 from .code2wav import Code2WavDecoder, Code2WavState
+from .codec_encoder import CodecEncoder
 from .config import Code2WavConfig, Qwen3TTSConfig, load_code2wav_config, load_config
 from .generation import FinishReason, TalkerFrame, TalkerGenerator, TalkerSampling, TalkerStream
 from .prompt import (
@@ -28,6 +29,7 @@ __all__ = [
     "Code2WavConfig",
     "Code2WavDecoder",
     "Code2WavState",
+    "CodecEncoder",
     "CodePredictor",
     "FinishReason",
     "QWEN_CHAT_TOKENS",

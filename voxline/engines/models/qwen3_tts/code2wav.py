@@ -28,7 +28,7 @@ from voxline.kernels.attention import position_mask
 from voxline.kernels.snake import snake_beta
 
 from .config import Code2WavConfig, RopeConfig
-from .layers import MLP, Attention, RMSNorm, Rope
+from .layers import MLP, Attention, KVHook, RMSNorm, Rope
 
 __all__ = ["Code2WavDecoder", "Code2WavState"]
 
@@ -273,7 +273,7 @@ class _TransformerLayer(nn.Module):
         self.self_attn_layer_scale = _LayerScale(config.hidden_size)
         self.mlp_layer_scale = _LayerScale(config.hidden_size)
 
-    def forward(self, x, cos, sin, mask, kv) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, kv: KVHook) -> Tensor:
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask, kv))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 

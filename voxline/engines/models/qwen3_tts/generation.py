@@ -82,7 +82,8 @@ class TalkerStream:
 
 @dataclass
 class TalkerFrame:
-    """A step's result for one stream: a frame ``[G]`` (long, on CPU), and/or the end."""
+    """A step's result for one stream: a frame ``[G]`` (long, on the talker's device, so
+    it can go to the codec decoder without a host copy), and/or the end."""
 
     stream: TalkerStream
     frame: Tensor | None
@@ -156,13 +157,12 @@ class TalkerGenerator:
             hidden = torch.stack([s.hidden for s in completing])
             first = torch.tensor([s.pending for s in completing], device=self.talker.device)
             frames = self.talker.complete_frames(hidden, first, self._code_picker(completing))
-            frames_cpu = frames.cpu()
             for i, s in enumerate(completing):
                 s.frames += 1
                 s.pending = None
                 if s.frames >= s.params.max_frames:
                     s.finish = FinishReason.LENGTH
-                results[id(s)] = TalkerFrame(s, frames_cpu[i], s.finish)
+                results[id(s)] = TalkerFrame(s, frames[i], s.finish)
 
         feed: list[TalkerStream] = []
         embeds: list[Tensor] = []
@@ -194,7 +194,7 @@ class TalkerGenerator:
     def generate(
         self, prompts: Sequence[TalkerPrompt], params: TalkerSampling | Sequence[TalkerSampling]
     ) -> list[Tensor]:
-        """Run prompts to completion together; returns each stream's frames ``[T, G]``."""
+        """Run prompts to completion together; returns each stream's frames ``[T, G]`` (CPU)."""
         plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         streams = [self.start(p, sp, i) for i, (p, sp) in enumerate(zip(prompts, plist, strict=True))]
         out: list[list[Tensor]] = [[] for _ in prompts]
@@ -207,7 +207,7 @@ class TalkerGenerator:
             for s in streams:
                 self.release(s)
         g = self.talker.num_code_groups
-        return [torch.stack(f) if f else torch.zeros(0, g, dtype=torch.long) for f in out]
+        return [torch.stack(f).cpu() if f else torch.zeros(0, g, dtype=torch.long) for f in out]
 
     # -- sampling --------------------------------------------------------------------
 

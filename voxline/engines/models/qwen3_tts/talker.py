@@ -218,8 +218,9 @@ class Talker(nn.Module):
 
         New tokens take positions ``lengths[slot] ..`` and see every earlier token of
         their slot (bottom-right-aligned causal mask); the slot's length then grows by
-        ``q_i``. Returns the last new token's final hidden state ``[B, D]`` and its
-        float32 codec logits ``[B, V]``.
+        ``q_i``. Rows are padded to the longest ``q_i`` (a long prefill in the same batch
+        as one-frame decodes costs the decodes that padding). Returns the last new
+        token's final hidden state ``[B, D]`` and its float32 codec logits ``[B, V]``.
         """
         cache = self.cache
         if cache is None:

@@ -15,7 +15,9 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/voxline serve --host $(HOST) --port $(PORT)
 
+# The Qwen3-TTS parity tests run the official reference in its own cached venv.
 test: $(STAMP)
+	bash scripts/qwen_ref_venv.sh >/dev/null
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 

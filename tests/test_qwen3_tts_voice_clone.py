@@ -163,9 +163,14 @@ def test_clone_batch_matches_reference(base):
         assert ours.shape == want.shape and np.array_equal(ours.numpy(), want), BATCH[i]
 
 
-def test_codec_encoder_matches_reference(base):
+@pytest.fixture(scope="module")
+def codec_encoder(base) -> CodecEncoder:
+    return CodecEncoder.from_pretrained(base[0].model_dir)
+
+
+def test_codec_encoder_matches_reference(base, codec_encoder):
     ref, _ = base
-    encoder = CodecEncoder.from_pretrained(ref.model_dir)
+    encoder = codec_encoder
     for i, audio in enumerate(AUDIO):
         ours = encoder.encode(np.asarray(audio)).numpy()
         want = ref.arrays[f"enc/codes/{i}"]
@@ -173,11 +178,11 @@ def test_codec_encoder_matches_reference(base):
         assert np.array_equal(ours, want)
 
 
-def test_clone_from_reference_audio_end_to_end(base):
+def test_clone_from_reference_audio_end_to_end(base, codec_encoder):
     """Reference clip -> (codes, x-vector) -> ICL prompt -> frames -> primed streaming decode."""
     ref, model = base
     audio = np.asarray(AUDIO[1])
-    ref_codes = CodecEncoder.from_pretrained(ref.model_dir).encode(audio)
+    ref_codes = codec_encoder.encode(audio)
     prompt = build_prompt(
         model.talker, model.config, E2E["input_ids"], language=E2E["language"],
         speaker_embedding=model.speaker_encoder.embed(audio), ref_ids=E2E["ref_ids"], ref_codes=ref_codes,

@@ -110,6 +110,8 @@ class TalkerGenerator:
         self, prompt: TalkerPrompt, params: TalkerSampling, stream_id: Hashable = None
     ) -> TalkerStream:
         """Reserve a slot for a new stream; its prompt is prefilled by the next step."""
+        if params.max_frames < 1:
+            raise ValueError(f"max_frames must be >= 1, got {params.max_frames}")
         if not self._free:
             raise RuntimeError(f"all {self.cache.max_slots} talker slots are in use")
         if prompt.embeds.shape[0] >= self.cache.max_len:

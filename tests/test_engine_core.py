@@ -11,6 +11,7 @@ from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS, tone
 
 from voxline.engines import protocol as p
 from voxline.engines.core import EngineCore, Models
+from voxline.engines.speech_stage import SentenceSpeechStage
 
 
 class Harness:
@@ -22,7 +23,8 @@ class Harness:
         self.lm = CountingLM(stop_after=stop_after, step_seconds=step_seconds)
         self.tts = ToneTTS()
         self.asr = FixedASR(asr_text)
-        self.core = EngineCore(Models(EnergyVAD(), self.asr, self.lm, self.tts), self.woke.set)
+        stage = SentenceSpeechStage(self.tts)
+        self.core = EngineCore(Models(EnergyVAD(), self.asr, self.lm, stage), self.woke.set)
         self.outputs: list[p.EngineOutput] = []
 
     def send(self, *msgs: p.EngineInput) -> None:

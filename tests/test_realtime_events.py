@@ -79,6 +79,7 @@ from voxline.realtime.events import (
     wire_type,
 )
 from voxline.realtime.events_server import SERVER_EVENT_CLASSES
+from voxline.realtime.events_session import DEFAULT_TEMPERATURE
 
 
 def parse(obj: dict[str, Any]):
@@ -451,7 +452,7 @@ def test_defaults_are_openais() -> None:
     assert beta["modalities"] == ["text", "audio"]
     assert beta["input_audio_transcription"] is None
     assert beta["turn_detection"]["threshold"] == 0.5
-    assert s.transcription_enabled is False and s.temperature == 0.8
+    assert s.transcription_enabled is False and s.temperature == DEFAULT_TEMPERATURE == 0.0  # voxline: greedy by default
     assert SessionSettings.from_ga({}) == s == SessionSettings.from_beta({})
 
 
@@ -520,7 +521,7 @@ def test_cross_dialect_round_trip() -> None:
     """Rendering in the other dialect and reading back keeps what that dialect can express."""
     s = SessionSettings.from_beta(FULL_BETA)
     # GA sessions have no temperature: it falls back to the default
-    assert SessionSettings.from_ga(s.to_ga()) == replace(s, temperature=0.8)
+    assert SessionSettings.from_ga(s.to_ga()) == replace(s, temperature=DEFAULT_TEMPERATURE)
     ga = SessionSettings.from_ga(FULL_GA)
     back = SessionSettings.from_beta(ga.to_beta())
     # beta has no truncation, and its pcm16 is always 24 kHz
@@ -802,7 +803,7 @@ def test_render_response_per_dialect() -> None:
     assert ga["conversation_id"] == "conv_1" and ga["metadata"] == {"k": "v"}
     beta = render(ResponseDone(response=r), Dialect.BETA)["response"]
     assert beta["modalities"] == ["text", "audio"] and beta["output_audio_format"] == "pcm16"
-    assert beta["voice"] == "alloy" and beta["temperature"] == 0.8
+    assert beta["voice"] == "alloy" and beta["temperature"] == DEFAULT_TEMPERATURE
     assert beta["output"][0]["content"][0]["type"] == "audio"
     assert "audio" not in beta and "output_modalities" not in beta
     usage = ResponseUsage(total_tokens=30, input_tokens=10, output_tokens=20)

@@ -5,9 +5,9 @@ Stages and where they run (the loop thread owns all state; workers only compute)
 - ASR: one worker thread; final transcripts jump ahead of partials.
 - LLM: one worker thread runs the batched forward of a `StepPlan` while the loop keeps
   taking inputs; `LLMStage.update` then confirms or discards the step's work.
-- TTS: one worker thread, one text segment at a time, rotating across streams. A
-  segment starts as soon as the text chunker closes it (async chunk): the first clause
-  is spoken while the LLM is still writing the rest.
+- TTS: one worker thread steps a `SpeechStage` holding every stream's current text
+  segment. A segment starts as soon as the text chunker closes it (async chunk): the
+  first clause is spoken while the LLM is still writing the rest.
 
 A result that comes back for a response that has since been cancelled or replaced is
 dropped (its `response_id` no longer matches): a stale chunk is never sent.
@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -37,6 +37,7 @@ from voxline.engines.llm_stage import (
     Slot,
     StepPlan,
 )
+from voxline.engines.speech_stage import SpeechJob, SpeechOut, SpeechStage
 from voxline.engines.text_chunker import TextChunker
 from voxline.engines.turns import TurnDetector, TurnEvent, TurnState
 
@@ -57,19 +58,6 @@ class ASRModel(Protocol):
     def transcribe(self, audio: np.ndarray) -> str: ...
 
 
-class SpeechChunkLike(Protocol):
-    audio: np.ndarray
-    sample_rate: int
-    text: str
-
-
-class TTSModel(Protocol):
-    sample_rate: int
-
-    def synthesize(self, text: str, *, speed: float = 1.0,
-                   seed: int | None = None) -> Iterator[SpeechChunkLike]: ...
-
-
 class ChatModel(LanguageModel, Protocol):
     """A LanguageModel plus its chat format."""
 
@@ -87,7 +75,7 @@ class Models:
     vad: VADModel
     asr: ASRModel
     llm: ChatModel
-    tts: TTSModel
+    tts: SpeechStage
 
 
 def _timed_call(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
@@ -129,7 +117,7 @@ class ResponseRun:
     speed: float
     emitted: str = ""
     tts_queue: deque[str] = field(default_factory=deque)
-    tts_busy: bool = False
+    tts_job: int | None = None  # the segment being spoken (segments are spoken in order)
     spans: list[AudioSpan] = field(default_factory=list)
     audio_ms: float = 0.0
     llm_done: bool = False
@@ -168,15 +156,6 @@ class ASRJob:
     final: bool
 
 
-@dataclass
-class TTSJob:
-    stream_id: str
-    response_id: str
-    text: str
-    speed: float
-    seed: int | None
-
-
 class EngineCore:
     """All streams and stages of one engine; driven by `run_engine_loop`."""
 
@@ -192,23 +171,28 @@ class EngineCore:
         self._llm_pool = ThreadPoolExecutor(1, thread_name_prefix="voxline-llm")
         self._asr_jobs: deque[ASRJob] = deque()
         self._asr_running: tuple[ASRJob, Future[tuple[str, float]]] | None = None
-        self._tts_running: tuple[TTSJob, Future[tuple[list[SpeechChunkLike], float]]] | None = None
+        self._tts_running: Future[tuple[list[SpeechOut], float]] | None = None
+        self._tts_jobs: dict[int, tuple[str, str]] = {}  # job id -> (stream id, response id)
+        self._tts_cancels: list[int] = []  # applied between steps
+        self._job_ids = 0
         self._llm_running: tuple[StepPlan, Future[tuple[torch.Tensor, float]]] | None = None
-        self._tts_turn = 0
 
     # ------------------------------------------------------------------ loop interface
 
     def has_work(self) -> bool:
         if self._outputs:
             return True
-        for running in (self._asr_running, self._tts_running, self._llm_running):
+        for running in (self._asr_running, self._llm_running):
             if running is not None and running[1].done():
                 return True
+        if self._tts_running is not None and self._tts_running.done():
+            return True
         if self._asr_running is None and self._asr_jobs:
             return True
         if self._llm_running is None and self.llm.has_work():
             return True
-        if self._tts_running is None and any(self._tts_ready(s) for s in self.streams.values()):
+        if self._tts_running is None and (self.models.tts.has_work() or any(
+                self._tts_ready(s) for s in self.streams.values())):
             return True
         return any(
             len(s.pending) >= VAD_FRAME for s in self.streams.values() if s.detector is not None
@@ -296,6 +280,7 @@ class EngineCore:
         if stream.response is not None:
             if stream.response.request is not None:
                 self.llm.abort(stream.response.request.request_id)
+            self._drop_tts_job(stream.response)
             stream.response = None
         if stream.slot is not None:
             self.models.llm.free_slot(stream.slot.index)
@@ -567,7 +552,7 @@ class EngineCore:
         if response is None:
             return
         if status is None:
-            if not response.llm_done or response.tts_queue or response.tts_busy:
+            if not response.llm_done or response.tts_queue or response.tts_job is not None:
                 return
             status = {
                 FinishReason.STOP: p.ResponseStatus.COMPLETED,
@@ -606,7 +591,7 @@ class EngineCore:
         if response.request is not None:
             self.llm.abort(response.request.request_id)
         response.tts_queue.clear()
-        response.tts_busy = False
+        self._drop_tts_job(response)
         self._maybe_finish_response(stream.stream_id, p.ResponseStatus.CANCELLED)
 
     def _truncate_item(self, stream: StreamState, msg: p.TruncateItem) -> None:
@@ -636,53 +621,75 @@ class EngineCore:
     @staticmethod
     def _tts_ready(stream: StreamState) -> bool:
         r = stream.response
-        return r is not None and bool(r.tts_queue) and not r.tts_busy
+        return r is not None and bool(r.tts_queue) and r.tts_job is None
+
+    def _drop_tts_job(self, response: ResponseRun) -> None:
+        if response.tts_job is not None:
+            self._tts_jobs.pop(response.tts_job, None)
+            self._tts_cancels.append(response.tts_job)
+            response.tts_job = None
 
     def _start_tts(self) -> None:
+        """Between steps: apply cancels, hand each response its next segment, run a step."""
         if self._tts_running is not None:
             return
-        streams = list(self.streams.values())
-        for i in range(len(streams)):
-            stream = streams[(self._tts_turn + i) % len(streams)]
+        stage = self.models.tts
+        for job_id in self._tts_cancels:
+            stage.cancel(job_id)
+        self._tts_cancels.clear()
+        for stream in self.streams.values():
+            response = stream.response
             if not self._tts_ready(stream):
                 continue
-            self._tts_turn = (self._tts_turn + i + 1) % max(len(streams), 1)
-            response = stream.response
             assert response is not None
-            text = response.tts_queue.popleft()
-            response.tts_busy = True
-            job = TTSJob(stream.stream_id, response.response_id, text, response.speed,
-                         response.config.seed)
-            fut = self._tts_pool.submit(_timed_call, self._synthesize, job)
+            self._job_ids += 1
+            job = SpeechJob(self._job_ids, response.tts_queue.popleft(), response.speed,
+                            response.config.seed)
+            response.tts_job = job.job_id
+            self._tts_jobs[job.job_id] = (stream.stream_id, response.response_id)
+            stage.start(job)
+        if stage.has_work():
+            fut = self._tts_pool.submit(_timed_call, stage.step)
             fut.add_done_callback(lambda _f: self._wake())
-            self._tts_running = (job, fut)
-            return
-
-    def _synthesize(self, job: TTSJob) -> list[SpeechChunkLike]:
-        return list(self.models.tts.synthesize(job.text, speed=job.speed, seed=job.seed))
+            self._tts_running = fut
 
     def _finish_tts(self) -> None:
-        if self._tts_running is None or not self._tts_running[1].done():
+        fut = self._tts_running
+        if fut is None or not fut.done():
             return
-        job, fut = self._tts_running
         self._tts_running = None
-        stream = self.streams.get(job.stream_id)
-        response = stream.response if stream else None
-        if response is None or response.response_id != job.response_id:
-            return  # stale: the response was cancelled or replaced meanwhile
-        response.tts_busy = False
         try:
-            chunks, seconds = fut.result()
-            response.tts_ms += seconds * 1000
+            outs, seconds = fut.result()
         except Exception as exc:
-            logger.exception("TTS failed")
-            self._error(job.stream_id, f"speech synthesis failed: {exc}", "tts_error")
-            chunks = []
-        for chunk in chunks:
-            audio = np.asarray(chunk.audio, dtype=np.float32)
-            ms = len(audio) * 1000 / chunk.sample_rate
-            response.spans.append(AudioSpan(response.audio_ms, response.audio_ms + ms, chunk.text))
+            logger.exception("TTS step failed")
+            for job_id, (stream_id, _rid) in list(self._tts_jobs.items()):
+                self._error(stream_id, f"speech synthesis failed: {exc}", "tts_error")
+                self._on_speech(SpeechOut(job_id, np.zeros(0, np.float32), 1, "", True), 0.0)
+            return
+        for out in outs:
+            self._on_speech(out, seconds * 1000)
+
+    def _on_speech(self, out: SpeechOut, step_ms: float) -> None:
+        owner = self._tts_jobs.get(out.job_id)
+        if owner is None:
+            return  # stale: the response was cancelled or replaced meanwhile
+        stream_id, response_id = owner
+        stream = self.streams.get(stream_id)
+        response = stream.response if stream else None
+        if response is None or response.response_id != response_id:
+            self._tts_jobs.pop(out.job_id, None)
+            return
+        response.tts_ms += step_ms
+        if len(out.audio):
+            audio = np.asarray(out.audio, dtype=np.float32)
+            ms = len(audio) * 1000 / out.sample_rate
+            if out.text or not response.spans:
+                response.spans.append(AudioSpan(response.audio_ms, response.audio_ms, out.text))
+            response.spans[-1].end_ms += ms  # a continuation extends the open span
             response.audio_ms += ms
-            self._outputs.append(p.AudioChunk(job.stream_id, job.response_id, audio.tobytes(),
-                                              chunk.sample_rate, ms, chunk.text))
-        self._maybe_finish_response(job.stream_id)
+            self._outputs.append(p.AudioChunk(stream_id, response_id, audio.tobytes(),
+                                              out.sample_rate, ms, out.text))
+        if out.finished:
+            self._tts_jobs.pop(out.job_id, None)
+            response.tts_job = None
+            self._maybe_finish_response(stream_id)

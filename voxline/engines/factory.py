@@ -23,6 +23,7 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     from voxline.engines.models.piper_tts import PiperTTS
     from voxline.engines.models.silero_vad import SileroVAD
     from voxline.engines.models.smollm2 import load_llm
+    from voxline.engines.speech_stage import SentenceSpeechStage
 
     settings = settings or load_settings()
     threads = settings.threads or os.cpu_count() or 1
@@ -32,7 +33,7 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     asr = MoonshineASR.load(threads=threads)
     llm = ChatLLM(load_llm(llm_path, settings.llm_dtype, cache=settings.cache),
                   max_slots=max_slots, max_len=max_len)
-    tts = PiperTTS.load(threads=1)
+    tts = SentenceSpeechStage(PiperTTS.load(threads=1))
     logger.info("all models loaded in %.2f s", time.perf_counter() - t0)
     return Models(vad=vad, asr=asr, llm=llm, tts=tts)
 

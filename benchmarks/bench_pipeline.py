@@ -283,7 +283,8 @@ def print_turn(i: int, t: TurnTiming, clip: Clip) -> None:
     tts_ms = t.ms(t.segment_ready or t.first_text, t.first_audio)
     clock = "" if t.stopped_audio_ms is None else f"{t.stopped_audio_ms - clip.speech_end_ms:+5.0f}"
     print(f"  {i:>2} {t.mode:<9} {clip.speech_s:4.1f}s | {fmt(t.from_speech_end)} {fmt(t.from_stopped)}"
-          f" | {fmt(vad_ms)} {clock:>5} {fmt(asr_ms)} {fmt(llm_ms)} {fmt(seg_ms)} {fmt(tts_ms)}"
+          f" | {fmt(vad_ms)} {clock:>5} {fmt(asr_ms)} {fmt(t.asr_ms)} {fmt(llm_ms)} {fmt(seg_ms)}"
+          f" {fmt(tts_ms)}"
           f" | {t.transcript[:40]!r} -> {t.first_segment[:40]!r}"
           + (f"  ERRORS: {t.errors}" if t.errors else ""), flush=True)
 
@@ -399,10 +400,11 @@ async def amain(args: argparse.Namespace) -> int:
                       f"({t.transcript!r})" + (f" ERRORS: {t.errors}" if t.errors else ""))
         print()
         print(f"  {'#':>2} {'mode':<9} {'speech':>6} | {'end':>5} {'vadst':>5} | {'VAD':>5} "
-              f"{'clock':>5} {'ASR':>5} {'LLM':>5} {'text':>5} {'TTS':>5} | transcript -> "
-              "first spoken segment")
+              f"{'clock':>5} {'ASR':>5} {'model':>5} {'LLM':>5} {'text':>5} {'TTS':>5} | "
+              "transcript -> first spoken segment")
         print("     (ms; end = from end of speech audio, vadst = from speech_stopped; clock = VAD "
-              "audio_end_ms - true speech end on the stream clock)")
+              "audio_end_ms - true speech end on the stream clock; model = ASR model time of "
+              "the final transcript, so ASR - model = queueing)")
         results: dict[str, list[TurnTiming]] = {m: [] for m in clients}
         for i, clip in enumerate(clips):
             order = list(clients) if i % 2 == 0 else list(reversed(clients))

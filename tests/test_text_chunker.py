@@ -165,3 +165,14 @@ def test_rejects_bad_settings() -> None:
         TextChunker(min_clause_chars=0)
     with pytest.raises(ValueError):
         TextChunker(max_chars=1)
+
+
+def test_first_clause_can_be_cut_earlier_than_later_ones():
+    text = "Sure, here it is, the answer: the capital of France is Paris, a big city."
+    early = TextChunker(min_clause_chars=30, first_clause_chars=5)
+    segments = early.push(text) + early.flush()
+    assert segments[0] == "Sure,"
+    late = TextChunker(min_clause_chars=30)
+    assert (late.push(text) + late.flush())[0] != "Sure,"
+    # after the first segment the normal minimum applies again
+    assert all(len(s) >= 30 or s == segments[-1] for s in segments[1:])

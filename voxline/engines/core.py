@@ -46,6 +46,13 @@ logger = logging.getLogger(__name__)
 VAD_FRAME = 512
 FRAME_MS = VAD_FRAME * 1000 / p.INPUT_RATE  # 32 ms
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less audio than this
+# A reply's first clause may be short ("Sure,") so its audio starts early; later
+# segments are longer, which sounds more natural.
+FIRST_CLAUSE_CHARS = 10
+
+
+def new_chunker() -> TextChunker:
+    return TextChunker(first_clause_chars=FIRST_CLAUSE_CHARS)
 
 
 class VADModel(Protocol):
@@ -456,7 +463,7 @@ class EngineCore:
             temperature=temperature,
             generator=generator,
         )
-        stream.response = ResponseRun(msg.response_id, msg.item_id, cfg, request, TextChunker(),
+        stream.response = ResponseRun(msg.response_id, msg.item_id, cfg, request, new_chunker(),
                                       stream.config.speed)
         self.llm.add(request)
 
@@ -466,7 +473,7 @@ class EngineCore:
                         "conversation_already_has_active_response")
             return
         cfg = p.ResponseConfig(seed=msg.seed)
-        run = ResponseRun(msg.response_id, "", cfg, None, TextChunker(), msg.speed,
+        run = ResponseRun(msg.response_id, "", cfg, None, new_chunker(), msg.speed,
                           emitted=msg.text, llm_done=True)
         run.tts_queue.extend(run.chunker.push(msg.text) + run.chunker.flush())
         stream.response = run

@@ -71,15 +71,20 @@ class TextChunker:
     the text and leaves the chunker empty for the next response. Not thread-safe.
     """
 
-    def __init__(self, *, min_clause_chars: int | None = 30, max_chars: int | None = 250) -> None:
+    def __init__(self, *, min_clause_chars: int | None = 30, max_chars: int | None = 250,
+                 first_clause_chars: int | None = None) -> None:
         """`min_clause_chars`: cut at ``, ; : —`` only once a segment has this many
-        characters (None: cut only at sentence ends). `max_chars`: cut a segment with no
-        boundary at its last space once it is this long (None: no limit)."""
+        characters (None: cut only at sentence ends). `first_clause_chars`: the same for
+        the first segment only (a short first clause means earlier first audio; default:
+        `min_clause_chars`). `max_chars`: cut a segment with no boundary at its last
+        space once it is this long (None: no limit)."""
         if min_clause_chars is not None and min_clause_chars < 1:
             raise ValueError(f"min_clause_chars must be >= 1 or None, got {min_clause_chars}")
         if max_chars is not None and max_chars < 2:
             raise ValueError(f"max_chars must be >= 2 or None, got {max_chars}")
         self.min_clause_chars = min_clause_chars
+        self.first_clause_chars = first_clause_chars if first_clause_chars else min_clause_chars
+        self._first = True  # no segment returned yet
         self.max_chars = max_chars
         self._buf = ""  # raw text after the last cut
         self._scanned = 0  # positions of _buf before this are known not to be cuts
@@ -98,12 +103,17 @@ class TextChunker:
         """End of the text: return every remaining segment and reset."""
         out = self._drain(final=True)
         rest = self._buf
-        self._buf, self._scanned = "", 0
+        self._buf, self._scanned, self._first = "", 0, True
         return out + self._emit(rest)
 
     def reset(self) -> None:
         """Drop pending text (e.g. the response was cancelled)."""
         self._buf, self._scanned = "", 0
+        self._first = True
+
+    @property
+    def _clause_chars(self) -> int | None:
+        return self.first_clause_chars if self._first else self.min_clause_chars
 
     # -- internals -------------------------------------------------------------------
 
@@ -114,7 +124,9 @@ class TextChunker:
             if cut is None:
                 return out
             segment, self._buf, self._scanned = self._buf[:cut], self._buf[cut:], 0
-            out.extend(self._emit(segment))
+            emitted = self._emit(segment)
+            self._first = self._first and not emitted
+            out.extend(emitted)
 
     @staticmethod
     def _emit(raw: str) -> list[str]:
@@ -151,7 +163,7 @@ class TextChunker:
                     return None
                 if buf[k].isspace() and not (j == i + 1 and ch == "." and self._keeps_dot(i)):
                     return k
-            elif ch in CLAUSE_ENDS and self.min_clause_chars is not None:
+            elif ch in CLAUSE_ENDS and self._clause_chars is not None:
                 if i + 1 == n:
                     if final:
                         return None
@@ -159,7 +171,7 @@ class TextChunker:
                     return None
                 if (
                     buf[i + 1].isspace()
-                    and len(clean_markdown(buf[: i + 1])) >= self.min_clause_chars
+                    and len(clean_markdown(buf[: i + 1])) >= self._clause_chars
                 ):
                     return i + 1
             i += 1

@@ -30,6 +30,13 @@ class Settings(BaseSettings):
                                   description="audio sent ahead of real-time playout")
     engine: str = Field(default="process", pattern="^(process|inprocess)$",
                         description="run the engine in a supervised child process or a thread")
+    tts: str = Field(default="piper", pattern=r"^(piper|qwen3:.+)$",
+                     description="speech model: 'piper' (shipped voice) or 'qwen3:<checkpoint dir>' "
+                                 "(Qwen3-TTS, official layout)")
+    tts_device: str = Field(default="cpu", description="torch device of a neural TTS (e.g. cuda)")
+    tts_speaker: str | None = Field(default=None, description="Qwen3-TTS preset voice "
+                                    "(default: the checkpoint's first)")
+    tts_language: str = Field(default="auto", description="Qwen3-TTS language, or auto")
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -11,6 +11,7 @@ import torch
 
 from voxline.config import Settings, load_settings
 from voxline.engines.core import EngineCore, Models
+from voxline.engines.speech_stage import SentenceSpeechStage, SpeechStage
 
 logger = logging.getLogger(__name__)
 
@@ -20,10 +21,8 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     """Load VAD, ASR, LLM and TTS (shipped weights unless `llm_path` names a checkpoint)."""
     from voxline.engines.models.chat_llm import ChatLLM
     from voxline.engines.models.moonshine_asr import MoonshineASR
-    from voxline.engines.models.piper_tts import PiperTTS
     from voxline.engines.models.silero_vad import SileroVAD
     from voxline.engines.models.smollm2 import load_llm
-    from voxline.engines.speech_stage import SentenceSpeechStage
 
     settings = settings or load_settings()
     threads = settings.threads or os.cpu_count() or 1
@@ -33,9 +32,28 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     asr = MoonshineASR.load(threads=threads)
     llm = ChatLLM(load_llm(llm_path, settings.llm_dtype, cache=settings.cache),
                   max_slots=max_slots, max_len=max_len)
-    tts = SentenceSpeechStage(PiperTTS.load(threads=1))
+    tts = load_tts(settings)
     logger.info("all models loaded in %.2f s", time.perf_counter() - t0)
     return Models(vad=vad, asr=asr, llm=llm, tts=tts)
+
+
+def load_tts(settings: Settings) -> SpeechStage:
+    """The speech stage `settings.tts` names: Piper (shipped) or a Qwen3-TTS checkpoint."""
+    if settings.tts.startswith("qwen3:"):
+        from voxline.engines.models.qwen3_tts.stage import Qwen3SpeechStage
+
+        model_dir = settings.tts.removeprefix("qwen3:")
+        t0 = time.perf_counter()
+        dtype = torch.bfloat16 if settings.tts_device.startswith("cuda") else torch.float32
+        stage = Qwen3SpeechStage(model_dir, device=settings.tts_device, dtype=dtype,
+                                 speaker=settings.tts_speaker, language=settings.tts_language)
+        logger.info("Qwen3-TTS %s (voice %s) loaded on %s in %.2f s%s", model_dir, stage.speaker,
+                    settings.tts_device, time.perf_counter() - t0,
+                    " -- RANDOM-WEIGHT TEST CHECKPOINT, not a voice" if stage.random_weights else "")
+        return stage
+    from voxline.engines.models.piper_tts import PiperTTS
+
+    return SentenceSpeechStage(PiperTTS.load(threads=1))
 
 
 def make_engine_core(wake: Callable[[], None], **kwargs: object) -> EngineCore:

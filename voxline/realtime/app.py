@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -34,21 +35,34 @@ def get_state(request_or_ws: object) -> ServerState:
     return request_or_ws.app.state.voxline  # type: ignore[attr-defined]
 
 
+async def _start_engine(engine: EngineClient, kind: str) -> None:
+    t0 = time.perf_counter()
+    logger.info("starting engine (%s) ...", kind)
+    try:
+        await engine.start()
+    except Exception:
+        logger.exception("engine failed to start; /health stays 503")
+        return
+    logger.info("engine ready in %.1f s", time.perf_counter() - t0)
+
+
 def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool = True) -> FastAPI:
     """Build the app. With `manage_engine`, the app starts and closes the engine itself."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # The engine loads in the background: the server answers at once (/health says
+        # 503 "engine is starting") and Ctrl-C during a long model load exits promptly.
+        starting: asyncio.Task[None] | None = None
         if manage_engine:
-            t0 = time.perf_counter()
-            logger.info("starting engine (%s) ...", settings.engine)
-            await engine.start()
-            logger.info("engine ready in %.1f s", time.perf_counter() - t0)
+            starting = asyncio.create_task(_start_engine(engine, settings.engine))
         try:
             yield
         finally:
-            if manage_engine:
+            if starting is not None:
                 logger.info("stopping engine ...")
+                starting.cancel()
+                await asyncio.gather(starting, return_exceptions=True)
                 await engine.close()
 
     app = FastAPI(title="voxline", version=__version__, lifespan=lifespan)

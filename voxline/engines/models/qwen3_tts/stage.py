@@ -1,0 +1,274 @@
+"""Qwen3-TTS as the engine's :class:`~voxline.engines.speech_stage.SpeechStage`.
+
+Every job (one text segment) becomes a talker stream. Each :meth:`Qwen3SpeechStage.step`
+is one batched talker step over all live streams (continuous batching: a job started
+between steps is prefilled in the same forward as the others' next frame, a finished or
+cancelled job leaves at once), followed by one batched code2wav call over the streams
+whose next audio chunk is due:
+
+- the first chunk is decoded as soon as ``initial_chunk_frames`` frames exist (first
+  audio one talker step after the prompt's prefill when it is 1), later chunks every
+  ``chunk_frames`` frames, and the remainder when the talker stops (codec EOS or the
+  frame limit), with ``finished=True``;
+- the decoder is stateful (:class:`Code2WavState` per job), so every frame is decoded
+  exactly once and the concatenated chunks equal a one-shot decode of all frames;
+- frames stay on the model's device; only the chunk's audio is copied to the host.
+
+The first output with audio carries ``text=job.text`` (it opens the job's text span),
+later ones ``""``. A job whose text has nothing to speak (blank, or no tokens) ends with
+one empty ``finished`` output.
+
+Seeds: ``job.seed`` seeds the stream's own generator, so a seeded job gives the same
+audio whatever shares its batch; ``None`` draws a fresh seed (the published sampling
+settings, like the reference's default). Greedy decoding is ``sampling=
+TalkerSampling.greedy()`` (or ``temperature=0``), deterministic for every job.
+
+Speed: Qwen3-TTS has no speaking-rate control; ``job.speed`` is ignored (logged once).
+Voice: the stage speaks every job with one preset ``speaker`` and ``language``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from voxline.engines.speech_stage import SpeechJob, SpeechOut
+
+from .checkpoint import Qwen3TTSModel
+from .code2wav import Code2WavState
+from .generation import TalkerGenerator, TalkerSampling, TalkerStream
+from .prompt import TalkerPrompt, assistant_ids, build_prompt
+from .tokenizer import Qwen3TextTokenizer
+
+__all__ = ["RANDOM_WEIGHTS_KEY", "Qwen3SpeechStage"]
+
+logger = logging.getLogger(__name__)
+
+# A key in config.json that marks a random-weight test checkpoint (never a voice).
+RANDOM_WEIGHTS_KEY = "voxline_random_weights"
+
+# Runaway guard: a segment of n text tokens gets at most BASE + PER_TOKEN * n frames
+# (~5x a slow speaking rate: a token is ~0.3 s of speech, 4 frames at 12.5 Hz).
+_FRAMES_BASE = 16
+_FRAMES_PER_TOKEN = 20
+
+
+@dataclass(eq=False)
+class _Job:
+    job: SpeechJob
+    stream: TalkerStream | None = None
+    state: Code2WavState | None = None
+    pending: list[Tensor] = field(default_factory=list)  # frames [G] not yet decoded
+    decoded: int = 0  # frames decoded so far
+    spoke: bool = False  # an output with audio (carrying the text) was emitted
+    done: bool = False  # the talker has stopped; pending frames are the last
+
+
+class Qwen3SpeechStage:
+    """Continuous-batching Qwen3-TTS speech stage (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: Qwen3TTSModel | str | Path,
+        tokenizer: Qwen3TextTokenizer | None = None,
+        *,
+        initial_chunk_frames: int = 1,
+        chunk_frames: int = 4,
+        max_streams: int = 8,
+        max_len: int = 2048,
+        max_frames: int = 2048,
+        speaker: str | None = None,
+        language: str = "auto",
+        sampling: TalkerSampling | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        codec_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        """``model``: a loaded model (then ``tokenizer`` is required) or a checkpoint
+        directory in the official layout (loaded on ``device``: talker in ``dtype``,
+        codec decoder in ``codec_dtype``; tokenizer from the same directory).
+
+        ``speaker`` defaults to the checkpoint's first preset voice (CustomVoice models;
+        none for other kinds), ``language`` to ``"auto"``. ``sampling`` defaults to the
+        published settings; ``temperature``/``top_k``/``top_p`` override it for the
+        talker and the code predictor alike. ``max_streams`` talker slots of ``max_len``
+        positions (prompt + frames) are allocated once; more jobs wait for a free slot.
+        """
+        if initial_chunk_frames < 1 or chunk_frames < 1:
+            raise ValueError("initial_chunk_frames and chunk_frames must be >= 1")
+        self.random_weights = False
+        if not isinstance(model, Qwen3TTSModel):
+            model_dir = Path(model)
+            self.random_weights = _is_random_weights(model_dir)
+            model = Qwen3TTSModel.from_pretrained(
+                model_dir, dtype=dtype, device=device, codec_dtype=codec_dtype
+            )
+            tokenizer = tokenizer or Qwen3TextTokenizer.from_pretrained(model_dir, model.config)
+            if self.random_weights:
+                logger.warning(
+                    "%s is a random-weight TEST checkpoint: its audio is noise, not speech",
+                    model_dir,
+                )
+        if tokenizer is None:
+            raise ValueError("a loaded model needs its tokenizer (Qwen3TextTokenizer)")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.initial_chunk_frames = initial_chunk_frames
+        self.chunk_frames = chunk_frames
+        self.max_frames = max_frames
+        self.decoder = model.code2wav
+        self.sample_rate = model.code2wav.config.output_sample_rate
+        self.samples_per_frame = model.code2wav.samples_per_frame
+
+        spk_ids = model.config.talker.spk_id
+        if speaker is None and model.config.tts_model_type == "custom_voice" and spk_ids:
+            speaker = next(iter(spk_ids))
+        self.speaker = speaker
+        self.language = language
+        base = sampling or TalkerSampling()
+        overrides = {}
+        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+            if value is not None:
+                overrides[name] = overrides[f"subtalker_{name}"] = value
+        self.sampling = dataclasses.replace(base, **overrides)
+        # Fail on an unknown voice or language now, not on the first job.
+        self._build(assistant_ids([tokenizer.chat.newline], tokenizer.chat))
+
+        self.max_streams = max_streams
+        self.generator = TalkerGenerator(model.talker, max_streams=max_streams, max_len=max_len)
+        self._jobs: dict[int, _Job] = {}  # every job not yet finished, in start order
+        self._queue: deque[_Job] = deque()  # started, waiting for a talker slot
+        self._warned_speed = False
+
+    # ------------------------------------------------------------------ SpeechStage
+
+    def start(self, job: SpeechJob) -> None:
+        """Queue a job; it joins the talker batch at the next step with a free slot."""
+        if job.job_id in self._jobs:
+            raise ValueError(f"job {job.job_id} is already running")
+        if job.speed != 1.0 and not self._warned_speed:
+            logger.info("Qwen3-TTS has no speed control: speed %.2f is ignored", job.speed)
+            self._warned_speed = True
+        entry = _Job(job)
+        self._jobs[job.job_id] = entry
+        self._queue.append(entry)
+
+    def cancel(self, job_id: int) -> None:
+        """Drop a job now: its talker slot and decoder state are freed, no more outputs."""
+        entry = self._jobs.pop(job_id, None)
+        if entry is None:
+            return
+        if entry.stream is not None:
+            self.generator.release(entry.stream)
+        elif entry in self._queue:
+            self._queue.remove(entry)
+        entry.pending.clear()
+        entry.state = None
+
+    def has_work(self) -> bool:
+        return bool(self._jobs)
+
+    def step(self) -> list[SpeechOut]:
+        """One batched talker step over every live job, then the chunks that are due."""
+        self._admit()
+        live = [j for j in self._jobs.values() if j.stream is not None and not j.done]
+        if live:
+            by_id = {id(j.stream): j for j in live}
+            for r in self.generator.step([j.stream for j in live]):  # type: ignore[misc]
+                entry = by_id[id(r.stream)]
+                if r.frame is not None:
+                    entry.pending.append(r.frame)
+                if r.finish is not None:
+                    entry.done = True
+                    self.generator.release(r.stream)
+        return self._decode_due()
+
+    # ------------------------------------------------------------------ helpers
+
+    def prepare(self, job: SpeechJob) -> tuple[TalkerPrompt, TalkerSampling] | None:
+        """The talker prompt and sampling settings a job runs with; None: nothing to say."""
+        ids = self.tokenizer.assistant_ids(job.text)
+        if ids is None:
+            return None
+        n_text = len(ids) - 8  # the template adds 8 ids around the text
+        limit = min(self.max_frames, _FRAMES_BASE + _FRAMES_PER_TOKEN * n_text)
+        return self._build(ids), dataclasses.replace(self.sampling, seed=job.seed, max_frames=limit)
+
+    def _build(self, input_ids: list[int]) -> TalkerPrompt:
+        return build_prompt(
+            self.model.talker, self.model.config, input_ids, language=self.language,
+            speaker=self.speaker,
+        )
+
+    def _admit(self) -> None:
+        """Give queued jobs free talker slots (their prompts prefill in this step)."""
+        used = sum(1 for j in self._jobs.values() if j.stream is not None and j.stream.slot >= 0)
+        while self._queue and used < self.max_streams:
+            entry = self._queue.popleft()
+            try:
+                prepared = self.prepare(entry.job)
+                if prepared is not None:
+                    entry.state = self.decoder.new_state()
+                    entry.stream = self.generator.start(*prepared, stream_id=entry.job.job_id)
+                    used += 1
+            except Exception:  # one bad segment must not fail every other job
+                logger.exception("Qwen3-TTS could not start job %d", entry.job.job_id)
+                prepared = None
+            if prepared is None:
+                entry.done = True  # finishes with no audio in this step
+
+    def _decode_due(self) -> list[SpeechOut]:
+        due: list[_Job] = []
+        for entry in self._jobs.values():
+            if entry.stream is None and not entry.done:
+                continue  # still queued
+            want = self.initial_chunk_frames if entry.decoded == 0 else self.chunk_frames
+            if entry.pending and (entry.done or len(entry.pending) >= want):
+                due.append(entry)
+        audio: dict[int, np.ndarray] = {}
+        if due:
+            chunks = [torch.stack(e.pending, dim=1) for e in due]  # [G, T] on the device
+            wavs = self.decoder.decode_batch([e.state for e in due], chunks)  # type: ignore[misc]
+            host = torch.cat(wavs).float().cpu().numpy()  # one device -> host copy
+            offset = 0
+            for entry, wav in zip(due, wavs, strict=True):
+                audio[entry.job.job_id] = host[offset : offset + wav.shape[0]]
+                offset += wav.shape[0]
+                entry.decoded += len(entry.pending)
+                entry.pending = []
+
+        outs: list[SpeechOut] = []
+        for job_id, entry in list(self._jobs.items()):
+            wav = audio.get(job_id)
+            finished = entry.done and not entry.pending
+            if wav is None and not finished:
+                continue
+            if wav is None:
+                wav = np.zeros(0, np.float32)
+            text = ""
+            if len(wav) and not entry.spoke:
+                text, entry.spoke = entry.job.text, True
+            outs.append(SpeechOut(job_id, wav, self.sample_rate, text, finished))
+            if finished:
+                del self._jobs[job_id]
+                entry.state = None
+        return outs
+
+
+def _is_random_weights(model_dir: Path) -> bool:
+    try:
+        return bool(json.loads((model_dir / "config.json").read_text()).get(RANDOM_WEIGHTS_KEY))
+    except (OSError, ValueError):
+        return False
+

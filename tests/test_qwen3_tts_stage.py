@@ -151,9 +151,32 @@ def test_streamed_chunks_equal_full_decode_of_the_generated_frames(model_dir, in
     (frames,) = gen.generate([prompt], sampling)
     full = stage.decoder.decode_full(frames.T).numpy()
     streamed = audio(got)
-    assert len(frames) >= initial and streamed.shape == full.shape == (len(frames) * spf,)
+    assert (len(frames) == 24) == (text == TEXTS[1]), "one case per way of stopping"
+    assert streamed.shape == full.shape == (len(frames) * spf,)
     assert np.abs(streamed - full).max() <= 1e-4
     assert np.abs(full).max() > 1e-3  # not silence: the comparison means something
+
+
+def test_ramp_grows_chunks_up_to_chunk_frames(model_dir):
+    stage = make_stage(model_dir, initial_chunk_frames=1, chunk_frames=4, ramp=True)
+    got = of(run(stage, {0: [SpeechJob(1, TEXTS[1])]}), 1)
+    frames = [len(o.audio) // stage.samples_per_frame for o in got]
+    assert frames[:5] == [1, 1, 2, 4, 4] and sum(frames) == 24
+
+
+def test_a_failed_step_drops_every_job(model_dir):
+    stage = make_stage(model_dir)
+    stage.start(SpeechJob(1, TEXTS[0]))
+    stage.start(SpeechJob(2, TEXTS[1]))
+    stage.step()
+    decode_batch = stage.decoder.decode_batch
+    stage.decoder.decode_batch = lambda *a: 1 / 0  # type: ignore[method-assign]
+    with pytest.raises(ZeroDivisionError):
+        for _ in range(5):
+            stage.step()
+    assert not stage.has_work()
+    stage.decoder.decode_batch = decode_batch  # type: ignore[method-assign]
+    assert of(run(stage, {0: [SpeechJob(3, TEXTS[0])]}), 3)[-1].finished
 
 
 def test_jobs_joining_at_different_steps_equal_each_alone(model_dir):

@@ -8,8 +8,8 @@ whose next audio chunk is due:
 
 - the first chunk is decoded as soon as ``initial_chunk_frames`` frames exist (first
   audio one talker step after the prompt's prefill when it is 1), later chunks every
-  ``chunk_frames`` frames, and the remainder when the talker stops (codec EOS or the
-  frame limit), with ``finished=True``;
+  ``chunk_frames`` frames (or growing up to it, with ``ramp``), and the remainder when
+  the talker stops (codec EOS or the frame limit), with ``finished=True``;
 - the decoder is stateful (:class:`Code2WavState` per job), so every frame is decoded
   exactly once and the concatenated chunks equal a one-shot decode of all frames;
 - frames stay on the model's device; only the chunk's audio is copied to the host.
@@ -82,6 +82,7 @@ class Qwen3SpeechStage:
         *,
         initial_chunk_frames: int = 1,
         chunk_frames: int = 4,
+        ramp: bool = False,
         max_streams: int = 8,
         max_len: int = 2048,
         max_frames: int = 2048,
@@ -104,6 +105,9 @@ class Qwen3SpeechStage:
         published settings; ``temperature``/``top_k``/``top_p`` override it for the
         talker and the code predictor alike. ``max_streams`` talker slots of ``max_len``
         positions (prompt + frames) are allocated once; more jobs wait for a free slot.
+        ``ramp``: after the first chunk, each chunk holds at most as many frames as were
+        already emitted (e.g. 1, 1, 2, 4, 4, ...), so at a real-time factor below 1 the
+        listener never waits for the next chunk while the chunks grow to ``chunk_frames``.
         """
         if initial_chunk_frames < 1 or chunk_frames < 1:
             raise ValueError("initial_chunk_frames and chunk_frames must be >= 1")
@@ -126,6 +130,7 @@ class Qwen3SpeechStage:
         self.tokenizer = tokenizer
         self.initial_chunk_frames = initial_chunk_frames
         self.chunk_frames = chunk_frames
+        self.ramp = ramp
         self.max_frames = max_frames
         self.decoder = model.code2wav
         self.sample_rate = model.code2wav.config.output_sample_rate
@@ -180,7 +185,18 @@ class Qwen3SpeechStage:
         return bool(self._jobs)
 
     def step(self) -> list[SpeechOut]:
-        """One batched talker step over every live job, then the chunks that are due."""
+        """One batched talker step over every live job, then the chunks that are due.
+
+        If it raises, every job is dropped (the caller fails them all) and the stage is
+        idle and reusable."""
+        try:
+            return self._step()
+        except BaseException:
+            for job_id in list(self._jobs):
+                self.cancel(job_id)
+            raise
+
+    def _step(self) -> list[SpeechOut]:
         self._admit()
         live = [j for j in self._jobs.values() if j.stream is not None and not j.done]
         if live:
@@ -193,6 +209,16 @@ class Qwen3SpeechStage:
                     entry.done = True
                     self.generator.release(r.stream)
         return self._decode_due()
+
+    def synthesize_all(self, text: str, *, seed: int | None = None) -> np.ndarray:
+        """Speak ``text`` as one job to the end (offline use; the stage must be idle)."""
+        if self._jobs:
+            raise RuntimeError("synthesize_all needs an idle stage")
+        self.start(SpeechJob(-1, text, seed=seed))
+        parts: list[np.ndarray] = []
+        while self._jobs:
+            parts += [o.audio for o in self.step()]
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
     # ------------------------------------------------------------------ helpers
 
@@ -233,7 +259,12 @@ class Qwen3SpeechStage:
         for entry in self._jobs.values():
             if entry.stream is None and not entry.done:
                 continue  # still queued
-            want = self.initial_chunk_frames if entry.decoded == 0 else self.chunk_frames
+            if entry.decoded == 0:
+                want = self.initial_chunk_frames
+            elif self.ramp:
+                want = min(self.chunk_frames, entry.decoded)
+            else:
+                want = self.chunk_frames
             if entry.pending and (entry.done or len(entry.pending) >= want):
                 due.append(entry)
         audio: dict[int, np.ndarray] = {}

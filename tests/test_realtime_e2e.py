@@ -41,6 +41,16 @@ def spoken(text: str, rate: int = 24000, lead_s: float = 0.4, tail_s: float = 1.
                            np.zeros(int(tail_s * rate), np.float32)])
 
 
+def words(text: str) -> set[str]:
+    return {w.strip(".,!?;:'\"").lower() for w in text.split() if len(w.strip(".,!?;:'\"")) >= 3}
+
+
+def sounds_like(heard: str, said: str) -> bool:
+    """ASR of our own TTS is not word-perfect; half of the content words is speech."""
+    want = words(said)
+    return bool(want) and len(want & words(heard)) >= len(want) / 2
+
+
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
@@ -131,8 +141,8 @@ async def test_openai_sdk_voice_turn(server, asr):
     assert transcript == deltas.strip() and "paris" in transcript.lower()
     # what the client received is speech saying the reply
     wave = soxr.resample(pcm16_to_float(bytes(audio)), 24000, 16000)
-    heard = asr.transcribe(wave).lower()
-    assert "paris" in heard, heard
+    heard = asr.transcribe(wave)
+    assert sounds_like(heard, transcript), (heard, transcript)
 
 
 async def test_barge_in_cancels_and_keeps_only_what_was_heard(server):
@@ -265,8 +275,9 @@ async def test_mulaw_in_and_out_in_the_beta_dialect(server, asr):
         deltas = c.of("response.audio.delta")
         assert deltas and not c.of("response.output_audio.delta")
         audio = ulaw_to_float(b"".join(base64.b64decode(e["delta"]) for e in deltas))
-        heard = asr.transcribe(soxr.resample(audio, 8000, 16000)).lower()
-        assert "paris" in heard, heard
+        heard = asr.transcribe(soxr.resample(audio, 8000, 16000))
+        said = done["response"]["output"][0]["content"][0]["transcript"]
+        assert sounds_like(heard, said), (heard, said)
     finally:
         await ws.close()
 

@@ -176,3 +176,11 @@ def test_first_clause_can_be_cut_earlier_than_later_ones():
     assert (late.push(text) + late.flush())[0] != "Sure,"
     # after the first segment the normal minimum applies again
     assert all(len(s) >= 30 or s == segments[-1] for s in segments[1:])
+
+
+def test_first_segment_without_any_boundary_is_cut_at_a_space():
+    text = "Aleph Aleph Lavater Lavater " * 10
+    chunker = TextChunker(first_max_chars=40)
+    first = chunker.push(text)[0]
+    assert len(first) <= 40 and text.startswith(first) and not first.endswith("Lav")
+    assert all(len(s) <= 250 for s in chunker.flush())

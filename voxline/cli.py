@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 
@@ -53,30 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--rate", type=int, default=24000, help="output sample rate (default: %(default)s)")
     say.add_argument("--tts", type=_tts_choice, default="piper",
                      help="piper (default) or qwen3:<checkpoint dir>")
-    say.add_argument("--seed", type=int, default=None, help="Qwen3-TTS sampling seed (default: random)")
+    say.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     return parser
-
-
-def _say_qwen3(args: argparse.Namespace) -> int:
-    """`voxline say --tts qwen3:DIR`: one utterance through the Qwen3-TTS speech stage."""
-    from voxline.codecs.resample import resample
-    from voxline.codecs.wav import write_wav
-    from voxline.config import load_settings
-    from voxline.engines.factory import load_tts
-    from voxline.engines.models.qwen3_tts.stage import Qwen3SpeechStage
-    from voxline.errors import VoxlineError
-
-    try:
-        stage = load_tts(load_settings(tts=args.tts))
-        assert isinstance(stage, Qwen3SpeechStage)
-        audio = stage.synthesize_all(args.text, seed=args.seed)
-    except (VoxlineError, FileNotFoundError, ValueError) as exc:
-        print(f"voxline say: error: {exc}", file=sys.stderr)
-        return 1
-    write_wav(args.output, resample(audio, stage.sample_rate, args.rate), args.rate)
-    note = " -- random-weight test checkpoint: noise, not speech" if stage.random_weights else ""
-    print(f"wrote {args.output} ({len(audio) / stage.sample_rate:.1f} s, {args.rate} Hz){note}")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,10 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     from voxline.logs import setup_logging
 
     setup_logging(args.verbose)
-    if args.command == "serve" and args.tts:
-        os.environ["VOXLINE_TTS"] = args.tts  # read by the engine's settings (child process too)
-    if args.command == "say" and args.tts != "piper":
-        return _say_qwen3(args)
     from voxline import commands
 
     return commands.run(args)

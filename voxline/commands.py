@@ -115,12 +115,23 @@ async def _converse(args: argparse.Namespace) -> int:
 
 
 def _say(args: argparse.Namespace) -> int:
-    from voxline.engines.models.piper_tts import PiperTTS
+    from voxline.config import load_settings
+    from voxline.engines.factory import load_tts
+    from voxline.engines.speech_stage import SpeechJob
 
-    tts = PiperTTS.load()
-    audio = tts.synthesize_all(args.text)
-    write_wav(args.output, resample(audio, tts.sample_rate, args.rate), args.rate)
-    print(f"wrote {args.output} ({len(audio) / tts.sample_rate:.1f} s, {args.rate} Hz)")
+    stage = load_tts(load_settings(tts=args.tts))
+    stage.start(SpeechJob(1, args.text, seed=args.seed))
+    parts: list[np.ndarray] = []
+    while stage.has_work():
+        parts.extend(out.audio for out in stage.step())
+    audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+    if not len(audio):
+        raise VoxlineError(f"nothing to say in {args.text!r}")
+    write_wav(args.output, resample(audio, stage.sample_rate, args.rate), args.rate)
+    note = ""
+    if getattr(stage, "random_weights", False):
+        note = " -- random-weight test checkpoint: noise, not speech"
+    print(f"wrote {args.output} ({len(audio) / stage.sample_rate:.1f} s, {args.rate} Hz){note}")
     return 0
 
 

@@ -49,10 +49,11 @@ MIN_COMMIT_MS = 100  # OpenAI refuses to commit less audio than this
 # A reply's first clause may be short ("Sure,") so its audio starts early; later
 # segments are longer, which sounds more natural.
 FIRST_CLAUSE_CHARS = 10
+FIRST_MAX_CHARS = 60  # a first sentence with no boundary is cut at a space by then
 
 
 def new_chunker() -> TextChunker:
-    return TextChunker(first_clause_chars=FIRST_CLAUSE_CHARS)
+    return TextChunker(first_clause_chars=FIRST_CLAUSE_CHARS, first_max_chars=FIRST_MAX_CHARS)
 
 
 class VADModel(Protocol):
@@ -372,7 +373,10 @@ class EngineCore:
             self._queue_final(stream, utt.item_id, utt.audio())
             return
         interval = stream.config.partial_interval_ms * p.INPUT_RATE // 1000
+        # Partials only on voiced frames: one started in the pause before the end of a
+        # turn would still be running when the final transcript is needed.
         if (stream.config.transcribe_partials and not utt.partial_queued
+                and prob >= det.params.threshold
                 and utt.samples - utt.last_partial_samples >= interval):
             utt.partial_queued = True
             utt.last_partial_samples = utt.samples
@@ -670,6 +674,7 @@ class EngineCore:
         except Exception as exc:
             logger.exception("TTS step failed")
             for job_id, (stream_id, _rid) in list(self._tts_jobs.items()):
+                self._tts_cancels.append(job_id)  # the stage must drop it too
                 self._error(stream_id, f"speech synthesis failed: {exc}", "tts_error")
                 self._on_speech(SpeechOut(job_id, np.zeros(0, np.float32), 1, "", True), 0.0)
             return

@@ -25,7 +25,10 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     from voxline.engines.models.smollm2 import load_llm
 
     settings = settings or load_settings()
-    threads = settings.threads or os.cpu_count() or 1
+    # Half the cores per model: LLM decoding and TTS then run side by side instead of
+    # oversubscribing every core (measured: 2 torch threads on a busy 2-core machine
+    # decode ~5x slower than 1).
+    threads = settings.threads or max(1, (os.cpu_count() or 2) // 2)
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     vad = SileroVAD.load(threads=1)
@@ -34,7 +37,28 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
                   max_slots=max_slots, max_len=max_len)
     tts = load_tts(settings)
     logger.info("all models loaded in %.2f s", time.perf_counter() - t0)
-    return Models(vad=vad, asr=asr, llm=llm, tts=tts)
+    models = Models(vad=vad, asr=asr, llm=llm, tts=tts)
+    warm_up(models)
+    return models
+
+
+def warm_up(models: Models) -> None:
+    """Run each model once so the first user turn does not pay for lazy initialisation."""
+    import numpy as np
+
+    from voxline.engines.speech_stage import SpeechJob
+
+    t0 = time.perf_counter()
+    models.vad.process(np.zeros((1, 512), np.float32), [models.vad.new_state()])
+    models.asr.transcribe((np.random.default_rng(0).standard_normal(16000) * 0.01).astype(np.float32))
+    slot = models.llm.alloc_slot()
+    if slot is not None:
+        models.llm.forward([slot], [models.llm.render_message("user", "Hello.")])
+        models.llm.free_slot(slot)
+    models.tts.start(SpeechJob(-1, "Hello."))
+    while models.tts.has_work():
+        models.tts.step()
+    logger.info("models warmed up in %.2f s", time.perf_counter() - t0)
 
 
 def load_tts(settings: Settings) -> SpeechStage:

@@ -72,12 +72,14 @@ class TextChunker:
     """
 
     def __init__(self, *, min_clause_chars: int | None = 30, max_chars: int | None = 250,
-                 first_clause_chars: int | None = None) -> None:
+                 first_clause_chars: int | None = None,
+                 first_max_chars: int | None = None) -> None:
         """`min_clause_chars`: cut at ``, ; : —`` only once a segment has this many
         characters (None: cut only at sentence ends). `first_clause_chars`: the same for
         the first segment only (a short first clause means earlier first audio; default:
         `min_clause_chars`). `max_chars`: cut a segment with no boundary at its last
-        space once it is this long (None: no limit)."""
+        space once it is this long (None: no limit); `first_max_chars` the same for the
+        first segment (a reply without punctuation still starts speaking early)."""
         if min_clause_chars is not None and min_clause_chars < 1:
             raise ValueError(f"min_clause_chars must be >= 1 or None, got {min_clause_chars}")
         if max_chars is not None and max_chars < 2:
@@ -85,7 +87,8 @@ class TextChunker:
         self.min_clause_chars = min_clause_chars
         self.first_clause_chars = first_clause_chars if first_clause_chars else min_clause_chars
         self._first = True  # no segment returned yet
-        self.max_chars = max_chars
+        self._max_chars = max_chars
+        self.first_max_chars = first_max_chars if first_max_chars else max_chars
         self._buf = ""  # raw text after the last cut
         self._scanned = 0  # positions of _buf before this are known not to be cuts
 
@@ -110,6 +113,10 @@ class TextChunker:
         """Drop pending text (e.g. the response was cancelled)."""
         self._buf, self._scanned = "", 0
         self._first = True
+
+    @property
+    def max_chars(self) -> int | None:
+        return self.first_max_chars if self._first else self._max_chars
 
     @property
     def _clause_chars(self) -> int | None:

@@ -18,7 +18,9 @@ logger = logging.getLogger(__name__)
 
 def make_engine(settings: Settings) -> EngineClient:
     kwargs = {"llm_dtype": settings.llm_dtype, "threads": settings.threads,
-              "cache": str(settings.cache)}
+              "cache": str(settings.cache), "tts": settings.tts,
+              "tts_device": settings.tts_device, "tts_speaker": settings.tts_speaker,
+              "tts_language": settings.tts_language}
     if settings.engine == "inprocess":
         return InProcessEngineClient(DEFAULT_CORE, kwargs)
     return MultiprocessEngineClient(DEFAULT_CORE, kwargs, start_timeout=600)
@@ -30,6 +32,7 @@ def serve(args: argparse.Namespace) -> int:
         max_sessions=getattr(args, "max_sessions", None),
         engine=getattr(args, "engine", None),
         output_lead_ms=getattr(args, "output_lead_ms", None),
+        tts=getattr(args, "tts", None),
     )
     app = create_app(settings, make_engine(settings))
     logger.info("voxline listening on http://%s:%d (realtime: ws://%s:%d/v1/realtime)",

@@ -82,3 +82,13 @@ def test_session_update_and_errors_over_the_echo_engine():
         err = ws.receive_json()
         assert err["error"]["code"] == "response_cancel_not_active"
         assert err["error"]["event_id"] == "x"
+
+
+def test_session_time_limit_ends_the_session_with_an_error():
+    with make_client(max_session_seconds=0.5) as client, client.websocket_connect("/v1/realtime") as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        err = ws.receive_json()
+        assert err["type"] == "error" and err["error"]["code"] == "session_expired"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        assert closed.value.code == 1000

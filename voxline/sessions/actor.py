@@ -127,6 +127,11 @@ class SessionActor:
         self.commands.append(ep.OpenStream(self.stream_id, stream_config(self.settings)))
         self._emit(ev.SessionCreated(session_id=self.session_id, session=self.settings))
 
+    def expire(self, max_seconds: float) -> None:
+        """The session hit its time limit; the transport closes it after this event."""
+        self._error(f"session reached its maximum duration of {max_seconds:.0f} s",
+                    code="session_expired")
+
     def protocol_error(self, exc: ProtocolError) -> None:
         """A client message that failed to parse (transport-level)."""
         self._emit(ev.ErrorEvent.from_exception(exc))

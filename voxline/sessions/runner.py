@@ -71,8 +71,7 @@ class SessionRunner:
             done, _ = await asyncio.wait(tasks, timeout=self._max_seconds,
                                          return_when=asyncio.FIRST_COMPLETED)
             if not done:
-                actor._error(f"session reached its maximum duration of {self._max_seconds:.0f} s",
-                             code="session_expired", type="invalid_request_error")
+                actor.expire(self._max_seconds)
                 self._flush()
                 raise SessionEnded(1000, "session expired")
             for task in done:

@@ -352,7 +352,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="let every reply finish instead of cancelling it after first audio")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured turns per mode first")
     ap.add_argument("--threads", type=int, default=0,
-                    help="engine threads (core setting `threads`; 0 = VOXLINE_THREADS or CPU count)")
+                    help="engine threads (core setting `threads`; 0 = VOXLINE_THREADS, else half the CPUs)")
     args = ap.parse_args(argv)
     args.modes = [m.strip() for m in args.mode.split(",") if m.strip()]
     if not args.modes or any(m not in MODES for m in args.modes):
@@ -388,10 +388,11 @@ async def amain(args: argparse.Namespace) -> int:
             clients[mode] = client
             print(f"{mode} engine ready in {time.perf_counter() - t0:.1f} s")
         from voxline.config import load_settings
+        from voxline.engines.factory import model_threads
 
-        threads = args.threads or load_settings().threads or os.cpu_count()
-        print(f"engine threads: torch and onnxruntime ASR {threads} (VOXLINE_THREADS or CPU "
-              "count), VAD and TTS 1")
+        threads = model_threads(load_settings(threads=args.threads or None))
+        print(f"engine threads: torch and onnxruntime ASR {threads} (VOXLINE_THREADS, else "
+              "half the CPUs), VAD and TTS 1")
         for mode, client in clients.items():
             for w in range(args.warmup):
                 t = await run_turn(client, mode, f"warmup-{mode}-{w}", warm_clip,

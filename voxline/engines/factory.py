@@ -16,6 +16,15 @@ from voxline.engines.speech_stage import SentenceSpeechStage, SpeechStage
 logger = logging.getLogger(__name__)
 
 
+def model_threads(settings: Settings) -> int:
+    """Intra-op threads of the LLM and ASR: `settings.threads`, else half the cores.
+
+    Half, so LLM decoding and TTS run side by side instead of oversubscribing every core
+    (measured: 2 torch threads on a busy 2-core machine decode ~5x slower than 1).
+    """
+    return settings.threads or max(1, (os.cpu_count() or 2) // 2)
+
+
 def load_models(settings: Settings | None = None, *, llm_path: str | None = None,
                 max_slots: int = 8, max_len: int = 2048) -> Models:
     """Load VAD, ASR, LLM and TTS (shipped weights unless `llm_path` names a checkpoint)."""
@@ -25,10 +34,7 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     from voxline.engines.models.smollm2 import load_llm
 
     settings = settings or load_settings()
-    # Half the cores per model: LLM decoding and TTS then run side by side instead of
-    # oversubscribing every core (measured: 2 torch threads on a busy 2-core machine
-    # decode ~5x slower than 1).
-    threads = settings.threads or max(1, (os.cpu_count() or 2) // 2)
+    threads = model_threads(settings)
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     vad = SileroVAD.load(threads=1)

@@ -100,3 +100,19 @@ def test_fatal_engine_error_ends_the_session():
     assert actor.closed is not None and actor.closed.code == "engine_dead"
     err, = actor.take_events()
     assert err.error.type == "server_error"
+
+
+def test_idle_timeout_triggers_a_response():
+    actor = make_actor()
+    actor.receive(ev.parse_client_event(
+        '{"type": "session.update", "session": {"type": "realtime", "audio": {"input": '
+        '{"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}}}'), 0.0)
+    actor.take_events()
+    actor.take_commands()
+    assert actor.next_deadline(1.0) == 5.0
+    actor.tick(4.9)
+    assert actor.take_events() == []
+    actor.tick(5.0)
+    events = actor.take_events()
+    assert names(events)[:2] == ["InputAudioTimeoutTriggered", "ResponseCreated"]
+    assert isinstance(actor.take_commands()[0], ep.CreateResponse)

@@ -218,3 +218,18 @@ def test_speak_synthesizes_text_without_the_llm():
     assert done.status == p.ResponseStatus.COMPLETED and done.output_tokens == 0
     assert not h.lm.calls and not h.core.streams["t"].conversation.items
     h.close()
+
+
+def test_long_conversations_keep_the_newest_turns_that_fit():
+    h = Harness(stop_after=4)
+    h.lm.max_len = 64
+    h.send(p.OpenStream("s", p.StreamConfig(turn_detection=None, max_output_tokens=8)))
+    for i in range(12):  # far more than 64 tokens of conversation
+        h.send(p.AddItem("s", f"u{i}", "user", "one two three four five six"))
+    h.send(p.CreateResponse("s", "r", "a"))
+    h.run_until(has(p.ResponseDone))
+    done, = h.of(p.ResponseDone)
+    assert done.status == p.ResponseStatus.COMPLETED and done.input_tokens <= 64 - 8
+    assert not h.of(p.StreamError)
+    assert len(h.core.streams["s"].conversation.items) == 13  # nothing was deleted
+    h.close()

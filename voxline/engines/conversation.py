@@ -79,18 +79,20 @@ class Conversation:
         item.tokens = self._render(item.role, text)
         return item
 
-    def render(self, system: list[int]) -> list[int]:
+    def render(self, system: list[int], budget: int | None = None) -> list[int]:
+        """System tokens + messages. With `budget`, only the newest messages that fit
+        (OpenAI's `truncation: auto`): older ones stay in the conversation, unread."""
+        items = self.items
+        if budget is not None:
+            total, start = len(system), len(items)
+            while start > 0 and total + len(items[start - 1].tokens) <= budget:
+                start -= 1
+                total += len(items[start].tokens)
+            items = items[start:]
         out = list(system)
-        for item in self.items:
+        for item in items:
             out.extend(item.tokens)
         return out
-
-    def drop_oldest(self) -> bool:
-        """Forget the oldest message (context overflow). False when nothing is left."""
-        if not self.items:
-            return False
-        self.items.pop(0)
-        return True
 
 
 def heard_text(spans: list[AudioSpan], audio_end_ms: float) -> str:

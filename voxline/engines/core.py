@@ -454,6 +454,9 @@ class EngineCore:
         system = llm.render_message("system", cfg.instructions or stream.config.instructions)
         header = llm.generation_header()
         conversation = stream.conversation
+        max_tokens = cfg.max_output_tokens or stream.config.max_output_tokens
+        # room for the header and the reply (capped so a huge limit can't starve context)
+        budget = llm.max_len - len(header) - min(max_tokens, llm.max_len // 4)
         temperature = stream.config.temperature if cfg.temperature is None else cfg.temperature
         generator = None
         if cfg.seed is not None:
@@ -462,8 +465,8 @@ class EngineCore:
         request = GenerationRequest(
             request_id=f"{stream.stream_id}#{stream.responses}",
             slot=stream.slot,
-            prompt=lambda: conversation.render(system) + header,
-            max_tokens=cfg.max_output_tokens or stream.config.max_output_tokens,
+            prompt=lambda: conversation.render(system, budget) + header,
+            max_tokens=max_tokens,
             temperature=temperature,
             generator=generator,
         )

@@ -84,9 +84,10 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
             {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "voxline"},
         ]}
 
-    from voxline.realtime import audio_api, metrics, websocket
+    from voxline.realtime import audio_api, metrics, web, websocket
 
     app.include_router(audio_api.router)
     app.include_router(metrics.router)
     app.include_router(websocket.router)
+    app.include_router(web.router)
     return app

@@ -1,0 +1,33 @@
+"""The browser voice-chat page: `GET /` and its script, served from `voxline.web_demo`.
+
+The page is static (no build step); it talks to `WS /v1/realtime` on the same origin.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+router = APIRouter()
+
+_PACKAGE = "voxline.web_demo"
+# Browsers must see edits at once after an upgrade; the files are tiny.
+_HEADERS = {"Cache-Control": "no-cache"}
+
+
+def _asset(name: str) -> bytes:
+    return files(_PACKAGE).joinpath(name).read_bytes()
+
+
+@router.get("/", include_in_schema=False)
+async def index() -> Response:
+    return Response(_asset("index.html"), media_type="text/html; charset=utf-8",
+                    headers=_HEADERS)
+
+
+@router.get("/web/app.js", include_in_schema=False)
+async def app_js() -> Response:
+    return Response(_asset("app.js"), media_type="text/javascript; charset=utf-8",
+                    headers=_HEADERS)

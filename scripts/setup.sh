@@ -6,7 +6,10 @@ VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 
 need_apt=()
-command -v espeak-ng >/dev/null 2>&1 || need_apt+=(espeak-ng)
+command -v espeak-ng >/dev/null 2>&1 || need_apt+=(espeak-ng)  # spoken test fixtures
+# the web page's end-to-end test drives Debian's Chromium with a fake microphone
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+  || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "[setup] apt-get install ${need_apt[*]}"

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 import wave
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 from conftest import TIME_FACTOR
 from starlette.testclient import TestClient
+from websockets.sync.client import ClientConnection, connect
 
 from voxline.config import load_settings
 from voxline.engines.client import InProcessEngineClient
@@ -48,6 +49,7 @@ def test_page_and_script_are_served_with_their_types():
         assert script.status_code == 200
         assert script.headers["content-type"] == "text/javascript; charset=utf-8"
         assert "input_audio_buffer.append" in script.text and "voxlineStats" in script.text
+        assert client.head("/").status_code == 200
         assert client.get("/web/missing.js").status_code == 404
 
 
@@ -67,18 +69,21 @@ def chromium_path() -> str:
     pytest.skip(reason)
 
 
-def fake_microphone_wav(path: Path, text: str, lead_s: float = 1.0, tail_s: float = 10.0) -> Path:
-    """`text` spoken by espeak-ng between silences, as 48 kHz mono PCM16 (Chromium's fake
-    capture device plays it; the long tail lets server VAD end the turn and the bot reply)."""
+def fake_microphone_wav(path: Path, phrases: tuple[tuple[str, float], ...],
+                        lead_s: float = 1.0) -> Path:
+    """Each phrase spoken by espeak-ng and followed by its seconds of silence, as 48 kHz
+    mono PCM16 for Chromium's fake capture device (played once: `%noloop`)."""
     import soxr
     from speech import espeak_wav
 
-    with wave.open(str(espeak_wav(text)), "rb") as w:
-        rate = w.getframerate()
-        speech = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768
-    speech = soxr.resample(speech, rate, 48000).astype(np.float32)
-    audio = np.concatenate([np.zeros(int(lead_s * 48000), np.float32), speech,
-                            np.zeros(int(tail_s * 48000), np.float32)])
+    parts = [np.zeros(int(lead_s * 48000), np.float32)]
+    for text, silence_s in phrases:
+        with wave.open(str(espeak_wav(text)), "rb") as w:
+            rate = w.getframerate()
+            pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768
+        parts += [soxr.resample(pcm, rate, 48000).astype(np.float32),
+                  np.zeros(int(silence_s * 48000), np.float32)]
+    audio = np.concatenate(parts)
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
@@ -90,12 +95,11 @@ def fake_microphone_wav(path: Path, text: str, lead_s: float = 1.0, tail_s: floa
 class DevTools:
     """A minimal Chrome DevTools Protocol client for one page target."""
 
-    def __init__(self, ws_url: str) -> None:
-        from websockets.sync.client import connect
-
-        self.ws = connect(ws_url, max_size=None, open_timeout=30)
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
         self.ids = itertools.count(1)
         self.console: list[str] = []
+        self.loaded = False
 
     def call(self, method: str, timeout: float = 30.0, **params: Any) -> dict[str, Any]:
         msg_id = next(self.ids)
@@ -109,9 +113,20 @@ class DevTools:
                 return message["result"]
             self._note(message)
 
+    def navigate(self, url: str, timeout: float = 30.0) -> None:
+        """Open `url` and wait for its load event (so page JS is there to evaluate)."""
+        self.call("Page.enable")
+        self.loaded = False
+        self.call("Page.navigate", url=url)
+        deadline = time.monotonic() + timeout * TIME_FACTOR
+        while not self.loaded:
+            self._note(json.loads(self.ws.recv(timeout=max(0.1, deadline - time.monotonic()))))
+
     def _note(self, message: dict[str, Any]) -> None:
         params = message.get("params", {})
-        if message.get("method") == "Runtime.consoleAPICalled":
+        if message.get("method") == "Page.loadEventFired":
+            self.loaded = True
+        elif message.get("method") == "Runtime.consoleAPICalled":
             args = " ".join(str(a.get("value", a.get("description", ""))) for a in params["args"])
             self.console.append(f"console.{params['type']}: {args}")
         elif message.get("method") == "Runtime.exceptionThrown":
@@ -126,24 +141,20 @@ class DevTools:
             raise RuntimeError(f"page JS failed: {result['exceptionDetails']}")
         return result["result"].get("value")
 
-    def close(self) -> None:
-        self.ws.close()
-
 
 @contextmanager
-def headless_chromium(microphone_wav: Path) -> Iterator[DevTools]:
+def headless_chromium(microphone_wav: Path | None = None) -> Iterator[DevTools]:
     exe = chromium_path()
     profile = Path(tempfile.mkdtemp(prefix="voxline-chromium-"))
     args = [
         exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
         "--no-first-run", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-        f"--use-file-for-fake-audio-capture={microphone_wav}%noloop",
+        *([f"--use-file-for-fake-audio-capture={microphone_wav}%noloop"] if microphone_wav else []),
         "--autoplay-policy=no-user-gesture-required", "--window-size=900,900",
         f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank",
     ]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    devtools: DevTools | None = None
     try:
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 30 * TIME_FACTOR
@@ -155,13 +166,12 @@ def headless_chromium(microphone_wav: Path) -> Iterator[DevTools]:
         port = int(port_file.read_text().split()[0])
         targets = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
         page = next(t for t in targets if t["type"] == "page")
-        devtools = DevTools(page["webSocketDebuggerUrl"])
-        devtools.call("Runtime.enable")
-        devtools.call("Log.enable")
-        yield devtools
+        with connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=30) as ws:
+            devtools = DevTools(ws)
+            devtools.call("Runtime.enable")
+            devtools.call("Log.enable")
+            yield devtools
     finally:
-        if devtools is not None:
-            devtools.close()
         proc.terminate()
         try:
             proc.wait(10)
@@ -173,42 +183,120 @@ def headless_chromium(microphone_wav: Path) -> Iterator[DevTools]:
 
 PAGE_STATE = """JSON.stringify({
   stats: window.voxlineStats,
-  status: document.getElementById('status').textContent,
+  status: document.getElementById('status')?.textContent ?? '',
   log: [...document.querySelectorAll('#log li')].map(li => ({
     kind: li.className, text: li.querySelector('.text').textContent})),
 })"""
 
 
-@pytest.mark.slow
-def test_browser_voice_chat_with_real_server(tmp_path: Path):
+def page_state(page: DevTools) -> dict[str, Any]:
+    return json.loads(page.evaluate(PAGE_STATE) or "{}")
+
+
+def wait_for(page: DevTools, done: Callable[[dict[str, Any]], bool], what: str,
+             timeout: float = 180.0) -> dict[str, Any]:
+    """Poll the page until `done(state)`; fail on an error entry or after the timeout."""
+    deadline = time.monotonic() + timeout * TIME_FACTOR
+    state: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        state = page_state(page)
+        errors = [e for e in state.get("log", []) if e["kind"] == "error"]
+        assert not errors, f"page shows errors: {state}\nconsole: {page.console}"
+        if done(state):
+            return state
+        time.sleep(0.25)
+    pytest.fail(f"page never showed {what}: {state}\nconsole: {page.console}")
+
+
+def entries(state: dict[str, Any], kind: str) -> list[dict[str, str]]:
+    return [e for e in state.get("log", []) if e["kind"].split()[0] == kind]
+
+
+@contextmanager
+def voice_chat(tmp_path: Path, *phrases: tuple[str, float]) -> Iterator[DevTools]:
+    """The real server and a headless Chromium on `/?autostart=1` whose microphone says
+    each phrase, then stays silent for its number of seconds."""
     chromium_path()
-    wav = fake_microphone_wav(tmp_path / "question.wav", "What is the capital of France?")
+    wav = fake_microphone_wav(tmp_path / "microphone.wav", phrases)
     from live_server import live_server
 
     with live_server() as base, headless_chromium(wav) as page:
-        page.call("Page.enable")
-        page.call("Page.navigate", url=f"{base}/?autostart=1")
-        deadline = time.monotonic() + 180 * TIME_FACTOR
-        state: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            state = json.loads(page.evaluate(PAGE_STATE) or "{}")
-            log, stats = state.get("log", []), state.get("stats") or {}
-            heard = [e["text"] for e in log if e["kind"] == "user" and "capital" in e["text"].lower()]
-            replies = [e["text"] for e in log if e["kind"].startswith("assistant")
-                       and "pending" not in e["kind"] and e["text"].strip()]
-            if heard and replies and stats.get("samplesScheduled", 0) > 0:
-                break
-            assert not [e for e in log if e["kind"] == "error"], (state, page.console)
-            time.sleep(0.25)
-        else:
-            pytest.fail(f"no spoken turn in the page: {state}\nconsole: {page.console}")
-        time.sleep(1.0)  # let a little of the reply play before the screenshot
+        page.navigate(f"{base}/?autostart=1")
+        yield page
+
+
+@pytest.mark.slow
+def test_browser_voice_chat_with_real_server(tmp_path: Path):
+    def answered_and_played(state: dict[str, Any]) -> bool:
+        stats = state.get("stats") or {}
+        heard = [e for e in entries(state, "user") if "capital" in e["text"].lower()]
+        replies = [e for e in entries(state, "assistant")
+                   if "pending" not in e["kind"] and e["text"].strip()]
+        return bool(heard and replies and stats.get("responsesDone")
+                    and 0 < stats["samplesScheduled"] == stats["samplesPlayed"])
+
+    with voice_chat(tmp_path, ("What is the capital of France?", 10.0)) as page:
+        state = wait_for(page, answered_and_played, "a spoken question, its answer and its audio")
         shot = page.call("Page.captureScreenshot", format="png")
         SCREENSHOT.write_bytes(base64.b64decode(shot["data"]))
-        stats = json.loads(page.evaluate("JSON.stringify(window.voxlineStats)"))
 
-    assert stats["deltasReceived"] > 0 and stats["samplesReceived"] > 0
-    # Every received sample was scheduled for playback (no barge-in happened in this turn).
-    assert stats["samplesScheduled"] == stats["samplesReceived"]
-    assert stats["chunksSent"] > 0 and stats["errors"] == 0
-    assert stats["speechStarted"] >= 1 and stats["userTranscripts"] >= 1
+    stats = state["stats"]
+    assert stats["deltasReceived"] > 0 and stats["chunksSent"] > 0 and stats["errors"] == 0
+    # Every received sample was scheduled and played out by the browser's audio clock.
+    assert stats["samplesPlayed"] == stats["samplesScheduled"] == stats["samplesReceived"]
+    assert stats["speechStarted"] == 1 and stats["playbackStops"] == 0
+    assert state["status"].startswith("listening")
+
+
+@pytest.mark.slow
+def test_talking_over_the_reply_stops_playback(tmp_path: Path):
+    story = "Tell me a long story about a brave knight and a dragon."
+    with voice_chat(tmp_path, (story, 7.0), ("Stop. What is two plus two?", 10.0)) as page:
+        state = wait_for(page, lambda s: (s.get("stats") or {}).get("playbackStops", 0) >= 1,
+                         "playback stopped by barge-in")
+        stopped = state["stats"]
+        assert stopped["speechStarted"] >= 2
+        assert [e for e in entries(state, "assistant") if "interrupted" in e["kind"]]
+        time.sleep(1.0)
+        after = page_state(page)["stats"]
+    # The stop cut audio that was still queued, and nothing more of the interrupted reply
+    # was scheduled afterwards (only a new reply, to the second question, may play).
+    assert stopped["samplesPlayed"] < stopped["samplesScheduled"]
+    assert (after["samplesScheduled"] == stopped["samplesScheduled"]
+            or after["responsesCreated"] > stopped["responsesCreated"])
+
+
+@pytest.mark.slow
+def test_page_shows_why_the_server_closed():
+    """An engine that is not ready closes the socket with 1013 and a reason the page shows."""
+    import threading
+
+    import uvicorn
+    from live_server import free_port
+
+    chromium_path()
+    app = create_app(load_settings(), InProcessEngineClient(ECHO), manage_engine=False)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           ws="websockets-sansio"))
+    thread = threading.Thread(target=server.run, name="not-ready-server")
+    thread.start()
+    state: dict[str, Any] = {}
+    try:
+        while not server.started:
+            assert thread.is_alive()
+            time.sleep(0.05)
+        with headless_chromium() as page:
+            page.navigate(f"http://127.0.0.1:{port}/?autostart=1")
+            deadline = time.monotonic() + 30 * TIME_FACTOR
+            while time.monotonic() < deadline:
+                state = page_state(page)
+                if state.get("stats", {}).get("lastClose"):
+                    break
+                time.sleep(0.1)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    assert state["stats"]["lastClose"]["code"] == 1013
+    assert state["status"].startswith("disconnected") and "engine is not ready" in state["status"]
+    assert [e for e in entries(state, "error") if "1013" in e["text"]]

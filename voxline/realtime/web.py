@@ -21,13 +21,13 @@ def _asset(name: str) -> bytes:
     return files(_PACKAGE).joinpath(name).read_bytes()
 
 
-@router.get("/", include_in_schema=False)
+@router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
 async def index() -> Response:
     return Response(_asset("index.html"), media_type="text/html; charset=utf-8",
                     headers=_HEADERS)
 
 
-@router.get("/web/app.js", include_in_schema=False)
+@router.api_route("/web/app.js", methods=["GET", "HEAD"], include_in_schema=False)
 async def app_js() -> Response:
     return Response(_asset("app.js"), media_type="text/javascript; charset=utf-8",
                     headers=_HEADERS)

@@ -19,8 +19,8 @@
   // Read-only counters for tests and the curious (window.voxlineStats in the console).
   const stats = {
     state: "idle", connects: 0, eventsReceived: 0, chunksSent: 0, samplesSent: 0,
-    deltasReceived: 0, samplesReceived: 0, samplesScheduled: 0, playbackStops: 0,
-    speechStarted: 0, userTranscripts: 0, assistantTranscripts: 0, errors: 0,
+    deltasReceived: 0, samplesReceived: 0, samplesScheduled: 0, samplesPlayed: 0, playbackStops: 0,
+    speechStarted: 0, responsesCreated: 0, responsesDone: 0, userTranscripts: 0, assistantTranscripts: 0, errors: 0,
     captureRate: 0, lastClose: null,
   };
   Object.defineProperty(window, "voxlineStats", {
@@ -216,6 +216,7 @@ registerProcessor("voxline-capture", VoxlineCapture);
     c.playhead += buffer.duration;
     c.playing.add(node);
     node.onended = () => {
+      stats.samplesPlayed += n;
       c.playing.delete(node);
       if (!c.playing.size && c === call && stats.state === "speaking") {
         setStatus("listening", "listening — speak");
@@ -265,16 +266,20 @@ registerProcessor("voxline-capture", VoxlineCapture);
         break;
       case "session.updated":
         break;
-      case "input_audio_buffer.speech_started":
+      case "input_audio_buffer.speech_started": {
+        // Barge-in: silence the bot now. The server cancels the reply in progress and
+        // truncates it to what was played; audio of that reply still in flight is dropped.
         stats.speechStarted += 1;
-        if (stopPlayback(c)) {
-          for (const id of c.activeResponses) c.interrupted.add(id);
-          for (const entry of c.replies.values()) {
-            if (entry.live) entry.li.classList.add("interrupted");
+        const wasPlaying = stopPlayback(c);
+        for (const id of c.activeResponses) c.interrupted.add(id);
+        for (const [itemId, entry] of c.replies) {
+          if (entry.live || (wasPlaying && itemId === c.lastAudioItem)) {
+            entry.li.classList.add("interrupted");
           }
         }
         setStatus("hearing", "hearing you…");
         break;
+      }
       case "input_audio_buffer.speech_stopped":
         setStatus("thinking", "thinking…");
         break;
@@ -296,11 +301,13 @@ registerProcessor("voxline-capture", VoxlineCapture);
         showError(`transcription failed: ${event.error && event.error.message}`);
         break;
       case "response.created":
+        stats.responsesCreated += 1;
         c.activeResponses.add(event.response.id);
         break;
       case "response.output_audio.delta":
         if (c.interrupted.has(event.response_id)) break;  // stale audio of a cut-off reply
         stats.deltasReceived += 1;
+        c.lastAudioItem = event.item_id;
         playDelta(c, event.delta);
         if (c.playing.size) setStatus("speaking", "speaking — talk to interrupt");
         break;
@@ -316,12 +323,14 @@ registerProcessor("voxline-capture", VoxlineCapture);
       case "response.output_text.done": {
         const entry = assistantEntry(c, event.item_id);
         entry.text = event.type.endsWith("transcript.done") ? event.transcript : event.text;
+        entry.live = false;
         setEntryText(entry.li, entry.text);
         stats.assistantTranscripts += 1;
         break;
       }
       case "response.done": {
         const response = event.response || {};
+        stats.responsesDone += 1;
         c.activeResponses.delete(response.id);
         for (const item of response.output || []) {
           const entry = c.replies.get(item.id);
@@ -412,7 +421,7 @@ registerProcessor("voxline-capture", VoxlineCapture);
     if (call) return;
     const c = {
       ws: null, ctx: null, stream: null, nodes: null, ready: false, stopping: false,
-      queued: [], playing: new Set(), playhead: 0, carry: null,
+      queued: [], playing: new Set(), playhead: 0, carry: null, lastAudioItem: null,
       users: new Map(), replies: new Map(), activeResponses: new Set(), interrupted: new Set(),
     };
     call = c;

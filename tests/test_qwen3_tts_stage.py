@@ -328,3 +328,14 @@ def test_factory_builds_the_qwen3_stage_from_settings(model_dir):
     assert isinstance(stage, Qwen3SpeechStage) and stage.random_weights
     with pytest.raises(ValueError):
         load_settings(tts="espeak")
+
+
+def test_a_job_can_pick_another_preset_voice(model_dir):
+    stage = make_stage(model_dir)
+    text = TEXTS[1]
+    outs = run(stage, {0: [SpeechJob(1, text), SpeechJob(2, text, voice="Ryan"),
+                           SpeechJob(3, text, voice="alloy")]})
+    default, ryan, unknown = audio(of(outs, 1)), audio(of(outs, 2)), audio(of(outs, 3))
+    assert stage.voice_of(SpeechJob(9, "x", voice="RYAN")) == "ryan"
+    assert np.array_equal(default, unknown)  # unknown names fall back to the stage's voice
+    assert len(default) != len(ryan) or not np.allclose(default, ryan)

@@ -479,7 +479,7 @@ class EngineCore:
             self._error(stream.stream_id, "Speak: the stream already has an active response",
                         "conversation_already_has_active_response")
             return
-        cfg = p.ResponseConfig(seed=msg.seed)
+        cfg = p.ResponseConfig(seed=msg.seed, voice=msg.voice)
         run = ResponseRun(msg.response_id, "", cfg, None, new_chunker(), msg.speed,
                           emitted=msg.text, llm_done=True)
         run.tts_queue.extend(run.chunker.push(msg.text) + run.chunker.flush())
@@ -658,7 +658,7 @@ class EngineCore:
             assert response is not None
             self._job_ids += 1
             job = SpeechJob(self._job_ids, response.tts_queue.popleft(), response.speed,
-                            response.config.seed)
+                            response.config.seed, response.config.voice)
             response.tts_job = job.job_id
             self._tts_jobs[job.job_id] = (stream.stream_id, response.response_id)
             stage.start(job)

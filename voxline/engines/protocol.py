@@ -43,6 +43,7 @@ class ResponseConfig(msgspec.Struct, frozen=True):
     temperature: float | None = None
     max_output_tokens: int | None = None
     seed: int | None = None
+    voice: str | None = None  # the TTS stage's preset voice, if it has several
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -114,6 +115,7 @@ class Speak(msgspec.Struct, tag=True, frozen=True):
     text: str
     speed: float = 1.0
     seed: int | None = None
+    voice: str | None = None
 
 
 class CancelResponse(msgspec.Struct, tag=True, frozen=True):

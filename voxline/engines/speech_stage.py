@@ -24,6 +24,7 @@ class SpeechJob:
     text: str
     speed: float = 1.0
     seed: int | None = None
+    voice: str | None = None  # a preset voice name; single-voice stages ignore it
 
 
 @dataclass(frozen=True)

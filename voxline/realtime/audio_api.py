@@ -267,7 +267,7 @@ class SpeechSynthesis:
         sid = self.handle.stream_id
         try:
             self.handle.send(p.Speak(sid, f"resp_{uuid.uuid4().hex}", self.req.input,
-                                     self.req.speed, self.req.seed))
+                                     self.req.speed, self.req.seed, self.req.voice))
         except EngineError as exc:
             await self.close()
             raise _unavailable(f"the engine is not ready ({exc}); retry shortly") from exc

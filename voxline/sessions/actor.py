@@ -353,7 +353,7 @@ class SessionActor:
         cfg = ep.ResponseConfig(
             instructions=settings.instructions if settings.instructions != self.settings.instructions else None,
             audio=r.audio, temperature=settings.temperature,
-            max_output_tokens=settings.max_output_tokens)
+            max_output_tokens=settings.max_output_tokens, voice=settings.voice)
         self.commands.append(ep.CreateResponse(self.stream_id, response.id, item_id, cfg))
 
     def _cancel(self, now: float, reason: str, *, interrupt: bool) -> None:

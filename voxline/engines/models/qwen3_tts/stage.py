@@ -148,7 +148,7 @@ class Qwen3SpeechStage:
                 overrides[name] = overrides[f"subtalker_{name}"] = value
         self.sampling = dataclasses.replace(base, **overrides)
         # Fail on an unknown voice or language now, not on the first job.
-        self._build(assistant_ids([tokenizer.chat.newline], tokenizer.chat))
+        self._build(assistant_ids([tokenizer.chat.newline], tokenizer.chat), self.speaker)
 
         self.max_streams = max_streams
         self.generator = TalkerGenerator(model.talker, max_streams=max_streams, max_len=max_len)
@@ -229,12 +229,21 @@ class Qwen3SpeechStage:
             return None
         n_text = len(ids) - 8  # the template adds 8 ids around the text
         limit = min(self.max_frames, _FRAMES_BASE + _FRAMES_PER_TOKEN * n_text)
-        return self._build(ids), dataclasses.replace(self.sampling, seed=job.seed, max_frames=limit)
+        return (self._build(ids, self.voice_of(job)),
+                dataclasses.replace(self.sampling, seed=job.seed, max_frames=limit))
 
-    def _build(self, input_ids: list[int]) -> TalkerPrompt:
+    def voice_of(self, job: SpeechJob) -> str | None:
+        """The job's voice when the checkpoint has that preset (any case), else the stage's."""
+        if job.voice:
+            for name in self.model.config.talker.spk_id or {}:
+                if name.lower() == job.voice.lower():
+                    return name
+        return self.speaker
+
+    def _build(self, input_ids: list[int], speaker: str | None) -> TalkerPrompt:
         return build_prompt(
             self.model.talker, self.model.config, input_ids, language=self.language,
-            speaker=self.speaker,
+            speaker=speaker,
         )
 
     def _admit(self) -> None:

@@ -17,6 +17,7 @@ run: $(STAMP)
 
 # The Qwen3-TTS parity tests run the official reference in its own cached venv.
 test: $(STAMP)
+	bash scripts/test_deps.sh
 	bash scripts/qwen_ref_venv.sh >/dev/null
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

@@ -1,24 +1,10 @@
 #!/usr/bin/env bash
-# Idempotent set-up used by `make run` / `make test` / CI: Debian packages the tests
-# need, then a virtualenv with voxline and the shipped-model packages.
+# Idempotent set-up used by `make run` / `make test` / CI: a virtualenv with voxline and
+# the shipped-model packages (no Debian packages are needed to run; the tests' are in
+# scripts/test_deps.sh).
 set -euo pipefail
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-
-need_apt=()
-command -v espeak-ng >/dev/null 2>&1 || need_apt+=(espeak-ng)  # spoken test fixtures
-# the web page's end-to-end test drives Debian's Chromium with a fake microphone
-command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
-  || need_apt+=(chromium)
-if [ ${#need_apt[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ]; then
-    echo "[setup] apt-get install ${need_apt[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
-  else
-    echo "[setup] warning: missing ${need_apt[*]} (needed by tests); install them with apt-get" >&2
-  fi
-fi
 
 start=$(date +%s)
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Debian packages only the tests need (idempotent): espeak-ng speaks the test questions,
+# and the web page's end-to-end test drives Chromium with a fake microphone.
+set -euo pipefail
+need_apt=()
+command -v espeak-ng >/dev/null 2>&1 || need_apt+=(espeak-ng)
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+  || need_apt+=(chromium)
+[ ${#need_apt[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+  echo "[test-deps] missing ${need_apt[*]}: install them with apt-get (as root)" >&2
+  exit 1
+fi
+start=$(date +%s)
+echo "[test-deps] apt-get install ${need_apt[*]}"
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+echo "[test-deps] installed in $(( $(date +%s) - start )) s"

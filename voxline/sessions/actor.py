@@ -17,6 +17,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from voxline.codecs.pcm import b64decode_audio
 from voxline.engines import protocol as ep
 from voxline.errors import AudioFormatError, ProtocolError
@@ -510,8 +512,6 @@ class SessionActor:
         r = self._current(out.response_id)
         if r is None or r.cancel_reason is not None or r.encoder is None:
             return
-        import numpy as np
-
         audio = np.frombuffer(out.audio, dtype="<f4")
         for payload, ms in r.encoder.push(audio, out.sample_rate):
             self.pacer.push(OutFrame(r.response.id, r.item_id, payload, ms))

@@ -203,6 +203,7 @@ async def test_manual_commit_text_only_response(server):
         assert "paris" in text.lower()
         final, = c.of("conversation.item.input_audio_transcription.completed")
         assert final["item_id"] == committed["item_id"] and "france" in final["transcript"].lower()
+        assert 1.5 < final["usage"]["seconds"] < 4.0  # the committed audio's length
         # an empty commit is an error that names the event, and the session goes on
         await c.send(type="input_audio_buffer.commit", event_id="commit-2")
         err = await c.until_type("error")

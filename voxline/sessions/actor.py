@@ -97,6 +97,8 @@ class SessionActor:
         self.pacer = OutputPacer(self.lead_ms)
         self.input = self._new_input()
         self.manual_buffer_ms = 0.0  # audio appended since the last commit/clear (manual turns)
+        self.turn_ms: dict[str, float] = {}  # user audio item -> its length (transcription usage)
+        self.speech_start_ms = 0.0
         self.in_speech: str | None = None  # item id of the user turn being spoken
         self.speech_stopped_at: float | None = None
         self.last_activity: float = 0.0  # for idle_timeout_ms
@@ -199,6 +201,7 @@ class SessionActor:
                     f"{MIN_COMMIT_MS} ms of audio, have {self.manual_buffer_ms:.0f} ms",
                     code="input_audio_buffer_commit_empty")
             item_id = ev.new_id("item")
+            self.turn_ms[item_id] = self.manual_buffer_ms
         elif self.in_speech is not None:
             item_id, self.in_speech = self.in_speech, None
         else:
@@ -451,6 +454,7 @@ class SessionActor:
 
     def _speech_started(self, out: ep.SpeechStarted, now: float) -> None:
         self.in_speech = out.item_id
+        self.speech_start_ms = out.audio_start_ms
         self.last_activity = now
         self._emit(ev.SpeechStarted(audio_start_ms=out.audio_start_ms, item_id=out.item_id))
         td = self.settings.turn_detection
@@ -470,6 +474,7 @@ class SessionActor:
     def _speech_stopped(self, out: ep.SpeechStopped, now: float) -> None:
         self.in_speech = None
         self.speech_stopped_at = now
+        self.turn_ms[out.item_id] = max(0.0, out.audio_end_ms - self.speech_start_ms)
         self._emit(ev.SpeechStopped(audio_end_ms=out.audio_end_ms, item_id=out.item_id))
         self._user_audio_item(out.item_id)
         td = self.settings.turn_detection
@@ -488,7 +493,7 @@ class SessionActor:
         record.item = record.item.model_copy(update={"content": [
             ev.ContentPart(type="input_audio", transcript=out.text)]})
         if self.settings.transcription_enabled:
-            seconds = 0.0
+            seconds = self.turn_ms.pop(out.item_id, 0.0) / 1000
             self._emit(ev.InputTranscriptionCompleted(item_id=out.item_id, transcript=out.text,
                                                       audio_seconds=seconds))
         self._emit(ev.ItemDone(item=record.item, previous_item_id=self._previous(out.item_id)))

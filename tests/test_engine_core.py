@@ -137,17 +137,46 @@ def test_truncate_keeps_only_what_was_heard_and_rolls_context_back():
     h.close()
 
 
-def test_truncate_beyond_audio_is_an_error_and_keeps_the_item():
-    h = Harness(stop_after=5)
+def test_truncate_cuts_at_the_word_heard_and_later_truncates_clamp():
+    h = Harness(stop_after=30)
     h.send(p.OpenStream("s1"), p.AddItem("s1", "u1", "user", "talk"),
            p.CreateResponse("s1", "r1", "a1"))
     h.run_until(has(p.ResponseDone))
-    text = h.of(p.ResponseDone)[0].text
+    chunks = h.of(p.AudioChunk)
+    i = next(i for i, c in enumerate(chunks) if len(c.text.split()) >= 2)
+    start_ms = sum(c.duration_ms for c in chunks[:i])
+    words = chunks[i].text.strip().split()
+    # ToneTTS: 10 ms per character, so the cut falls just after the chunk's first word
+    cut = int(start_ms + (len(words[0]) + 1) * 10 + 5)
+    heard = " ".join([c.text.strip() for c in chunks[:i]] + [words[0]])
+    h.send(p.TruncateItem("s1", "a1", cut))
+    h.run_until(has(p.ItemTruncated))
+    trunc, = h.of(p.ItemTruncated)
+    assert (trunc.audio_end_ms, trunc.text) == (cut, heard)  # mid-sentence, word-level
+    a1 = h.core.streams["s1"].conversation.find("a1")
+    assert a1.text == heard and a1.audio_ms == cut  # the item's audio ends at the cut
+    # a second cut past the first (a client's own cut after the server's) clamps to it
     h.send(p.TruncateItem("s1", "a1", 10_000_000))
-    h.run_until(has(p.StreamError))
-    err, = h.of(p.StreamError)
-    assert err.code == "invalid_value" and "audio_end_ms" in err.message and not err.fatal
-    assert h.core.streams["s1"].conversation.find("a1").text == text
+    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.ItemTruncated)]) == 2)
+    again = h.of(p.ItemTruncated)[1]
+    assert (again.audio_end_ms, again.text) == (cut, heard)
+    h.send(p.TruncateItem("s1", "a1", 0))
+    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.ItemTruncated)]) == 3)
+    assert (h.of(p.ItemTruncated)[2].audio_end_ms, h.of(p.ItemTruncated)[2].text) == (0, "")
+    assert not h.of(p.StreamError)
+    h.close()
+
+
+def test_truncate_or_delete_of_a_reply_cancelled_before_its_first_token():
+    h = Harness(stop_after=30, step_seconds=0.05)
+    h.send(p.OpenStream("s1"), p.AddItem("s1", "u1", "user", "talk"),
+           p.CreateResponse("s1", "r1", "a1"), p.CancelResponse("s1"))
+    h.run_until(has(p.ResponseDone))
+    h.send(p.TruncateItem("s1", "a1", 0), p.DeleteItem("s1", "a1"))
+    h.run_until(has(p.ItemTruncated))
+    assert h.of(p.ItemTruncated)[0].text == ""
+    h.outputs.extend(h.core.step())
+    assert not h.of(p.StreamError)
     h.close()
 
 

@@ -116,3 +116,128 @@ def test_idle_timeout_triggers_a_response():
     events = actor.take_events()
     assert names(events)[:2] == ["InputAudioTimeoutTriggered", "ResponseCreated"]
     assert isinstance(actor.take_commands()[0], ep.CreateResponse)
+
+
+def play(actor: SessionActor, until: float, t: float = 0.0, step: float = 0.01) -> list:
+    """Tick the clock from `t` to `until`; the events emitted meanwhile."""
+    events = []
+    while t < until - 1e-9:
+        t = min(until, t + step)
+        actor.tick(t)
+        events += actor.take_events()
+    return events
+
+
+def audio_response(actor: SessionActor) -> ep.CreateResponse:
+    cmd = start_response(actor)
+    actor.on_engine(ep.TextDelta("s1", cmd.response_id, "Hello there."), 0.0)
+    actor.on_engine(one_second_chunk(cmd.response_id), 0.0)
+    return cmd
+
+
+def truncate(actor: SessionActor, item_id: str, ms: int, event_id: str, now: float) -> None:
+    actor.receive(ev.parse_client_event(
+        f'{{"type": "conversation.item.truncate", "event_id": "{event_id}", '
+        f'"item_id": "{item_id}", "content_index": 0, "audio_end_ms": {ms}}}'), now)
+
+
+def test_client_cancel_then_truncate_gives_one_truncation_and_no_error():
+    actor = make_actor(lead_ms=200)
+    cmd = audio_response(actor)
+    events = actor.take_events() + play(actor, 0.04)
+    assert sum(isinstance(e, ev.AudioDelta) for e in events) == 6  # 240 ms sent
+    actor.receive(ev.parse_client_event('{"type": "response.cancel"}'), 0.05)
+    assert [type(c) for c in actor.take_commands()] == [ep.CancelResponse]
+    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.CANCELLED,
+                                    "Hello there.", 10, 3), 0.06)
+    assert actor.take_commands() == []  # the client owns playback: no truncation of our own
+    truncate(actor, cmd.item_id, 200, "t1", 0.07)
+    trunc, = actor.take_commands()
+    assert isinstance(trunc, ep.TruncateItem) and trunc.audio_end_ms == 200
+    actor.on_engine(ep.ItemTruncated("s1", cmd.item_id, 200, "Hello"), 0.08)
+    events = actor.take_events()
+    assert names(events).count("ItemTruncated") == 1 and "ErrorEvent" not in names(events)
+    # a truncate past the audio sent is the client's mistake, named with its event id
+    truncate(actor, cmd.item_id, 900, "t2", 0.09)
+    err, = actor.take_events()
+    assert err.error.event_id == "t2" and err.error.param == "audio_end_ms"
+    assert "conversation.item.truncate" in err.error.message and actor.take_commands() == []
+
+
+def test_truncate_after_server_barge_in_is_accepted_and_clamped_by_the_engine():
+    actor = make_actor(lead_ms=200)
+    cmd = audio_response(actor)
+    play(actor, 0.5)  # 700 ms sent, 500 played
+    actor.on_engine(ep.SpeechStarted("s1", 4000, "item_user"), 0.5)
+    actor.take_commands()
+    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.CANCELLED,
+                                    "Hello there.", 10, 3), 0.51)
+    server_cut, = actor.take_commands()
+    assert isinstance(server_cut, ep.TruncateItem) and 450 <= server_cut.audio_end_ms <= 520
+    actor.on_engine(ep.ItemTruncated("s1", cmd.item_id, server_cut.audio_end_ms, "Hello"), 0.52)
+    actor.take_events()
+    truncate(actor, cmd.item_id, 690, "late", 0.6)  # what the client received, past our cut
+    assert "ErrorEvent" not in names(actor.take_events())
+    assert [c.audio_end_ms for c in actor.take_commands()] == [690]  # the engine clamps it
+
+
+def test_client_truncate_during_barge_in_replaces_the_server_cut():
+    actor = make_actor(lead_ms=200)
+    cmd = audio_response(actor)
+    play(actor, 0.5)
+    actor.on_engine(ep.SpeechStarted("s1", 4000, "item_user"), 0.5)
+    truncate(actor, cmd.item_id, 650, "t1", 0.5)  # pipecat / openai-agents do this at once
+    assert [type(c) for c in actor.take_commands()] == [ep.CancelResponse, ep.TruncateItem]
+    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.CANCELLED,
+                                    "Hello there.", 10, 3), 0.51)
+    assert actor.take_commands() == []
+    assert "ErrorEvent" not in names(actor.take_events())
+
+
+def test_output_audio_buffer_started_is_paired_with_stopped_or_cleared():
+    actor = make_actor(lead_ms=200)
+    actor.receive(ev.parse_client_event('{"type": "output_audio_buffer.clear", '
+                                        '"event_id": "c0"}'), 0.0)
+    err, = actor.take_events()  # nothing has played yet
+    assert err.error.event_id == "c0"
+    cmd = audio_response(actor)
+    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.COMPLETED,
+                                    "Hello there.", 10, 3), 0.0)
+    events = actor.take_events() + play(actor, 1.5)
+    order = [n for n in names(events) if n.startswith("OutputAudioBuffer") or n == "ResponseDone"]
+    assert order == ["OutputAudioBufferStarted", "ResponseDone", "OutputAudioBufferStopped"]
+    stopped = next(e for e in events if isinstance(e, ev.OutputAudioBufferStopped))
+    assert stopped.response_id == cmd.response_id
+    assert actor.next_deadline(1.5) is None
+    # barge-in clears, and the cleared buffer is not reported as stopped later
+    second = audio_response(actor)
+    events = actor.take_events() + play(actor, 1.8, t=1.5)
+    actor.on_engine(ep.SpeechStarted("s1", 4000, "item_user"), 1.8)
+    events += actor.take_events() + play(actor, 3.0, t=1.8)
+    order = [n for n in names(events) if n.startswith("OutputAudioBuffer")]
+    assert order == ["OutputAudioBufferStarted", "OutputAudioBufferCleared"]
+    assert all(e.response_id == second.response_id for e in events
+               if isinstance(e, ev.OutputAudioBufferCleared))
+    actor.receive(ev.parse_client_event('{"type": "output_audio_buffer.clear"}'), 3.0)
+    cleared, = actor.take_events()  # the client may always clear: it names the last response
+    assert isinstance(cleared, ev.OutputAudioBufferCleared)
+
+
+def test_input_transcription_deltas_only_append():
+    actor = make_actor()
+    actor.receive(ev.parse_client_event(
+        '{"type": "session.update", "session": {"type": "realtime", "audio": {"input": '
+        '{"transcription": {"model": "moonshine"}}}}}'), 0.0)
+    actor.take_events()
+    actor.on_engine(ep.SpeechStarted("s1", 0, "item_u"), 0.0)
+    for i, hyp in enumerate(["What is the capital?", "What is the capital", "What is the",
+                             "What is the capital of", "What is the capital of"]):
+        actor.on_engine(ep.TranscriptPartial("s1", "item_u", hyp), 0.1 * i)
+    actor.on_engine(ep.SpeechStopped("s1", 2000, "item_u"), 1.0)
+    actor.on_engine(ep.TranscriptFinal("s1", "item_u", "What is the capital of France?"), 1.1)
+    events = actor.take_events()
+    deltas = [e.delta for e in events if isinstance(e, ev.InputTranscriptionDelta)]
+    assert "".join(deltas) == "What is the capital of France?"
+    assert deltas[0] == "What is the"  # nothing before two hypotheses agree
+    done, = [e for e in events if isinstance(e, ev.InputTranscriptionCompleted)]
+    assert done.transcript == "What is the capital of France?"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import struct
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Literal
 
@@ -201,31 +202,112 @@ class OpusDecoder:
         return np.zeros((0,) if self.channels == 1 else (0, self.channels), np.float32)
 
 
-def _encode_file(
-    audio: np.ndarray,
-    rate: int,
-    container: str,
-    codec: str,
-    sample_format: str,
-    bitrate: int | None = None,
-) -> bytes:
-    """Encode mono float audio into a whole container file in memory."""
-    audio = np.asarray(audio, dtype=np.float32)
-    if audio.ndim != 1:
-        raise AudioFormatError(f"expected mono 1-D audio, got shape {audio.shape}")
-    buf = io.BytesIO()
-    with av.open(buf, "w", format=container) as out:
-        stream = out.add_stream(codec, rate=rate, layout="mono")
-        stream.codec_context.format = sample_format
-        if bitrate is not None:
-            stream.codec_context.bit_rate = bitrate
-        stream.codec_context.open()
-        step = stream.codec_context.frame_size or 4096
-        for start in range(0, len(audio), step):
-            frame = _frame(audio[start : start + step], 1, rate, start, sample_format)
-            out.mux(stream.encode(frame))
-        out.mux(stream.encode(None))
-    return buf.getvalue()
+@dataclass(frozen=True)
+class FileFormat:
+    """An audio file format PyAV can write: container, codec, the codec's sample format."""
+
+    container: str
+    codec: str
+    sample_format: str
+    bitrate: int | None = None
+    rates: tuple[int, ...] | None = None  # rates the codec takes; others go to the last one
+    media_type: str = "application/octet-stream"
+    options: tuple[tuple[str, str], ...] = ()  # muxer options
+
+
+FILE_FORMATS: dict[str, FileFormat] = {
+    "mp3": FileFormat("mp3", "libmp3lame", "fltp", 64000, media_type="audio/mpeg"),
+    "aac": FileFormat("adts", "aac", "fltp", 64000, media_type="audio/aac"),
+    # Ogg pages of 100 ms (FFmpeg's default is 1 s), so a stream's first audio leaves early
+    "opus": FileFormat("ogg", "libopus", "flt", 64000, OPUS_RATES, media_type="audio/ogg",
+                       options=(("page_duration", "100000"),)),
+    "flac": FileFormat("flac", "flac", "s16", media_type="audio/flac"),
+}
+
+
+class _Sink:
+    """A write-only file for PyAV. It has no `seek`, so muxers write forward only (FLAC and
+    MP3 leave their optional after-the-fact headers out) and bytes can leave as they come."""
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self._chunks.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        out, self._chunks = b"".join(self._chunks), []
+        return out
+
+
+class StreamingFileEncoder:
+    """Mono float audio in, container bytes out as soon as the muxer writes them.
+
+    `push` returns the bytes produced so far (possibly none: codecs work in whole frames
+    and the muxer buffers a little); `finish` flushes the codec and the container.
+    Concatenating every return value gives one valid file.
+    """
+
+    def __init__(self, fmt: FileFormat | str, rate: int, io_buffer: int = 1024) -> None:
+        self.format = FILE_FORMATS[fmt] if isinstance(fmt, str) else fmt
+        self._resampler: Resampler | None = None
+        if self.format.rates is not None and rate not in self.format.rates:
+            self._resampler = Resampler(rate, self.format.rates[-1])
+            rate = self.format.rates[-1]
+        self.rate = rate
+        self._sink = _Sink()
+        self._out = av.open(self._sink, "w", format=self.format.container, buffer_size=io_buffer,
+                            options=dict(self.format.options))
+        self._stream = self._out.add_stream(self.format.codec, rate=rate, layout="mono")
+        ctx = self._stream.codec_context
+        ctx.format = self.format.sample_format
+        if self.format.bitrate is not None:
+            ctx.bit_rate = self.format.bitrate
+        ctx.open()
+        self._frame_size = ctx.frame_size or 4096
+        self._pending = np.zeros(0, np.float32)
+        self._pts = 0
+        self._finished = False
+
+    def push(self, audio: np.ndarray) -> bytes:
+        if self._finished:
+            raise AudioFormatError("the encoder is finished")
+        audio = np.asarray(audio, dtype=np.float32)
+        if audio.ndim != 1:
+            raise AudioFormatError(f"expected mono 1-D audio, got shape {audio.shape}")
+        if self._resampler is not None:
+            audio = self._resampler.process(audio)
+        self._pending = np.concatenate([self._pending, audio])
+        n = len(self._pending) // self._frame_size * self._frame_size
+        self._encode(self._pending[:n])
+        self._pending = self._pending[n:]
+        return self._sink.take()
+
+    def finish(self) -> bytes:
+        if not self._finished:
+            self._finished = True
+            tail = self._pending
+            if self._resampler is not None:
+                tail = np.concatenate([tail, self._resampler.flush()])
+            self._encode(tail)
+            self._out.mux(self._stream.encode(None))
+            self._out.close()
+        return self._sink.take()
+
+    def _encode(self, audio: np.ndarray) -> None:
+        for start in range(0, len(audio), self._frame_size):
+            chunk = audio[start : start + self._frame_size]
+            # mono: a planar frame (fltp) has the same (1, n) layout as a packed one
+            frame = _frame(chunk, 1, self.rate, self._pts, self.format.sample_format)
+            self._pts += len(chunk)
+            self._out.mux(self._stream.encode(frame))
+
+
+def encode_file(audio: np.ndarray, rate: int, fmt: FileFormat | str) -> bytes:
+    """Mono float audio -> a whole audio file (`fmt`: a `FILE_FORMATS` key or a format)."""
+    encoder = StreamingFileEncoder(fmt, rate)
+    return encoder.push(audio) + encoder.finish()
 
 
 def encode_ogg_opus(audio: np.ndarray, rate: int, bitrate: int = 64000) -> bytes:
@@ -236,12 +318,12 @@ def encode_ogg_opus(audio: np.ndarray, rate: int, bitrate: int = 64000) -> bytes
     """
     if rate not in OPUS_RATES:
         audio, rate = resample(audio, rate, OPUS_DECODE_RATE), OPUS_DECODE_RATE
-    return _encode_file(audio, rate, "ogg", "libopus", "flt", bitrate)
+    return encode_file(audio, rate, replace(FILE_FORMATS["opus"], bitrate=bitrate))
 
 
 def encode_flac(audio: np.ndarray, rate: int) -> bytes:
     """Mono float audio -> a 16-bit FLAC file (lossless for PCM16-exact input)."""
-    return _encode_file(audio, rate, "flac", "flac", "s16")
+    return encode_file(audio, rate, "flac")
 
 
 def decode_audio_file(data: BytesLike, rate: int | None = None) -> tuple[np.ndarray, int]:

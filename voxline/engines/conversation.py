@@ -55,6 +55,9 @@ class Conversation:
                 return item
         raise ItemNotFound(f"no conversation item with id {item_id!r}")
 
+    def has(self, item_id: str) -> bool:
+        return any(item.item_id == item_id for item in self.items)
+
     def add(self, item_id: str, role: str, text: str, previous_item_id: str | None = None) -> Item:
         item = Item(item_id, role, text, self._render(role, text))
         if previous_item_id is None:
@@ -93,6 +96,23 @@ class Conversation:
         for item in items:
             out.extend(item.tokens)
         return out
+
+
+def cut_spans(spans: list[AudioSpan], audio_end_ms: float) -> list[AudioSpan]:
+    """The spans of an item truncated at `audio_end_ms`: whole spans that ended in time,
+    plus the span playing at the cut, shortened to end there and holding only the words
+    heard. The item's audio then ends exactly at the cut, so a later truncate at or before
+    it still finds the audio it refers to."""
+    out: list[AudioSpan] = []
+    for span in spans:
+        if span.end_ms <= audio_end_ms:
+            out.append(span)
+            continue
+        if span.start_ms < audio_end_ms:
+            out.append(AudioSpan(span.start_ms, audio_end_ms,
+                                 heard_text([span], audio_end_ms)))
+        break
+    return out
 
 
 def heard_text(spans: list[AudioSpan], audio_end_ms: float) -> str:

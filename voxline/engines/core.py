@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from voxline.engines import protocol as p
-from voxline.engines.conversation import AudioSpan, Conversation, ItemNotFound, heard_text
+from voxline.engines.conversation import AudioSpan, Conversation, ItemNotFound, cut_spans
 from voxline.engines.llm_stage import (
     FinishReason,
     GenerationRequest,
@@ -257,8 +257,11 @@ class EngineCore:
                 self._conversation_changed(stream)
                 stream.conversation.add(msg.item_id, msg.role, msg.text, msg.previous_item_id)
             case p.DeleteItem():
-                stream.conversation.delete(msg.item_id)
-                self._conversation_changed(stream)
+                # the session owns the item list; an item the engine never held (a reply
+                # cancelled before its first token) has nothing to delete here
+                if stream.conversation.has(msg.item_id):
+                    stream.conversation.delete(msg.item_id)
+                    self._conversation_changed(stream)
             case p.TruncateItem():
                 self._truncate_item(stream, msg)
             case p.CreateResponse():
@@ -319,7 +322,7 @@ class EngineCore:
         utt = stream.utterance
         ms = utt.samples * 1000 / p.INPUT_RATE if utt else 0.0
         if utt is None or ms < MIN_COMMIT_MS:
-            self._error(stream.stream_id, f"CommitAudio: buffer too small, expected at least "
+            self._error(stream.stream_id, f"commit: input audio buffer too small, expected at least "
                         f"{MIN_COMMIT_MS} ms of audio, have {ms:.0f} ms", "input_audio_buffer_commit_empty")
             return
         stream.utterance = None
@@ -436,7 +439,7 @@ class EngineCore:
         waits for that transcript, so the reply always answers what was said."""
         if stream.response is not None or stream.deferred is not None:
             active = stream.response.response_id if stream.response else stream.deferred.response_id  # type: ignore[union-attr]
-            self._error(stream.stream_id, "CreateResponse: the stream already has an active "
+            self._error(stream.stream_id, "response: the conversation already has an active "
                         f"response {active!r}", "conversation_already_has_active_response")
             return
         if stream.pending_finals > 0:
@@ -446,7 +449,7 @@ class EngineCore:
         if stream.slot is None:
             index = llm.alloc_slot()
             if index is None:
-                self._error(stream.stream_id, "CreateResponse: no free LLM slot (engine at "
+                self._error(stream.stream_id, "response: no free LLM slot (engine at "
                             "capacity), try again later", "capacity")
                 return
             stream.slot = Slot(index)
@@ -476,7 +479,7 @@ class EngineCore:
 
     def _speak(self, stream: StreamState, msg: p.Speak) -> None:
         if stream.response is not None or stream.deferred is not None:
-            self._error(stream.stream_id, "Speak: the stream already has an active response",
+            self._error(stream.stream_id, "speak: the stream already has an active response",
                         "conversation_already_has_active_response")
             return
         cfg = p.ResponseConfig(seed=msg.seed, voice=msg.voice)
@@ -609,26 +612,33 @@ class EngineCore:
         self._maybe_finish_response(stream.stream_id, p.ResponseStatus.CANCELLED)
 
     def _truncate_item(self, stream: StreamState, msg: p.TruncateItem) -> None:
+        """Cut an assistant item to its first `audio_end_ms` of audio (clamped to its length).
+
+        The session validated the request against the audio it sent; here the item's own
+        audio length is the bound, and a cut past it (a second truncate after an earlier,
+        shorter one) keeps the item as it is rather than failing.
+        """
         if stream.response is not None and stream.response.item_id == msg.item_id:
             self._cancel_response(stream)
         try:
             item = stream.conversation.find(msg.item_id)
-        except ItemNotFound as exc:
-            self._error(stream.stream_id, f"TruncateItem: {exc}", "item_not_found")
+        except ItemNotFound:
+            # a reply cancelled before its first token never joined the conversation:
+            # nothing was said, so nothing is left to cut
+            self._outputs.append(p.ItemTruncated(stream.stream_id, msg.item_id, 0, ""))
             return
         if item.role != "assistant":
-            self._error(stream.stream_id, f"TruncateItem: item {msg.item_id!r} is a "
-                        f"{item.role} message; only assistant audio can be truncated", "invalid_value")
+            self._error(stream.stream_id, f"truncate: item {msg.item_id!r} is a {item.role} "
+                        "message; only assistant audio can be truncated", "invalid_value")
             return
-        if msg.audio_end_ms > item.audio_ms + 1:
-            self._error(stream.stream_id, f"TruncateItem: audio_end_ms {msg.audio_end_ms} is "
-                        f"beyond the item's audio ({item.audio_ms:.0f} ms)", "invalid_value")
-            return
-        text = heard_text(item.spans, msg.audio_end_ms)
-        self._conversation_changed(stream)
-        item = stream.conversation.set_text(msg.item_id, text)
-        item.spans = [s for s in item.spans if s.end_ms <= msg.audio_end_ms]
-        self._outputs.append(p.ItemTruncated(stream.stream_id, msg.item_id, msg.audio_end_ms, text))
+        end_ms = min(msg.audio_end_ms, int(item.audio_ms))
+        spans = cut_spans(item.spans, end_ms)
+        text = " ".join(s.text.strip() for s in spans if s.text.strip())
+        if text != item.text:
+            self._conversation_changed(stream)
+            item = stream.conversation.set_text(msg.item_id, text)
+        item.spans = spans
+        self._outputs.append(p.ItemTruncated(stream.stream_id, msg.item_id, end_ms, text))
 
     # --------------------------------------------------------------------------- TTS
 

@@ -13,16 +13,17 @@ Speech (`/v1/audio/speech`, JSON body):
   the shipped voice cannot follow style instructions), ``speed`` 0.25..4.0, ``seed``
   (voxline extension: same text, speed and seed give the same samples), unknown keys 400.
 - Audio is 24 kHz mono (OpenAI's rate), resampled from the TTS model's rate with soxr.
-- ``response_format``: ``wav`` (default; OpenAI's default ``mp3`` is not supported),
-  ``pcm`` (raw PCM16 LE), ``opus`` (Ogg Opus), ``flac``. ``pcm`` and ``wav`` are
-  *streamed*: each sentence's audio is sent as soon as the engine has synthesized it.
-  The streamed WAV header declares unknown sizes (RIFF and data size 0xFFFFFFFF, as
-  FFmpeg writes to pipes); readers take the data up to the end of the file. Opus and
-  FLAC need the whole signal, so they are encoded at the end, on a worker thread.
+- ``response_format`` as OpenAI's: ``mp3`` (the default), ``opus`` (Ogg Opus), ``aac``
+  (ADTS), ``flac``, ``wav``, ``pcm`` (raw PCM16 LE). Every format is *streamed*: each
+  sentence's audio is encoded (on a worker thread) and sent as soon as the engine has
+  synthesized it. Containers are written forward only, so the streamed WAV header
+  declares unknown sizes (RIFF and data size 0xFFFFFFFF, as FFmpeg writes to pipes),
+  FLAC's STREAMINFO carries no total length and MP3 has no Xing/LAME header; readers
+  take the data up to the end of the file.
 - ``stream_format="sse"`` sends ``speech.audio.delta`` events whose ``audio`` is base64
-  PCM16 24 kHz (whatever `response_format` says, so it must be ``pcm`` or ``wav``), then
-  one ``speech.audio.done`` event with ``usage``; a failure mid-stream sends an
-  ``error`` event. Streamed bodies that fail after the first byte are cut off (the
+  bytes of the ``response_format`` (their concatenation is the file; ``wav`` deltas are
+  its PCM16 samples, without a header), then one ``speech.audio.done`` event with
+  ``usage``; a failure mid-stream sends an ``error`` event. Streamed bodies that fail after the first byte are cut off (the
   connection closes without the final chunk) rather than ending as if complete.
 - The status code is decided once the first sentence's audio exists, so an engine
   failure on it is an HTTP error, not a 200 with an empty body; input with nothing to
@@ -67,7 +68,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from voxline.codecs import Resampler, float_to_pcm16
-from voxline.codecs.opus import decode_audio_file, encode_flac, encode_ogg_opus
+from voxline.codecs.opus import FILE_FORMATS, StreamingFileEncoder, decode_audio_file
 from voxline.engines import protocol as p
 from voxline.engines.client import ENGINE_CLOSED, ENGINE_DEAD, StreamHandle
 from voxline.errors import AudioFormatError, EngineDeadError, EngineError
@@ -80,8 +81,9 @@ router = APIRouter()
 SPEECH_RATE = 24000
 MAX_INPUT_CHARS = 4096
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
-SPEECH_FORMATS = ("wav", "pcm", "opus", "flac")
-MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "opus": "audio/ogg", "flac": "audio/flac"}
+SPEECH_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")  # OpenAI's, mp3 the default
+MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm",
+               **{name: fmt.media_type for name, fmt in FILE_FORMATS.items()}}
 STREAM_FORMATS = ("audio", "sse")
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage",
                  "shimmer", "verse", "marin", "cedar")
@@ -189,7 +191,7 @@ class SpeechRequest:
 
     input: str
     voice: str = "alloy"
-    response_format: str = "wav"
+    response_format: str = "mp3"
     speed: float = 1.0
     stream_format: str = "audio"
     seed: int | None = None
@@ -224,7 +226,7 @@ def parse_speech_request(body: object) -> SpeechRequest:
     if not isinstance(voice, str) or not voice:
         raise _bad(f"'voice' must be a voice name such as {', '.join(OPENAI_VOICES[:4])}, ...",
                    "voice", "invalid_type")
-    fmt = body.get("response_format", "wav")
+    fmt = body.get("response_format", "mp3")
     if fmt not in SPEECH_FORMATS:
         raise _bad(f"'response_format' {fmt!r} is not supported; use one of "
                    f"{', '.join(SPEECH_FORMATS)}", "response_format")
@@ -238,9 +240,6 @@ def parse_speech_request(body: object) -> SpeechRequest:
     if stream_format not in STREAM_FORMATS:
         raise _bad(f"'stream_format' must be one of {', '.join(STREAM_FORMATS)}, got "
                    f"{stream_format!r}", "stream_format")
-    if stream_format == "sse" and fmt not in ("pcm", "wav"):
-        raise _bad("stream_format 'sse' sends base64 PCM16 24 kHz deltas; use response_format "
-                   f"'pcm' (or 'wav'), not {fmt!r}", "response_format")
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)
                              or not 0 <= seed <= MAX_SEED):
@@ -351,15 +350,40 @@ class EngineStreamResponse(StreamingResponse):
             await self._cleanup()
 
 
+class SpeechEncoder:
+    """24 kHz float audio -> the bytes of a `response_format`, piece by piece.
+
+    Compressed formats are encoded on a worker thread (never on the event loop).
+    """
+
+    def __init__(self, fmt: str, *, header: bool = True) -> None:
+        self.fmt = fmt
+        self._file = StreamingFileEncoder(fmt, SPEECH_RATE) if fmt in FILE_FORMATS else None
+        self._header = header and fmt == "wav"
+
+    async def push(self, audio: np.ndarray) -> bytes:
+        if self._file is not None:
+            return await asyncio.to_thread(self._file.push, audio)
+        head, self._header = (streaming_wav_header(SPEECH_RATE) if self._header else b""), False
+        return head + float_to_pcm16(audio)
+
+    async def finish(self) -> bytes:
+        return b"" if self._file is None else await asyncio.to_thread(self._file.finish)
+
+
 async def _audio_body(speech: SpeechSynthesis, first: np.ndarray | None,
                       fmt: str) -> AsyncIterator[bytes]:
+    encoder = SpeechEncoder(fmt)
     try:
-        if fmt == "wav":
-            yield streaming_wav_header(SPEECH_RATE)
         audio = first
         while audio is not None:
-            yield float_to_pcm16(audio)
+            data = await encoder.push(audio)
+            if data:
+                yield data
             audio = await speech.next_audio()
+        tail = await encoder.finish()
+        if tail:
+            yield tail
     except AudioAPIError as exc:
         logger.error("/v1/audio/speech failed mid-stream: %s", exc.message)
         raise
@@ -371,13 +395,23 @@ def _sse(event: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
 
 
-async def _sse_body(speech: SpeechSynthesis, first: np.ndarray | None) -> AsyncIterator[bytes]:
+def _sse_delta(data: bytes) -> bytes:
+    return _sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
+
+
+async def _sse_body(speech: SpeechSynthesis, first: np.ndarray | None,
+                    fmt: str) -> AsyncIterator[bytes]:
+    encoder = SpeechEncoder(fmt, header=False)
     try:
         audio = first
         while audio is not None:
-            yield _sse({"type": "speech.audio.delta",
-                        "audio": base64.b64encode(float_to_pcm16(audio)).decode("ascii")})
+            data = await encoder.push(audio)
+            if data:
+                yield _sse_delta(data)
             audio = await speech.next_audio()
+        tail = await encoder.finish()
+        if tail:
+            yield _sse_delta(tail)
         yield _sse({"type": "speech.audio.done", "usage": {
             # voxline runs no tokenizer for TTS: token counts are 0; the extension fields
             # say what was actually spoken.
@@ -404,7 +438,7 @@ _SPEECH_SCHEMA = {"requestBody": {"required": True, "content": {"application/jso
     "type": "object", "required": ["input"], "properties": {
         "model": {"type": "string"}, "input": {"type": "string", "maxLength": MAX_INPUT_CHARS},
         "voice": {"type": "string", "default": "alloy"}, "instructions": {"type": "string"},
-        "response_format": {"enum": list(SPEECH_FORMATS), "default": "wav"},
+        "response_format": {"enum": list(SPEECH_FORMATS), "default": "mp3"},
         "speed": {"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED, "default": 1.0},
         "stream_format": {"enum": list(STREAM_FORMATS), "default": "audio"},
         "seed": {"type": "integer", "minimum": 0}}}}}}}
@@ -430,25 +464,13 @@ async def create_speech(request: Request) -> Response:
         first = await speech.next_audio()
         if first is None:  # the text chunker found no letters or digits to speak
             raise _bad("'input' has nothing to speak: it contains no words", "input")
+        handed_off = True
         if req.stream_format == "sse":
-            handed_off = True
-            return EngineStreamResponse(_sse_body(speech, first), speech.close,
-                                        media_type="text/event-stream",
+            return EngineStreamResponse(_sse_body(speech, first, req.response_format),
+                                        speech.close, media_type="text/event-stream",
                                         headers={"Cache-Control": "no-cache"})
-        if req.response_format in ("pcm", "wav"):
-            handed_off = True
-            return EngineStreamResponse(_audio_body(speech, first, req.response_format),
-                                        speech.close, media_type=MEDIA_TYPES[req.response_format])
-        pieces: list[np.ndarray] = []
-        audio: np.ndarray | None = first
-        while audio is not None:
-            pieces.append(audio)
-            audio = await speech.next_audio()
-        await speech.close()
-        signal = np.concatenate(pieces)
-        encode = encode_ogg_opus if req.response_format == "opus" else encode_flac
-        data = await asyncio.to_thread(encode, signal, SPEECH_RATE)
-        return Response(data, media_type=MEDIA_TYPES[req.response_format])
+        return EngineStreamResponse(_audio_body(speech, first, req.response_format),
+                                    speech.close, media_type=MEDIA_TYPES[req.response_format])
     except AudioAPIError as exc:
         return exc.response()
     finally:

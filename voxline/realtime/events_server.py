@@ -483,13 +483,12 @@ def render_response(response: RealtimeResponse, dialect: Dialect) -> dict[str, A
 
 
 def _render_session(event: SessionCreated | SessionUpdated, dialect: Dialect) -> dict[str, Any]:
-    return {
-        "session": {
-            "id": event.session_id,
-            "object": "realtime.session",
-            **event.session.to_wire(dialect),
-        }
-    }
+    # The beta session type declares `id` but no `object`; OpenAI's GA server sends both
+    # (its published examples do) although the GA SDK type declares neither.
+    head: dict[str, Any] = {"id": event.session_id}
+    if dialect is Dialect.GA:
+        head["object"] = "realtime.session"
+    return {"session": {**head, **event.session.to_wire(dialect)}}
 
 
 def _render_conversation(event: ConversationCreated, dialect: Dialect) -> dict[str, Any]:

@@ -555,7 +555,9 @@ class TurnDetection:
             "create_response": self.create_response,
             "interrupt_response": self.interrupt_response,
         }
-        if dialect is Dialect.GA or self.idle_timeout_ms is not None:
+        if dialect is Dialect.GA:
+            # beta's session type has no idle timeout: a beta client's setting still
+            # applies, it is just not echoed (the SDK's types reject unknown fields)
             out["idle_timeout_ms"] = self.idle_timeout_ms
         return out
 

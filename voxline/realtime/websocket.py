@@ -82,7 +82,10 @@ async def realtime(ws: WebSocket) -> None:
         return
     dialect = ev.detect_dialect(list(ws.headers.items()))
     session_id = ev.new_id("sess")
-    actor = SessionActor(session_id, f"{session_id}-{uuid.uuid4().hex[:6]}",
+    # the session echoes the model the client asked for (`?model=`), as OpenAI does
+    requested = ws.query_params.get("model")
+    initial = ev.SessionSettings(model=requested) if requested else ev.SessionSettings()
+    actor = SessionActor(session_id, f"{session_id}-{uuid.uuid4().hex[:6]}", settings=initial,
                          lead_ms=settings.output_lead_ms, max_event_bytes=settings.max_event_bytes)
 
     async def send(event: ev.ServerEvent) -> None:

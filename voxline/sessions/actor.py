@@ -75,8 +75,47 @@ class ActiveResponse:
 @dataclass
 class ItemRecord:
     item: ev.MessageItem
-    audio_ms: float = 0.0  # assistant audio sent to the client
+    audio_ms: float = 0.0  # assistant audio sent to the client, less what a truncate cut
+    sent_ms: float = 0.0  # all assistant audio ever sent: the bound for a client truncate
+    client_truncated: bool = False  # the client cut it: the server does not cut it again
     pending_transcript: bool = False
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+@dataclass
+class PartialTranscript:
+    """Append-only transcription deltas from revisable ASR hypotheses.
+
+    Only words two consecutive hypotheses agree on are sent, and only where they extend
+    what was already sent, so concatenating the deltas never shows a retracted word.
+    """
+
+    last: list[str] = field(default_factory=list)
+    sent: str = ""
+
+    def delta(self, hypothesis: str) -> str:
+        words = _words(hypothesis)
+        stable: list[str] = []
+        for a, b in zip(self.last, words, strict=False):
+            if a != b:
+                break
+            stable.append(a)
+        self.last = words
+        return self._extend(" ".join(stable))
+
+    def final_delta(self, transcript: str) -> str:
+        return self._extend(" ".join(_words(transcript)))
+
+    def _extend(self, text: str) -> str:
+        if len(text) <= len(self.sent) or not text.startswith(self.sent):
+            return ""
+        if self.sent and text[len(self.sent)] != " ":
+            return ""  # the last sent word grew ("capital" -> "capitals"): not an extension
+        delta, self.sent = text[len(self.sent):], text
+        return delta
 
 
 @dataclass
@@ -105,6 +144,9 @@ class SessionActor:
         self.closed: ev.ErrorDetail | None = None  # set when the session must end
         self.reply_after_cancel = False  # a turn ended while the interrupted reply winds down
         self.conversation_id = ev.new_id("conv")
+        self.partials: dict[str, PartialTranscript] = {}  # user item -> deltas sent so far
+        self.playing: str | None = None  # response whose audio the client is playing
+        self.last_audio_response: str | None = None
 
     # ------------------------------------------------------------------------ outputs
 
@@ -293,13 +335,19 @@ class SessionActor:
             raise ProtocolError("conversation.item.truncate: the item has one content part; "
                                 f"content_index must be 0, got {e.content_index}",
                                 code="invalid_value", param="content_index")
-        sent = record.audio_ms
+        if e.audio_end_ms < 0:
+            raise ProtocolError("conversation.item.truncate: audio_end_ms must be >= 0, got "
+                                f"{e.audio_end_ms}", code="invalid_value", param="audio_end_ms")
+        if e.audio_end_ms > record.sent_ms + 1:
+            raise ProtocolError(f"conversation.item.truncate: audio_end_ms {e.audio_end_ms} is "
+                                f"beyond the audio sent for item {e.item_id!r} "
+                                f"({record.sent_ms:.0f} ms)",
+                                code="invalid_value", param="audio_end_ms")
         if self.response is not None and self.response.item_id == e.item_id:
             self._cancel(now, "client_cancelled", interrupt=True)
-        if e.audio_end_ms > sent + 1:
-            raise ProtocolError(f"conversation.item.truncate: audio_end_ms {e.audio_end_ms} is "
-                                f"beyond the item's audio ({sent:.0f} ms)",
-                                code="invalid_value", param="audio_end_ms")
+        # The client owns playback: its cut replaces the server's playout estimate. After
+        # an earlier, shorter cut the engine clamps this one to what is left.
+        record.client_truncated = True
         self.commands.append(ep.TruncateItem(self.stream_id, e.item_id, e.audio_end_ms))
 
     def _response_create(self, e: ev.ResponseCreate, now: float) -> None:
@@ -326,8 +374,13 @@ class SessionActor:
         self._cancel(now, "client_cancelled", interrupt=False)
 
     def _output_clear(self, e: ev.OutputAudioBufferClear, now: float) -> None:
+        rid = self.playing or self.last_audio_response
+        if rid is None:
+            raise ProtocolError("output_audio_buffer.clear: no response has sent audio in this "
+                                "session, so there is no output audio buffer to clear",
+                                code="invalid_value")
         self.pacer.interrupt(now)
-        rid = self.response.response.id if self.response else ""
+        self.playing = None
         self._emit(ev.OutputAudioBufferCleared(response_id=rid))
 
     # ---------------------------------------------------------------------- responses
@@ -370,7 +423,14 @@ class SessionActor:
             self.pacer.interrupt(now)
         else:
             self.pacer.clear(now)
+        self._buffer_cleared()
         self.commands.append(ep.CancelResponse(self.stream_id))
+
+    def _buffer_cleared(self) -> None:
+        """The client's output audio buffer was dropped (barge-in, cancel)."""
+        if self.playing is not None:
+            self._emit(ev.OutputAudioBufferCleared(response_id=self.playing))
+            self.playing = None
 
     def _finish_response(self, now: float) -> None:
         r = self.response
@@ -413,8 +473,11 @@ class SessionActor:
         self._emit(ev.ResponseDone(response=final))
         self._emit(ev.RateLimitsUpdated(rate_limits=RATE_LIMITS))
         self.observations.append(("voxline_response_seconds", now - r.started))
-        if r.audio and record is not None and status == "cancelled" and done.output_tokens:
-            # the conversation keeps only what the user heard
+        if (r.audio and record is not None and r.cancel_reason == "turn_detected"
+                and not record.client_truncated and done.output_tokens):
+            # server-VAD barge-in: the conversation keeps only what the user heard, by the
+            # server's playout clock. After a client's response.cancel the client owns
+            # playback and truncates (or not) itself.
             self.commands.append(ep.TruncateItem(self.stream_id, item_id, int(heard)))
         self.last_activity = now
         if self.reply_after_cancel:
@@ -434,8 +497,7 @@ class SessionActor:
             case ep.SpeechStopped():
                 self._speech_stopped(out, now)
             case ep.TranscriptPartial():
-                if self.settings.transcription_enabled:
-                    self._emit(ev.InputTranscriptionDelta(item_id=out.item_id, delta=out.text))
+                self._transcript_partial(out)
             case ep.TranscriptFinal():
                 self._transcript_final(out)
             case ep.TextDelta():
@@ -468,6 +530,7 @@ class SessionActor:
                          if self.items[i].item.role == "assistant"), None)
             heard = self.pacer.heard_ms(last, now) if last else 0.0
             self.pacer.interrupt(now)
+            self._buffer_cleared()
             if last is not None and heard < self.items[last].audio_ms:
                 self.commands.append(ep.TruncateItem(self.stream_id, last, int(heard)))
 
@@ -485,7 +548,15 @@ class SessionActor:
         elif self.response.cancel_reason is not None:
             self.reply_after_cancel = True  # answer once the cancelled reply has finished
 
+    def _transcript_partial(self, out: ep.TranscriptPartial) -> None:
+        if not self.settings.transcription_enabled:
+            return
+        delta = self.partials.setdefault(out.item_id, PartialTranscript()).delta(out.text)
+        if delta:
+            self._emit(ev.InputTranscriptionDelta(item_id=out.item_id, delta=delta))
+
     def _transcript_final(self, out: ep.TranscriptFinal) -> None:
+        partial = self.partials.pop(out.item_id, None)
         record = self.items.get(out.item_id)
         if record is None:
             return
@@ -493,6 +564,9 @@ class SessionActor:
         record.item = record.item.model_copy(update={"content": [
             ev.ContentPart(type="input_audio", transcript=out.text)]})
         if self.settings.transcription_enabled:
+            rest = (partial or PartialTranscript()).final_delta(out.text)
+            if rest:
+                self._emit(ev.InputTranscriptionDelta(item_id=out.item_id, delta=rest))
             seconds = self.turn_ms.pop(out.item_id, 0.0) / 1000
             self._emit(ev.InputTranscriptionCompleted(item_id=out.item_id, transcript=out.text,
                                                       audio_seconds=seconds))
@@ -535,6 +609,7 @@ class SessionActor:
         if record is None:
             return
         record.audio_ms = min(record.audio_ms, out.audio_end_ms)
+        # the engine clamped a cut past the item's (already truncated) audio
         record.item = record.item.model_copy(update={"content": [
             ev.ContentPart(type="output_audio", transcript=out.text)]})
         self._emit(ev.ItemTruncated(item_id=out.item_id, content_index=0,
@@ -558,6 +633,7 @@ class SessionActor:
                 continue
             if not r.buffer_started:
                 r.buffer_started = True
+                self.playing = self.last_audio_response = r.response.id
                 self._emit(ev.OutputAudioBufferStarted(response_id=r.response.id))
             if r.first_audio is None:
                 r.first_audio = now
@@ -565,12 +641,24 @@ class SessionActor:
             record = self.items.get(frame.item_id)
             if record is not None:
                 record.audio_ms += frame.ms
+                record.sent_ms += frame.ms
             self._emit(ev.AudioDelta(response_id=r.response.id, item_id=r.item_id,
                                      delta=frame.payload))
         r = self.response
         if r is not None and r.engine_done is not None and not self.pacer.pending(r.response.id):
             self._finish_response(now)
+        self._check_played_out(now)
         self._check_idle(now)
+
+    def _check_played_out(self, now: float) -> None:
+        """`output_audio_buffer.stopped` once a finished response's audio has played."""
+        rid = self.playing
+        if rid is None or self.pacer.pending(rid) or self.pacer.buffered_ms(now) > 0:
+            return
+        if self.response is not None and self.response.response.id == rid:
+            return  # more audio may still come
+        self.playing = None
+        self._emit(ev.OutputAudioBufferStopped(response_id=rid))
 
     def _check_idle(self, now: float) -> None:
         td = self.settings.turn_detection
@@ -591,6 +679,8 @@ class SessionActor:
         d = self.pacer.next_deadline(now)
         if d is not None:
             deadlines.append(d)
+        if self.playing is not None and self.pacer.buffered_ms(now) > 0:
+            deadlines.append(now + self.pacer.buffered_ms(now) / 1000)  # played out
         td = self.settings.turn_detection
         if td is not None and td.idle_timeout_ms is not None and self.response is None:
             deadlines.append(self.last_activity + td.idle_timeout_ms / 1000)

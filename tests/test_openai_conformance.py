@@ -1,0 +1,163 @@
+"""Every server event a session emits validates strictly against the `openai` package's own
+pydantic types, in both dialects (GA `openai.types.realtime`, beta
+`openai.types.beta.realtime`). The session is scripted at the actor (engine outputs fed by
+hand), so every event kind appears: spoken turn, text turn, cancel, barge-in, two
+truncates, item edits, buffer clears, an idle timeout and errors. The live-server twin is
+in tests/test_realtime_e2e.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from openai_types import strict_problems
+
+from voxline.engines import protocol as ep
+from voxline.realtime import events as ev
+from voxline.realtime.events_server import SERVER_EVENT_CLASSES
+from voxline.sessions.actor import SessionActor
+
+# Wire events the session never emits (the engine reports no per-item ASR failure yet).
+NEVER_EMITTED = {ev.ConversationCreated, ev.InputTranscriptionFailed}
+
+
+class Script:
+    """A session driven through the actor with a hand-played engine and clock."""
+
+    def __init__(self) -> None:
+        self.actor = SessionActor("sess_1", "s1", settings=ev.SessionSettings(model="gpt-realtime"))
+        self.t = 0.0
+        self.events: list[ev.ServerEvent] = []
+        self.actor.start(self.t)
+        self.actor.take_commands()
+
+    def send(self, **event: object) -> list[ep.EngineInput]:
+        self.actor.receive(ev.parse_client_event(json.dumps(event)), self.t)
+        return self.actor.take_commands()
+
+    def engine(self, *outs: ep.EngineOutput) -> list[ep.EngineInput]:
+        for out in outs:
+            self.actor.on_engine(out, self.t)
+        return self.actor.take_commands()
+
+    def run(self, seconds: float) -> None:
+        end = self.t + seconds
+        while self.t < end:
+            self.t = round(self.t + 0.02, 6)
+            self.actor.tick(self.t)
+
+    def reply(self, cmd: ep.CreateResponse, text: str = "Paris is the capital.",
+              seconds: float = 1.0, done: bool = True) -> None:
+        audio = (0.1 * np.sin(np.arange(int(22050 * seconds)) / 10)).astype("<f4")
+        self.engine(ep.TextDelta("s1", cmd.response_id, text),
+                    ep.AudioChunk("s1", cmd.response_id, audio.tobytes(), 22050,
+                                  seconds * 1000, text))
+        if done:
+            self.engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.COMPLETED,
+                                        text, 20, 5))
+
+    def take(self) -> list[ev.ServerEvent]:
+        out = self.actor.take_events()
+        self.events += out
+        return out
+
+
+def response_of(cmds: list[ep.EngineInput]) -> ep.CreateResponse:
+    return next(c for c in cmds if isinstance(c, ep.CreateResponse))
+
+
+def scripted_session() -> list[ev.ServerEvent]:
+    s = Script()
+    s.send(type="session.update", session={
+        "type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}})
+    # a spoken turn, answered with audio that plays out
+    s.engine(ep.SpeechStarted("s1", 300, "item_u1"),
+             ep.TranscriptPartial("s1", "item_u1", "What is"),
+             ep.TranscriptPartial("s1", "item_u1", "What is the capital"))
+    s.t += 1.0
+    first = response_of(s.engine(ep.SpeechStopped("s1", 2100, "item_u1")))
+    s.engine(ep.TranscriptFinal("s1", "item_u1", "What is the capital of France?"))
+    s.reply(first)
+    s.run(1.5)
+    # a text turn with a text-only response
+    s.send(type="conversation.item.create", item={
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]})
+    text = response_of(s.send(type="response.create", response={"output_modalities": ["text"]}))
+    s.engine(ep.TextDelta("s1", text.response_id, "Hello!"),
+             ep.ResponseDone("s1", text.response_id, ep.ResponseStatus.COMPLETED, "Hello!", 5, 2))
+    s.run(0.1)
+    # a client cancel, then a client truncate of what it played
+    cancelled = response_of(s.send(type="response.create"))
+    s.reply(cancelled, done=False)
+    s.run(0.3)
+    s.send(type="response.cancel")
+    s.engine(ep.ResponseDone("s1", cancelled.response_id, ep.ResponseStatus.CANCELLED,
+                             "Paris", 20, 2))
+    s.send(type="conversation.item.truncate", item_id=cancelled.item_id, content_index=0,
+           audio_end_ms=200)
+    s.engine(ep.ItemTruncated("s1", cancelled.item_id, 200, "Paris"))
+    # a barge-in: the server cuts at its playout clock, the client truncates after it
+    interrupted = response_of(s.send(type="response.create"))
+    s.reply(interrupted, done=False)
+    s.run(0.5)
+    s.engine(ep.SpeechStarted("s1", 6000, "item_u2"))
+    cut = s.engine(ep.ResponseDone("s1", interrupted.response_id,
+                                   ep.ResponseStatus.CANCELLED, "Paris", 20, 2))
+    truncate = next(c for c in cut if isinstance(c, ep.TruncateItem))
+    s.engine(ep.ItemTruncated("s1", interrupted.item_id, truncate.audio_end_ms, "Paris"))
+    s.send(type="conversation.item.truncate", item_id=interrupted.item_id, content_index=0,
+           audio_end_ms=460)  # past the server's cut, within what was sent
+    s.engine(ep.ItemTruncated("s1", interrupted.item_id, truncate.audio_end_ms, "Paris"))
+    s.t += 0.8
+    after = s.engine(ep.SpeechStopped("s1", 7000, "item_u2"))
+    s.engine(ep.TranscriptFinal("s1", "item_u2", "Stop."))
+    s.reply(response_of(after), seconds=0.3)
+    s.run(0.3)
+    s.send(type="output_audio_buffer.clear")
+    # item edits, buffer clears, a bad event and an idle timeout
+    s.send(type="conversation.item.retrieve", item_id="item_u1")
+    s.send(type="conversation.item.delete", item_id="item_u1")
+    s.send(type="input_audio_buffer.clear")
+    s.send(type="conversation.item.retrieve", item_id="nope", event_id="evt_bad")
+    s.send(type="session.update", session={"type": "realtime", "audio": {"input": {
+        "turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}})
+    s.run(5.2)
+    s.take()
+    return s.events
+
+
+@pytest.fixture(scope="module")
+def events() -> list[ev.ServerEvent]:
+    return scripted_session()
+
+
+@pytest.mark.parametrize("dialect", [ev.Dialect.GA, ev.Dialect.BETA])
+def test_every_emitted_event_validates_strictly(events, dialect):
+    wire = [w for w in (ev.render(e, dialect) for e in events) if w is not None]
+    problems = [p for w in wire for p in strict_problems(w, dialect.value)]
+    assert problems == []
+    expected = {ev.wire_type(cls, dialect) for cls in SERVER_EVENT_CLASSES
+                if cls not in NEVER_EMITTED} - {None}
+    assert {w["type"] for w in wire} == expected  # the script reached every kind
+
+
+def test_the_script_is_the_behaviour_it_claims(events):
+    kinds = [type(e) for e in events]
+    assert kinds.count(ev.ItemTruncated) == 3 and ev.ErrorEvent in kinds
+    errors = [e for e in events if isinstance(e, ev.ErrorEvent)]
+    assert [e.error.event_id for e in errors] == ["evt_bad"]  # only the bad retrieve fails
+    started = [e.response_id for e in events if isinstance(e, ev.OutputAudioBufferStarted)]
+    ended = [e.response_id for e in events
+             if isinstance(e, ev.OutputAudioBufferStopped | ev.OutputAudioBufferCleared)]
+    assert started and ended[:len(started)] == started  # each start has its end, in order
+    assert events[0].session.model == "gpt-realtime"
+
+
+def test_the_strict_check_catches_what_the_sdk_lets_through():
+    assert strict_problems({"type": "output_audio_buffer.started", "event_id": "e",
+                            "response_id": "r", "extra": 1}, "ga")
+    assert strict_problems({"type": "response.output_audio.delta", "event_id": "e",
+                            "response_id": "r", "item_id": "i", "output_index": "0",
+                            "content_index": 0, "delta": ""}, "ga")
+    assert strict_problems({"type": "no.such.event", "event_id": "e"}, "beta")

@@ -45,6 +45,7 @@ from voxline.engines.speech_stage import SpeechJob, SpeechOut
 from .checkpoint import Qwen3TTSModel
 from .code2wav import Code2WavState
 from .generation import TalkerGenerator, TalkerSampling, TalkerStream
+from .graphs import GraphedTalkerGenerator
 from .prompt import TalkerPrompt, assistant_ids, build_prompt
 from .tokenizer import Qwen3TextTokenizer
 
@@ -95,6 +96,8 @@ class Qwen3SpeechStage:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         codec_dtype: torch.dtype = torch.float32,
+        graphs: bool | None = None,
+        capture_at_load: bool = True,
     ) -> None:
         """``model``: a loaded model (then ``tokenizer`` is required) or a checkpoint
         directory in the official layout (loaded on ``device``: talker in ``dtype``,
@@ -108,6 +111,9 @@ class Qwen3SpeechStage:
         ``ramp``: after the first chunk, each chunk holds at most as many frames as were
         already emitted (e.g. 1, 1, 2, 4, 4, ...), so at a real-time factor below 1 the
         listener never waits for the next chunk while the chunks grow to ``chunk_frames``.
+        ``graphs`` (default: on for CUDA) steps frames with :class:`GraphedTalkerGenerator`
+        (CUDA graphs in batch/length buckets, captured at load unless ``capture_at_load``
+        is off; on the CPU its eager twin).
         """
         if initial_chunk_frames < 1 or chunk_frames < 1:
             raise ValueError("initial_chunk_frames and chunk_frames must be >= 1")
@@ -151,7 +157,16 @@ class Qwen3SpeechStage:
         self._build(assistant_ids([tokenizer.chat.newline], tokenizer.chat), self.speaker)
 
         self.max_streams = max_streams
-        self.generator = TalkerGenerator(model.talker, max_streams=max_streams, max_len=max_len)
+        if graphs is None:
+            graphs = model.talker.device.type == "cuda"
+        self.generator: TalkerGenerator
+        if graphs:
+            graphed = GraphedTalkerGenerator(model.talker, max_streams=max_streams, max_len=max_len)
+            if graphed.capture and capture_at_load:
+                graphed.prepare()
+            self.generator = graphed
+        else:
+            self.generator = TalkerGenerator(model.talker, max_streams=max_streams, max_len=max_len)
         self._jobs: dict[int, _Job] = {}  # every job not yet finished, in start order
         self._queue: deque[_Job] = deque()  # started, waiting for a talker slot
         self._warned_speed = False

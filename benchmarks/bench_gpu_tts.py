@@ -1,0 +1,280 @@
+"""Qwen3-TTS-12Hz-1.7B speech stage on a GPU: first audio, RTF, audio-s/s per concurrency.
+
+    python benchmarks/bench_gpu_tts.py --out benchmarks/results/gpu_tts_h200.json
+
+Builds the real-shape model (talker 28 x 2048, code predictor 5 x 1024, the 12 Hz codec
+decoder) with RANDOM weights in GPU memory (nothing is downloaded or carried), talker in
+bf16 and code2wav in fp32 as ``factory.load_tts`` loads them, and a tiny BPE tokenizer.
+Random weights never stop on their own, so every job speaks exactly ``--frames`` frames
+(EOS masked until then): the numbers are timings, the audio is noise.
+
+For each mode (``eager``: the plain generator; ``graphs``: GraphedTalkerGenerator with
+CUDA graphs captured at load) and concurrency ``c``, ``c`` jobs start together and the
+stage steps until all finish: first audio = job start to its first audio chunk; RTF =
+(finish - start) / audio seconds per job; audio-s/s = all audio / wall time; an underrun
+is a chunk arriving after the audio before it has played out (playout starting at the
+first chunk). A second, synchronised pass splits a step into its parts. In the same run
+the graph path is checked against its eager twin (same padded steps, not captured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from voxline.engines.models.qwen3_tts import TalkerSampling
+from voxline.engines.models.qwen3_tts.checkpoint import Qwen3TTSModel
+from voxline.engines.models.qwen3_tts.code2wav import Code2WavDecoder
+from voxline.engines.models.qwen3_tts.config import Code2WavConfig, Qwen3TTSConfig
+from voxline.engines.models.qwen3_tts.graphs import GraphedTalkerGenerator
+from voxline.engines.models.qwen3_tts.stage import Qwen3SpeechStage
+from voxline.engines.models.qwen3_tts.talker import Talker
+from voxline.engines.models.qwen3_tts.tokenizer import Qwen3TextTokenizer
+from voxline.engines.speech_stage import SpeechJob
+
+TEXT = "A longer sentence about the lazy dog and the brown fox."
+FRAME_S = 0.08
+
+# Qwen3-TTS-12Hz-1.7B-CustomVoice shapes; ids 1..5 are the tiny tokenizer's specials.
+MODEL = dict(
+    tts_model_type="custom_voice", tts_model_size="1b7", tokenizer_type="qwen3_tts_tokenizer_12hz",
+    im_start_token_id=1, im_end_token_id=2, tts_pad_token_id=3, tts_bos_token_id=4, tts_eos_token_id=5,
+    talker_config=dict(
+        vocab_size=3072, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+        rope_theta=1000000, hidden_act="silu",
+        rope_scaling={"rope_type": "default", "mrope_section": [24, 20, 20], "interleaved": True},
+        num_code_groups=16, text_hidden_size=2048, text_vocab_size=151936,
+        codec_eos_token_id=2150, codec_think_id=2154, codec_nothink_id=2155,
+        codec_think_bos_id=2156, codec_think_eos_id=2157, codec_pad_id=2148, codec_bos_id=2149,
+        spk_id={"serena": 3000}, spk_is_dialect={"serena": False},
+        codec_language_id={"chinese": 2055, "english": 2050},
+        code_predictor_config=dict(
+            vocab_size=2048, hidden_size=1024, intermediate_size=3072, num_hidden_layers=5,
+            num_attention_heads=16, num_key_value_heads=8, head_dim=128, num_code_groups=16,
+            rms_norm_eps=1e-6, rope_theta=1000000, hidden_act="silu",
+        ),
+    ),
+)
+CODEC = dict(
+    decoder_config=dict(
+        codebook_size=2048, codebook_dim=512, hidden_size=512, latent_dim=1024, num_hidden_layers=8,
+        num_attention_heads=16, num_key_value_heads=16, head_dim=64, intermediate_size=1024,
+        sliding_window=72, num_quantizers=16, upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2],
+        decoder_dim=1536, rms_norm_eps=1e-5, rope_theta=10000, hidden_act="silu",
+    ),
+    decode_upsample_rate=1920,
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>"]
+
+
+def build_tokenizer(config: Qwen3TTSConfig) -> Qwen3TextTokenizer:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["assistant user\n"] * 50 + [TEXT] * 5, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>", additional_special_tokens=SPECIALS[1:])
+    with tempfile.TemporaryDirectory() as d:
+        fast.save_pretrained(d)
+        return Qwen3TextTokenizer.from_pretrained(d, config)
+
+
+@torch.no_grad()
+def build_model(device: str) -> Qwen3TTSModel:
+    config = Qwen3TTSConfig.parse(MODEL)
+    torch.manual_seed(0)
+    with torch.device(device):
+        talker = Talker(config.talker)
+        code2wav = Code2WavDecoder(Code2WavConfig.parse(CODEC))
+    for name, p in talker.named_parameters():  # small random weights keep bf16 finite
+        if p.dim() > 1:
+            p.normal_(0.0, 0.02 if "embedding" not in name else 0.5)
+    return Qwen3TTSModel(config, talker.to(torch.bfloat16).eval(), code2wav.float().eval(), None)
+
+
+def speak(stage: Qwen3SpeechStage, c: int, seed0: int) -> dict:
+    t0 = time.perf_counter()
+    for i in range(c):
+        stage.start(SpeechJob(seed0 + i, TEXT, seed=seed0 + i))
+    first: dict[int, float] = {}
+    end: dict[int, float] = {}
+    played: dict[int, float] = {}  # when each stream's buffered audio runs out
+    audio_s: dict[int, float] = {}
+    underruns = 0
+    steps: list[float] = []
+    sr = stage.sample_rate
+    while stage.has_work():
+        ts = time.perf_counter()
+        outs = stage.step()
+        now = time.perf_counter()
+        steps.append(now - ts)
+        for o in outs:
+            dur = len(o.audio) / sr
+            if dur:
+                if o.job_id not in first:
+                    first[o.job_id] = now - t0
+                    played[o.job_id] = now
+                elif now > played[o.job_id] + 1e-4:
+                    underruns += 1
+                played[o.job_id] = max(played[o.job_id], now) + dur
+                audio_s[o.job_id] = audio_s.get(o.job_id, 0.0) + dur
+            if o.finished:
+                end[o.job_id] = now - t0
+    wall = time.perf_counter() - t0
+    return dict(first=list(first.values()), rtf=[end[j] / audio_s[j] for j in audio_s],
+                audio=sum(audio_s.values()), wall=wall, underruns=underruns, steps=steps)
+
+
+def measure(stage: Qwen3SpeechStage, c: int, runs: int) -> dict:
+    speak(stage, c, 10_000)  # warm-up (allocator, cuDNN autotune, lazy buckets)
+    rs = [speak(stage, c, 1000 * (r + 1)) for r in range(runs)]
+    first = np.array([x for r in rs for x in r["first"]]) * 1000
+    steps = np.array([x for r in rs for x in r["steps"][2:]]) * 1000
+    return dict(
+        concurrency=c, runs=runs,
+        first_audio_ms_p50=round(float(np.percentile(first, 50)), 2),
+        first_audio_ms_p95=round(float(np.percentile(first, 95)), 2),
+        rtf_mean=round(float(np.mean([x for r in rs for x in r["rtf"]])), 4),
+        step_ms_p50=round(float(np.percentile(steps, 50)), 2),
+        step_rtf=round(float(np.percentile(steps, 50)) / 1000 / FRAME_S, 4),
+        audio_s_per_s=round(sum(r["audio"] for r in rs) / sum(r["wall"] for r in rs), 2),
+        underruns=sum(r["underruns"] for r in rs),
+    )
+
+
+def breakdown(stage: Qwen3SpeechStage, c: int) -> dict:
+    """Milliseconds per decode step in each part (synchronised around each part)."""
+    gen, dec = stage.generator, stage.decoder
+    parts: dict[str, list[float]] = {"code_predictor": [], "talker": [], "code2wav": []}
+    originals = {}
+
+    def timed(obj, name, key):
+        fn = getattr(obj, name)
+        originals[(obj, name)] = fn
+
+        def wrapper(*a, **k):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            torch.cuda.synchronize()
+            parts[key].append((time.perf_counter() - t) * 1000)
+            return out
+
+        setattr(obj, name, wrapper)
+
+    talker = gen.talker
+    if isinstance(gen, GraphedTalkerGenerator):
+        timed(gen, "_complete", "code_predictor")
+        timed(gen, "_decode", "talker")
+    else:
+        timed(talker, "complete_frames", "code_predictor")
+        timed(talker, "forward_batch", "talker")
+    timed(dec, "decode_batch", "code2wav")
+    r = speak(stage, c, 77)
+    for (obj, name) in originals:
+        delattr(obj, name)
+    out = {k: round(float(np.median(v[2:] if len(v) > 4 else v)), 2) for k, v in parts.items() if v}
+    out["step"] = round(float(np.median(r["steps"][2:])) * 1000, 2)
+    return out
+
+
+def twin_check(model: Qwen3TTSModel, tok: Qwen3TextTokenizer, frames: int) -> dict:
+    """Greedy + seeded sampling: captured graphs vs their eager twin vs the plain generator."""
+    res = {}
+    for name, sampling in (("greedy", TalkerSampling.greedy(min_frames=frames)),
+                           ("sampled", TalkerSampling(min_frames=frames))):
+        audio = {}
+        for mode in ("graphs", "twin", "plain"):
+            stage = Qwen3SpeechStage(model, tok, max_streams=4, max_len=256, max_frames=frames,
+                                     sampling=sampling, graphs=mode != "plain", capture_at_load=False)
+            if mode == "twin":
+                stage.generator = GraphedTalkerGenerator(model.talker, max_streams=4, max_len=256,
+                                                         capture=False)
+            outs: dict[int, list[np.ndarray]] = {}
+            for i in range(3):
+                stage.start(SpeechJob(i, TEXT, seed=5 + i))
+            while stage.has_work():
+                for o in stage.step():
+                    outs.setdefault(o.job_id, []).append(o.audio)
+            audio[mode] = np.concatenate([np.concatenate(outs[i]) for i in range(3)])
+        res[name] = {
+            "graphs_vs_twin_max_abs": float(np.abs(audio["graphs"] - audio["twin"]).max()),
+            "graphs_vs_plain_max_abs": float(np.abs(audio["graphs"] - audio["plain"]).max())
+            if audio["graphs"].shape == audio["plain"].shape else "length differs",
+        }
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--concurrency", default="1,4,10,32")
+    ap.add_argument("--modes", default="graphs,eager")
+    ap.add_argument("--frames", type=int, default=50, help="frames per job (80 ms each)")
+    ap.add_argument("--eager-concurrency", default="1,10,32", help="concurrencies measured eagerly")
+    ap.add_argument("--max-len", type=int, default=256)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    conc = [int(x) for x in args.concurrency.split(",")]
+    t_load = time.perf_counter()
+    model = build_model(args.device)
+    tok = build_tokenizer(model.config)
+    print(f"model built in {time.perf_counter() - t_load:.1f} s", flush=True)
+    report: dict = dict(
+        command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if argv is None else str(argv),
+        gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
+        python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
+        shapes="Qwen3-TTS-12Hz-1.7B: talker 28x2048 bf16, code predictor 5x1024 bf16, "
+               "12 Hz code2wav fp32; random weights",
+        frames_per_job=args.frames, chunking="initial_chunk_frames=1, chunk_frames=4",
+        sampling="published settings (temperature 0.9, top-k 50), seeded; EOS masked",
+        qwen_tts_reference="not run: the qwen-tts package is not installable on the device machine",
+        results={}, breakdown={},
+    )
+    report["twin_check"] = twin_check(model, tok, 12)
+    print("twin check", report["twin_check"], flush=True)
+    sampling = TalkerSampling(min_frames=args.frames)
+    for mode in args.modes.split(","):
+        t0 = time.perf_counter()
+        stage = Qwen3SpeechStage(model, tok, max_streams=max(conc), max_len=args.max_len,
+                                 max_frames=args.frames, sampling=sampling, graphs=mode == "graphs")
+        load = time.perf_counter() - t0
+        print(f"{mode}: stage ready in {load:.1f} s", flush=True)
+        report.setdefault("load_s", {})[mode] = round(load, 2)
+        cs = conc if mode == "graphs" else [c for c in conc if str(c) in args.eager_concurrency.split(",")]
+        for c in cs:
+            row = measure(stage, c, runs=5 if c == 1 else (2 if mode == "graphs" else 1))
+            report["results"].setdefault(mode, []).append(row)
+            report["breakdown"].setdefault(mode, {})[str(c)] = breakdown(stage, c)
+            print(mode, row, report["breakdown"][mode][str(c)], flush=True)
+        del stage
+        torch.cuda.empty_cache()
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+    print(f"{'mode':7s} {'c':>3s} {'first p50':>10s} {'p95':>8s} {'RTF':>7s} {'step RTF':>9s} "
+          f"{'audio-s/s':>10s} {'underruns':>9s}")
+    for mode, rows in report["results"].items():
+        for r in rows:
+            print(f"{mode:7s} {r['concurrency']:3d} {r['first_audio_ms_p50']:10.1f} "
+                  f"{r['first_audio_ms_p95']:8.1f} {r['rtf_mean']:7.3f} {r['step_rtf']:9.3f} "
+                  f"{r['audio_s_per_s']:10.1f} {r['underruns']:9d}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""The graph-capable Qwen3-TTS path (GraphedTalkerGenerator) against the eager stage.
+
+On the CPU the bucketed steps run eagerly over the same padded static buffers a CUDA
+graph would replay, so padding, bucketing, joins and cancels are exercised exactly;
+greedy decoding must give the plain stage's audio, and seeded sampling must not depend
+on what shares the batch or how it is padded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_qwen3_tts_stage import TEXTS, audio, make_stage, of, run, write_test_checkpoint
+
+from voxline.engines.models.qwen3_tts import TalkerSampling
+from voxline.engines.models.qwen3_tts.graphs import GraphedTalkerGenerator
+from voxline.engines.speech_stage import SpeechJob
+from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, pow2_buckets
+from voxline.kernels.sampling import counter_uniform, sample_rows
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return write_test_checkpoint(tmp_path_factory.mktemp("qwen3-graphs") / "model")
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def test_buckets():
+    assert pow2_buckets(1, 24) == [1, 2, 4, 8, 16, 24]
+    assert pow2_buckets(64, 64) == [64]
+    assert bucket_for(3, [1, 2, 4, 8]) == 4
+    assert bucket_for(8, [8, 1]) == 8
+    assert bucket_for(9, [1, 2, 4, 8]) is None
+
+
+def test_static_step_eager_twin_writes_its_own_outputs():
+    calls = []
+
+    def fn(x: torch.Tensor) -> dict[str, torch.Tensor]:
+        calls.append(1)
+        return {"y": x * 2}
+
+    steps = BucketedSteps(lambda b: StaticStep(fn, {"x": torch.zeros(b)}), capture=False, name="t")
+    step = steps.get(4)
+    assert steps.get(4) is step and len(calls) == 0
+    step.inputs["x"].copy_(torch.arange(4.0))
+    out = step()
+    assert out["y"].tolist() == [0.0, 2.0, 4.0, 6.0]
+    step.inputs["x"].fill_(1.0)
+    assert step()["y"] is out["y"] and out["y"].tolist() == [2.0] * 4
+
+
+def test_counter_uniform_depends_only_on_seed_and_counter():
+    seed = torch.tensor([7, 7, 8, 2**40 + 7])
+    counter = torch.tensor([0, 1, 0, 0])
+    u = counter_uniform(seed, counter, 4096)
+    assert u.shape == (4, 4096) and float(u.min()) > 0 and float(u.max()) < 1
+    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2]) and not torch.equal(u[0], u[3])
+    assert torch.equal(counter_uniform(seed[:1], counter[:1], 4096)[0], u[0])
+    assert abs(float(u.mean()) - 0.5) < 0.01
+
+
+def _settings(b: int, temp: float, k: int = 0, p: float = 1.0):
+    return (torch.full((b,), temp), torch.full((b,), k, dtype=torch.int64), torch.full((b,), p))
+
+
+def test_sample_rows_greedy_topk_and_batch_independence():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 300, generator=g)
+    seed, counter = torch.arange(6, dtype=torch.int64) * 11, torch.zeros(6, dtype=torch.int64)
+    assert torch.equal(sample_rows(logits, *_settings(6, 0.0), seed, counter), logits.argmax(-1))
+    assert torch.equal(sample_rows(logits, *_settings(6, 0.9, k=1), seed, counter), logits.argmax(-1))
+    picks = sample_rows(logits, *_settings(6, 0.9, k=5), seed, counter)
+    top5 = logits.topk(5).indices
+    assert all(int(picks[i]) in top5[i].tolist() for i in range(6))
+    # A row's pick is the same alone and in any batch.
+    alone = sample_rows(logits[3:4], *_settings(1, 0.9, k=50), seed[3:4], counter[3:4])
+    assert int(alone) == int(sample_rows(logits, *_settings(6, 0.9, k=50), seed, counter)[3])
+    # Frequencies follow the softmax (many counters of one row).
+    n = 4000
+    row = logits[:1, :4].expand(n, 4).contiguous()
+    draws = sample_rows(row, *_settings(n, 1.0), torch.full((n,), 5), torch.arange(n))
+    freq = torch.bincount(draws, minlength=4).float() / n
+    assert torch.allclose(freq, row[0].softmax(-1), atol=0.03)
+
+
+# --------------------------------------------------------------------------- stage
+
+SCHEDULE = {0: [SpeechJob(1, TEXTS[0]), SpeechJob(2, TEXTS[1])], 3: [SpeechJob(3, TEXTS[2])],
+            7: [SpeechJob(4, TEXTS[3])]}
+
+
+def _jobs(seed: int | None = None) -> dict[int, list[SpeechJob]]:
+    return {i: [SpeechJob(j.job_id, j.text, seed=None if seed is None else seed + j.job_id)
+                for j in jobs] for i, jobs in SCHEDULE.items()}
+
+
+def _by_job(outs) -> dict[int, tuple[np.ndarray, list[bool], list[str]]]:
+    ids = sorted({o.job_id for _, o in outs})
+    return {i: (audio(of(outs, i)), [o.finished for o in of(outs, i)], [o.text for o in of(outs, i)])
+            for i in ids}
+
+
+def _assert_same(a, b) -> None:
+    assert a.keys() == b.keys()
+    for job_id in a:
+        wa, fa, ta = a[job_id]
+        wb, fb, tb = b[job_id]
+        assert (fa, ta) == (fb, tb), job_id
+        assert wa.shape == wb.shape, job_id
+        np.testing.assert_allclose(wa, wb, atol=1e-5, err_msg=f"job {job_id}")
+
+
+@pytest.mark.parametrize("cancel", [False, True])
+def test_greedy_graph_path_equals_the_eager_stage(model_dir, cancel):
+    """Joins at different steps, a cancel mid-batch: same outputs as the plain generator."""
+    cancels = {5: [2]} if cancel else {}
+    plain = run(make_stage(model_dir, graphs=False), _jobs(), cancels)
+    graphed_stage = make_stage(model_dir, graphs=True)
+    assert isinstance(graphed_stage.generator, GraphedTalkerGenerator)
+    graphed = run(graphed_stage, _jobs(), cancels)
+    _assert_same(_by_job(plain), _by_job(graphed))
+    if cancel:
+        assert not any(o.finished for o in of(graphed, 2))
+    gen = graphed_stage.generator
+    assert sorted(gen._free) == list(range(4)) and gen.scratch == 4  # scratch slot never lent
+
+
+def test_seeded_sampling_ignores_batch_mates_padding_and_cancels(model_dir):
+    sampling = TalkerSampling(min_frames=2)
+    alone = {}
+    for jobs in _jobs(seed=100).values():
+        for job in jobs:
+            outs = run(make_stage(model_dir, graphs=True, sampling=sampling), {0: [job]})
+            alone[job.job_id] = _by_job(outs)[job.job_id]
+    together = _by_job(run(make_stage(model_dir, graphs=True, sampling=sampling), _jobs(seed=100)))
+    _assert_same(alone, together)
+    # Exact shapes (no buckets, no padding) draw the same codes as padded buckets.
+    exact = make_stage(model_dir, graphs=True, sampling=sampling)
+    exact.generator.batch_buckets = []
+    exact.generator.length_buckets = []
+    _assert_same(together, _by_job(run(exact, _jobs(seed=100))))
+    # A cancelled neighbour changes nothing for the others.
+    cancelled = _by_job(run(make_stage(model_dir, graphs=True, sampling=sampling), _jobs(seed=100),
+                            {4: [1]}))
+    _assert_same({k: v for k, v in together.items() if k != 1},
+                 {k: v for k, v in cancelled.items() if k != 1})
+
+
+def test_padding_rows_write_only_the_scratch_slot(model_dir):
+    stage = make_stage(model_dir, graphs=True)
+    gen = stage.generator
+    assert isinstance(gen, GraphedTalkerGenerator)
+    stage.start(SpeechJob(1, TEXTS[0]))
+    for _ in range(3):
+        stage.step()  # one stream in a batch bucket of 1; then force a padded bucket
+    gen.batch_buckets = [4]
+    before_k = gen.cache.k.clone()
+    stage.step()
+    slot = next(iter(stage._jobs.values())).stream.slot
+    changed = (gen.cache.k != before_k).flatten(2).any(-1).any(0)  # [slots]
+    assert changed[slot] and set(changed.nonzero().flatten().tolist()) <= {slot, gen.scratch}

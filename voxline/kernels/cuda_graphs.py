@@ -1,0 +1,113 @@
+"""CUDA-graph capture and replay of fixed-shape steps, one graph per size bucket.
+
+A :class:`StaticStep` is a function over static input buffers whose results are copied
+into static output buffers it owns (allocated outside any graph pool, so replaying one
+graph never clobbers another's outputs). Without capture (CPU, or capture off) calling it
+runs the same function eagerly over the same padded buffers: the eager twin.
+:class:`BucketedSteps` keeps one step per bucket key, created (and captured) on first use
+or up front with :meth:`BucketedSteps.prepare`. All graphs share one memory pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Generic, TypeVar
+
+import torch
+from torch import Tensor
+
+__all__ = ["BucketedSteps", "StaticStep", "bucket_for", "pow2_buckets"]
+
+logger = logging.getLogger(__name__)
+
+K = TypeVar("K", bound=Hashable)
+StepFn = Callable[..., dict[str, Tensor]]
+
+
+def pow2_buckets(lo: int, hi: int) -> list[int]:
+    """Powers of two from ``lo`` up to ``hi``, with ``hi`` itself last."""
+    out, b = [], max(1, lo)
+    while b < hi:
+        out.append(b)
+        b *= 2
+    return [*out, hi]
+
+
+def bucket_for(n: int, buckets: Sequence[int]) -> int | None:
+    """The smallest bucket >= ``n``; None when ``n`` is past the largest."""
+    for b in sorted(buckets):
+        if b >= n:
+            return b
+    return None
+
+
+class StaticStep:
+    """``fn(**inputs)`` over static buffers; a CUDA-graph replay once captured."""
+
+    def __init__(self, fn: StepFn, inputs: dict[str, Tensor]) -> None:
+        self.fn = fn
+        self.inputs = inputs
+        self.outputs: dict[str, Tensor] = {}
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def _run(self) -> None:
+        results = self.fn(**self.inputs)
+        if not self.outputs:
+            self.outputs = {k: torch.empty_like(v) for k, v in results.items()}
+        for k, v in results.items():
+            self.outputs[k].copy_(v)
+
+    @torch.inference_mode()
+    def capture(self, pool: tuple[int, int] | None = None, warmup: int = 2) -> None:
+        """Warm up on a side stream (allocator, cuBLAS handles), then record one graph."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                self._run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            self._run()
+        self.graph = graph
+
+    @torch.inference_mode()
+    def __call__(self) -> dict[str, Tensor]:
+        """Run once; the returned buffers are overwritten by the next call."""
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._run()
+        return self.outputs
+
+
+class BucketedSteps(Generic[K]):
+    """One :class:`StaticStep` per bucket key, made by ``make(key)``; captured when
+    ``capture`` is set (the step's initial inputs must be safe to run: padding only)."""
+
+    def __init__(self, make: Callable[[K], StaticStep], *, capture: bool, name: str) -> None:
+        self.make = make
+        self.capture = capture
+        self.name = name
+        self.steps: dict[K, StaticStep] = {}
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+
+    def get(self, key: K) -> StaticStep:
+        step = self.steps.get(key)
+        if step is None:
+            step = self.make(key)
+            if self.capture:
+                step.capture(self.pool)
+            self.steps[key] = step
+        return step
+
+    def prepare(self, keys: Iterable[K]) -> None:
+        """Create (and capture) the given buckets now, largest first, logging progress."""
+        keys = sorted(keys, reverse=True)  # type: ignore[type-var]
+        t0 = time.perf_counter()
+        for i, key in enumerate(keys, 1):
+            self.get(key)
+            logger.info("%s: bucket %s ready (%d/%d, %.1f s)", self.name, key, i, len(keys),
+                        time.perf_counter() - t0)

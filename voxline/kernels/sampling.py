@@ -1,0 +1,60 @@
+"""Token sampling with fixed shapes and no host sync, so it can live inside a CUDA graph.
+
+Each row carries its settings as tensors (temperature, top-k, top-p) and its random
+stream as a ``(seed, counter)`` pair: the uniform noise of a draw is an integer hash of
+seed, counter and vocabulary rank, so a stream's draws depend only on its own seed and
+how many draws it made, never on the batch it shares or its padding. The same function
+runs eagerly on the CPU (the exact twin) and under capture on a GPU; integer hashing is
+identical on both.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["counter_uniform", "sample_rows"]
+
+_MASK32 = 0xFFFFFFFF
+_HASH_MUL = 0x45D9F3B  # < 2**27: products of 32-bit values stay inside int64
+
+
+def _mix(x: Tensor) -> Tensor:
+    for _ in range(3):
+        x = ((x ^ (x >> 16)) * _HASH_MUL) & _MASK32
+    return x ^ (x >> 16)
+
+
+def counter_uniform(seed: Tensor, counter: Tensor, n: int) -> Tensor:
+    """``[B]`` int64 seeds and counters -> ``[B, n]`` float32 uniforms in (0, 1)."""
+    idx = torch.arange(n, device=seed.device, dtype=torch.int64)
+    s = _mix(seed & _MASK32) ^ _mix((seed >> 32) & _MASK32)
+    x = _mix((s[:, None] ^ _mix((counter[:, None] * 0x9E37 + idx[None, :]) & _MASK32)) & _MASK32)
+    return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def sample_rows(
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, counter: Tensor
+) -> Tensor:
+    """Pick one id per row of ``logits [B, V]`` (float32); returns ``[B]`` int64.
+
+    ``temperature`` 0 is greedy (argmax); otherwise softmax at that temperature over the
+    ``top_k`` best ids (0 = all) and the smallest prefix with mass >= ``top_p``, then an
+    exponential race with the row's counter noise (as ``llama.sample`` does with a
+    generator). Every row costs the same work, so the shape never depends on the values.
+    """
+    vocab = logits.shape[-1]
+    greedy = logits.argmax(dim=-1)
+    sampled = temperature > 0
+    temp = torch.where(sampled, temperature, torch.ones_like(temperature))
+    scores, order = (logits / temp[:, None]).sort(dim=-1, descending=True)
+    rank = torch.arange(vocab, device=logits.device)[None, :]
+    k = torch.where((top_k > 0) & (top_k < vocab), top_k, torch.full_like(top_k, vocab))
+    drop = rank >= k[:, None]
+    probs = scores.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely ids
+    drop = drop | ((before >= top_p[:, None]) & (rank > 0))
+    probs = scores.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    race = probs / -torch.log(counter_uniform(seed, counter, vocab))
+    picked = order.gather(1, race.argmax(dim=-1, keepdim=True))[:, 0]
+    return torch.where(sampled, picked, greedy)

@@ -100,9 +100,10 @@ def run_driver(python: str, script: str, url: str, speech: tuple[Path, Path]) ->
 def check_barge_in(s: dict[str, Any]) -> None:
     """What any conforming server must give a real client through a barge-in session."""
     where = "\n".join(s["timeline"])
-    assert s["failure"] is None, f"{s['client']}: {s['failure']}\n{where}"
+    # Errors first: they are the usual reason a driver then timed out.
     assert s["errors"] == [], f"{s['client']} got error events: {s['errors']}\n{where}"
     assert s["notes"] == [], f"{s['client']} reported errors: {s['notes']}\n{where}"
+    assert s["failure"] is None, f"{s['client']}: {s['failure']}\n{where}"
 
     by_phase = {p: [r for r in s["responses"] if r["phase"] == p]
                 for p in ("text", "question", "barge")}

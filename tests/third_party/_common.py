@@ -105,7 +105,9 @@ class WireLog:
         self.responses: dict[str, dict[str, Any]] = {}
         self.phase = "connect"
         self.failure: str | None = None
-        self.notes: list[str] = []  # client-side errors/exceptions the library reported
+        self.abort: str | None = None  # set when the client gave up; waits stop early
+        # client-side errors the library reported, deduplicated (a dead socket repeats one)
+        self._notes: Counter[str] = Counter()
         self.item_audio: Counter[str] = Counter()  # PCM bytes the server sent, per item
         self._changed = asyncio.Event()
 
@@ -149,6 +151,13 @@ class WireLog:
             self.timeline.append(f"{self._stamp()} < {_short(event)}")
         self._changed.set()
 
+    def note(self, text: str) -> None:
+        self._notes[text[:500]] += 1
+
+    @property
+    def notes(self) -> list[str]:
+        return [f"{text} (x{n})" if n > 1 else text for text, n in self._notes.most_common(20)]
+
     def mark(self, phase: str) -> None:
         self.phase = phase
         self.timeline.append(f"{self._stamp()} -- phase {phase}")
@@ -156,6 +165,8 @@ class WireLog:
     async def wait_for(self, what: str, pred: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not pred():
+            if self.abort:
+                raise RuntimeError(f"{self.abort} (while waiting for {what})")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")

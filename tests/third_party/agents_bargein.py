@@ -123,10 +123,10 @@ async def converse(log: WireLog, url: str, question: bytes, barge: bytes, timeou
                 interrupted += 1
                 speaker.interrupt()
             elif event.type == "error":
-                log.notes.append(f"RealtimeError: {event.error}")
+                log.note(f"RealtimeError: {event.error}")
             elif event.type == "raw_model_event" and event.data.type in ("error", "exception"):
                 detail = getattr(event.data, "exception", None) or getattr(event.data, "error", "")
-                log.notes.append(f"model {event.data.type}: {detail!r}")
+                log.note(f"model {event.data.type}: {detail!r}")
 
     mic = Mic(session.send_audio)
     async with session:

@@ -106,7 +106,7 @@ class Tap(FrameProcessor):
         elif isinstance(frame, TTSAudioRawFrame):
             self.tts_audio_frames += 1
         elif isinstance(frame, ErrorFrame):
-            self.log.notes.append(f"ErrorFrame: {frame.error}")
+            self.log.note(f"ErrorFrame: {frame.error}")
         await self.push_frame(frame, direction)
 
 
@@ -139,7 +139,9 @@ async def converse(log: WireLog, url: str, question: bytes, barge: bytes, timeou
 
     @worker.event_handler("on_pipeline_error")
     async def on_error(_worker: Any, frame: ErrorFrame) -> None:
-        log.notes.append(f"pipeline error: {frame.error}")
+        log.note(f"pipeline error: {frame.error}")
+        # pipecat stops reading the socket after a server error event: nothing more comes.
+        log.abort = log.abort or f"pipecat pipeline error: {frame.error}"
 
     runner = WorkerRunner(handle_sigint=False)
     await runner.add_workers(worker)

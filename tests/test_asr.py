@@ -13,6 +13,7 @@ from speech import espeak, noise
 from voxline.engines.models.moonshine_asr import (
     MoonshineASR,
     MoonshineTokenizer,
+    _name_subgraphs,
     shipped_model_dir,
 )
 from voxline.errors import ModelUnavailableError
@@ -100,15 +101,67 @@ def test_shipped_tokenizer_ids(asr: MoonshineASR) -> None:
     assert tok.pieces[3 + ord("A")] == b"A"  # byte-fallback block starts at id 3
 
 
-def test_folded_fast_path_equals_shipped_files(asr: MoonshineASR) -> None:
-    plain = MoonshineASR.load(fold_weights=False)
-    assert not plain.folded
+@pytest.fixture(scope="module")
+def plain() -> MoonshineASR:
+    model = MoonshineASR.load(fold_weights=False)
+    assert not model.folded
+    return model
+
+
+def assert_same_model(folded: MoonshineASR, plain: MoonshineASR) -> None:
     clip = espeak("I would like to book a table for four people tonight.")
     hidden = plain.encode(clip)
-    np.testing.assert_allclose(asr.encode(clip), hidden, atol=1e-3)
+    np.testing.assert_allclose(folded.encode(clip), hidden, atol=1e-3)
     ref = first_step_logits(plain, hidden)
-    np.testing.assert_allclose(first_step_logits(asr, hidden), ref, atol=1e-3 * np.abs(ref).max())
-    assert asr.decode(hidden, 40) == plain.decode(hidden, 40)
+    np.testing.assert_allclose(
+        first_step_logits(folded, hidden), ref, atol=1e-3 * np.abs(ref).max()
+    )
+    assert folded.decode(hidden, 40) == plain.decode(hidden, 40)
+
+
+def test_folded_fast_path_equals_shipped_files(asr: MoonshineASR, plain: MoonshineASR) -> None:
+    assert_same_model(asr, plain)
+
+
+def test_fresh_fold_equals_shipped_files(tmp_path, plain: MoonshineASR) -> None:
+    # The settings' cache is usually warm; fold from scratch so the conversion itself runs.
+    fresh = MoonshineASR.load(cache_dir=tmp_path)
+    assert fresh.folded and len(list((tmp_path / "moonshine").glob("*.folded-*.ort"))) == 2
+    assert_same_model(fresh, plain)
+
+
+def test_name_subgraphs_names_only_unnamed_graphs() -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    def branch(name: str, value: float) -> onnx.GraphProto:
+        const = helper.make_node("Constant", [], ["out"], value_float=value)
+        out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [])
+        return helper.make_graph([const], name, [], [out])
+
+    inner = helper.make_node(
+        "If", ["c"], ["out"], then_branch=branch("", 1.0), else_branch=branch("kept", 2.0)
+    )
+    c = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [])
+    outer_then = helper.make_graph([inner], "", [], [out])
+    outer = helper.make_node(
+        "If", ["c"], ["y"], then_branch=outer_then, else_branch=branch("", 3.0)
+    )
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [])
+    model = helper.make_model(helper.make_graph([outer], "", [c], [y]))
+
+    named = onnx.load_from_string(_name_subgraphs(model.SerializeToString()))
+    outer_else, outer_then = named.graph.node[0].attribute  # make_node sorts by name
+    inner_else, inner_then = outer_then.g.node[0].attribute
+    # Innermost first, in node and attribute order; a named graph keeps its name.
+    graphs = [outer_else.g, inner_else.g, inner_then.g, outer_then.g, named.graph]
+    names = ["subgraph_1", "kept", "subgraph_2", "subgraph_3", "subgraph_4"]
+    assert [g.name for g in graphs] == names
+    for graph in graphs:  # and nothing else changes
+        if graph.name.startswith("subgraph_"):
+            graph.name = ""
+    assert named == model
 
 
 def test_folding_failure_falls_back_to_shipped_files(tmp_path, caplog) -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soxr
 
-from voxline.engines.models.piper_tts import PiperTTS, SpeechChunk
+from voxline.engines.models.piper_tts import PiperTTS, SpeechChunk, _seedable_graph
 from voxline.errors import ModelUnavailableError
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
@@ -74,6 +74,36 @@ def test_noise_buffer_retry_does_not_change_audio(
     expected = tts.synthesize_all(SENTENCE, seed=5)
     monkeypatch.setattr("voxline.engines.models.piper_tts._FRAMES_PER_ID", 0.01)
     assert np.array_equal(tts.synthesize_all(SENTENCE, seed=5), expected)
+
+
+def test_seedable_graph_reads_noise_from_inputs(tts: PiperTTS) -> None:
+    import onnx
+
+    original = onnx.load_from_string(tts.model_path.read_bytes())
+    data, names = _seedable_graph(tts.model_path.read_bytes())
+    rewritten = onnx.load_from_string(data)
+    onnx.checker.check_model(rewritten)
+    assert names == ["noise_0", "noise_1"]
+    assert [i.name for i in rewritten.graph.input][-2:] == names
+    assert {i.name for i in tts._session.get_inputs()} >= set(names)
+    assert "RandomNormalLike" not in {n.op_type for n in rewritten.graph.node}
+    # Every other node is kept as it was, in order.
+    kept = [n.SerializeToString() for n in original.graph.node if n.op_type != "RandomNormalLike"]
+    ours = [n.SerializeToString() for n in rewritten.graph.node if "/voxline_noise_" not in n.name]
+    assert ours == kept
+
+
+def test_seedable_graph_leaves_other_noise_alone() -> None:
+    from onnx import TensorProto, helper
+
+    def model(**attrs: float) -> bytes:
+        node = helper.make_node("RandomNormalLike", ["x"], ["y"], name="rn", **attrs)
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+        return helper.make_model(helper.make_graph([node], "g", [x], [y])).SerializeToString()
+
+    assert _seedable_graph(model(mean=1.0)) == (model(mean=1.0), [])  # not N(0, 1): unseeded
+    assert _seedable_graph(model(scale=1.0))[1] == ["noise_0"]
 
 
 @pytest.mark.parametrize("text", ["", "   ", "\n\t", "...", "?!", "-- ** #"])

@@ -33,7 +33,6 @@ import logging
 import math
 import os
 import tempfile
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -122,99 +121,38 @@ def shipped_model_dir() -> Path:
 
 # --- one-time weight folding -------------------------------------------------------------
 # onnxruntime can write an ORT-format model back out as ONNX, but leaves the If node's
-# subgraphs unnamed, which its own ONNX checker then rejects. The few helpers below name
-# them by rewriting the protobuf wire format along ModelProto.graph -> GraphProto.node ->
-# NodeProto.attribute -> AttributeProto.g/graphs; every other field is copied verbatim.
+# subgraphs unnamed, which its own ONNX checker then rejects; so they are named in between.
 
 
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return value, pos
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _fields(data: bytes) -> Iterator[tuple[int, bytes, bytes | None]]:
-    """(field number, raw field bytes, payload if length-delimited) for each field."""
-    pos = 0
-    while pos < len(data):
-        start = pos
-        key, pos = _read_varint(data, pos)
-        wire = key & 7
-        payload = None
-        if wire == 0:
-            _, pos = _read_varint(data, pos)
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        elif wire == 2:
-            size, pos = _read_varint(data, pos)
-            payload = data[pos : pos + size]
-            pos += size
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        yield key >> 3, data[start:pos], payload
-
-
-def _message(field: int, payload: bytes) -> bytes:
-    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _rewrite(data: bytes, nested: dict[int, Callable[[bytes], bytes]]) -> bytes:
-    out = bytearray()
-    for field, raw, payload in _fields(data):
-        fix = nested.get(field)
-        out += _message(field, fix(payload)) if fix and payload is not None else raw
-    return bytes(out)
-
-
-def _name_subgraphs(model: bytes) -> bytes:
+def _name_subgraphs(model_bytes: bytes) -> bytes:
     """ONNX ModelProto bytes with every unnamed (sub)graph given a unique name."""
+    import onnx  # lazy: ~0.3 s to import, needed only on a cache miss
+
+    model = onnx.load_from_string(model_bytes)
     count = 0
 
-    def graph(data: bytes) -> bytes:
+    def name(graph: onnx.GraphProto) -> None:
         nonlocal count
-        body = bytearray()
-        named = False
-        for field, raw, payload in _fields(data):
-            if field == 2 and payload is not None:  # GraphProto.name
-                if not payload:
-                    continue
-                named = True
-            body += _message(1, node(payload)) if field == 1 and payload is not None else raw
-        if not named:
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    name(attr.g)
+                for sub in attr.graphs:
+                    name(sub)
+        if not graph.name:  # numbered innermost first, as the cached copies were made
             count += 1
-            body += _message(2, f"subgraph_{count}".encode())
-        return bytes(body)
+            graph.name = f"subgraph_{count}"
 
-    def node(data: bytes) -> bytes:
-        return _rewrite(data, {5: attribute})
-
-    def attribute(data: bytes) -> bytes:
-        return _rewrite(data, {6: graph, 11: graph})
-
-    return _rewrite(model, {7: graph})
+    name(model.graph)
+    return model.SerializeToString()
 
 
 def folded_copy(src: Path, cache_dir: Path) -> Path:
     """Cached ORT-format copy of `src` with its weight-rebuilding nodes constant-folded.
 
     Made once per source file and onnxruntime version (a few seconds); written atomically,
-    so concurrent loaders are safe.
+    so concurrent loaders are safe. The key need not cover `_name_subgraphs`: moving it
+    from hand-written protobuf to `onnx` left the model it hands onnxruntime unchanged.
     """
     stat = src.stat()
     key = f"{src.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{ort.__version__}"

@@ -11,8 +11,7 @@ different lengths) for the same text on every call. On load we rewrite those nod
 memory to read the noise from extra graph inputs, and feed standard-normal noise drawn with
 numpy from ``(seed, sentence index)``: the same text, speed and seed give the same samples
 in any process, on any call. ``seed=None`` draws a fresh seed per call (Piper's usual
-variety). The rewrite needs no extra package: it edits the ONNX protobuf with a minimal
-schema built at import time (unknown fields pass through untouched).
+variety). The rewrite edits the ONNX graph with the `onnx` package.
 """
 
 from __future__ import annotations
@@ -25,13 +24,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from voxline.engines.text_chunker import split_sentences
 from voxline.errors import ModelUnavailableError
 from voxline.logs import timed
+
+if TYPE_CHECKING:
+    import onnx
 
 logger = logging.getLogger(__name__)
 
@@ -220,71 +222,6 @@ def _expand_for_espeak(sentence: str) -> str:
 
 
 # -- seedable graph -------------------------------------------------------------------
-# A minimal proto2 schema of the ONNX messages we touch. Field numbers follow onnx.proto;
-# every other field is kept as an unknown field and written back unchanged.
-
-
-def _onnx_messages() -> dict[str, Any]:
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-    fdp = descriptor_pb2.FileDescriptorProto(
-        name="voxline_onnx_subset.proto", package="voxline_onnx_subset", syntax="proto2"
-    )
-    f = descriptor_pb2.FieldDescriptorProto
-    opt, rep = f.LABEL_OPTIONAL, f.LABEL_REPEATED
-
-    def message(name: str, *fields: tuple[str, int, int, int, str]) -> None:
-        msg = fdp.message_type.add(name=name)
-        for fname, number, label, ftype, type_name in fields:
-            field = msg.field.add(name=fname, number=number, label=label, type=ftype)
-            if type_name:
-                field.type_name = f".voxline_onnx_subset.{type_name}"
-
-    message("Model", ("graph", 7, opt, f.TYPE_MESSAGE, "Graph"))
-    message(
-        "Graph",
-        ("node", 1, rep, f.TYPE_MESSAGE, "Node"),
-        ("input", 11, rep, f.TYPE_MESSAGE, "ValueInfo"),
-    )
-    message(
-        "Node",
-        ("input", 1, rep, f.TYPE_STRING, ""),
-        ("output", 2, rep, f.TYPE_STRING, ""),
-        ("name", 3, opt, f.TYPE_STRING, ""),
-        ("op_type", 4, opt, f.TYPE_STRING, ""),
-        ("attribute", 5, rep, f.TYPE_MESSAGE, "Attribute"),
-        ("domain", 7, opt, f.TYPE_STRING, ""),
-    )
-    message(
-        "Attribute",
-        ("name", 1, opt, f.TYPE_STRING, ""),
-        ("f", 2, opt, f.TYPE_FLOAT, ""),
-        ("i", 3, opt, f.TYPE_INT64, ""),
-    )
-    message(
-        "ValueInfo", ("name", 1, opt, f.TYPE_STRING, ""), ("type", 2, opt, f.TYPE_MESSAGE, "Type")
-    )
-    message("Type", ("tensor_type", 1, opt, f.TYPE_MESSAGE, "TensorType"))
-    message(
-        "TensorType",
-        ("elem_type", 1, opt, f.TYPE_INT32, ""),
-        ("shape", 2, opt, f.TYPE_MESSAGE, "Shape"),
-    )
-    message("Shape", ("dim", 1, rep, f.TYPE_MESSAGE, "Dim"))
-    message(
-        "Dim", ("dim_value", 1, opt, f.TYPE_INT64, ""), ("dim_param", 2, opt, f.TYPE_STRING, "")
-    )
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fdp)
-    return {
-        name: message_factory.GetMessageClass(
-            pool.FindMessageTypeByName(f"voxline_onnx_subset.{name}")
-        )
-        for name in ("Model", "Node", "ValueInfo")
-    }
-
-
-_FLOAT = 1  # onnx TensorProto.FLOAT
 
 
 def _seedable_graph(model_bytes: bytes) -> tuple[bytes, list[str]]:
@@ -295,15 +232,16 @@ def _seedable_graph(model_bytes: bytes) -> tuple[bytes, list[str]]:
     (mean 0, scale 1, float) nodes exist in Piper's export; others are left alone.
     Returns the new model bytes and the noise input names in graph order.
     """
-    messages = _onnx_messages()
-    model = messages["Model"].FromString(model_bytes)
+    import onnx  # lazy: ~0.3 s to import, needed only while loading a voice
+    from onnx import helper
+
+    model = onnx.load_from_string(model_bytes)
     graph = model.graph
     nodes = list(graph.node)
     if not any(n.op_type == "RandomNormalLike" and n.domain in ("", "ai.onnx") for n in nodes):
         return model_bytes, []
 
-    node_cls, value_info_cls = messages["Node"], messages["ValueInfo"]
-    new_nodes: list[Any] = []
+    new_nodes: list[onnx.NodeProto] = []
     inputs: list[str] = []
     for node in nodes:
         if node.op_type != "RandomNormalLike" or node.domain not in ("", "ai.onnx"):
@@ -324,22 +262,23 @@ def _seedable_graph(model_bytes: bytes) -> tuple[bytes, list[str]]:
             ("Slice", [name, p + "zero", p + "count"], p + "flat"),
             ("Reshape", [p + "flat", p + "shape"], y),
         ):
-            new_nodes.append(node_cls(name=p + op_type, op_type=op_type, input=ins, output=[out]))
-        vi = value_info_cls(name=name)
-        vi.type.tensor_type.elem_type = _FLOAT
-        vi.type.tensor_type.shape.dim.add(dim_param=f"noise_{k}_len")
-        graph.input.append(vi)
+            new_nodes.append(helper.make_node(op_type, ins, [out], name=p + op_type))
+        graph.input.append(
+            helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [f"noise_{k}_len"])
+        )
 
     del graph.node[:]
     graph.node.extend(new_nodes)
     return model.SerializeToString(), inputs
 
 
-def _is_standard_normal(node: Any) -> bool:
+def _is_standard_normal(node: onnx.NodeProto) -> bool:
     """True if a RandomNormalLike node draws float N(0, 1) (Piper's export); `seed` is moot."""
+    from onnx import TensorProto
+
     attrs = {a.name: a for a in node.attribute}
     return (
-        ("dtype" not in attrs or attrs["dtype"].i == _FLOAT)
+        ("dtype" not in attrs or attrs["dtype"].i == TensorProto.FLOAT)
         and ("mean" not in attrs or attrs["mean"].f == 0.0)
         and ("scale" not in attrs or attrs["scale"].f == 1.0)
     )

@@ -1,5 +1,8 @@
 """The LLM stage: continuous batching of generation requests over per-stream KV slots.
 
+Stage interface (`voxline.engines.stage`): `schedule` -> `StepPlan`, `execute(plan)`
+-> logits (worker thread), `update(plan, logits)` -> the (request, token) pairs sampled.
+
 Split in the vLLM way so the scheduling logic is pure and testable without a model:
 `schedule()` builds a `StepPlan` (which slot feeds which tokens), the model runs the plan
 (possibly on a worker thread while new inputs arrive), and `update(plan, logits)`
@@ -22,6 +25,8 @@ from typing import Protocol
 
 import torch
 
+from voxline.engines.stage import StreamId
+
 
 class LanguageModel(Protocol):
     """What the stage needs from a causal LM with a slot-based KV cache."""
@@ -41,6 +46,18 @@ class LanguageModel(Protocol):
 
     def sample(self, logits: torch.Tensor, temperatures: list[float],
                generators: list[torch.Generator | None]) -> list[int]: ...
+
+
+class ChatModel(LanguageModel, Protocol):
+    """A LanguageModel plus its chat format."""
+
+    def render_message(self, role: str, text: str) -> list[int]: ...
+
+    def generation_header(self) -> list[int]: ...
+
+    def message_footer(self) -> list[int]: ...
+
+    def decode(self, tokens: list[int]) -> str: ...
 
 
 class FinishReason(enum.IntEnum):
@@ -79,6 +96,7 @@ class GenerationRequest:
     epoch: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = -1  # prompt tokens found in the cache at first schedule
+    stream_id: StreamId = 0  # the engine-internal stream the request serves
 
     def target(self) -> list[int]:
         return self.prompt() + self.generated

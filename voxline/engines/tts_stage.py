@@ -1,0 +1,89 @@
+"""The TTS stage: speech jobs of every stream's replies, stepped together on one model.
+
+The model side is a `SpeechStage` (`speech_stage`): it holds jobs and advances them
+all a bounded amount per `step()`. This stage adds what the engine needs around it:
+which stream and response own each job, and cancels that reach the model only between
+steps (a step in flight is never mutated). Output of a job cancelled while its step
+was running is dropped here, so a stale chunk never reaches a stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from voxline.engines.speech_stage import SpeechJob, SpeechOut, SpeechStage
+from voxline.engines.stage import StreamId
+
+
+@dataclass(frozen=True)
+class SpeechOwner:
+    stream_id: StreamId
+    response_id: str
+
+
+@dataclass(frozen=True)
+class TTSPlan:
+    job_ids: tuple[int, ...]  # the jobs the model holds for this step
+
+
+class TTSStage:
+    """Stage interface (see `voxline.engines.stage`) over a `SpeechStage` model."""
+
+    def __init__(self, speech: SpeechStage) -> None:
+        self.speech = speech
+        self._owners: dict[int, SpeechOwner] = {}  # live jobs
+        self._to_start: list[SpeechJob] = []
+        self._to_cancel: list[int] = []
+        self._job_ids = 0
+
+    def add(self, owner: SpeechOwner, text: str, speed: float, seed: int | None,
+            voice: str | None) -> int:
+        """Queue one text segment; it starts on the model at the next `schedule`."""
+        self._job_ids += 1
+        self._to_start.append(SpeechJob(self._job_ids, text, speed, seed, voice))
+        self._owners[self._job_ids] = owner
+        return self._job_ids
+
+    def cancel(self, job_id: int) -> None:
+        """Disown the job now; the model drops it before its next step."""
+        self._owners.pop(job_id, None)
+        queued = [j for j in self._to_start if j.job_id != job_id]
+        if len(queued) == len(self._to_start):
+            self._to_cancel.append(job_id)
+        self._to_start = queued
+
+    def has_work(self) -> bool:
+        return bool(self._to_start) or self.speech.has_work()
+
+    def schedule(self) -> TTSPlan | None:
+        for job_id in self._to_cancel:
+            self.speech.cancel(job_id)
+        self._to_cancel.clear()
+        for job in self._to_start:
+            self.speech.start(job)
+        self._to_start.clear()
+        if not self.speech.has_work():
+            return None
+        return TTSPlan(tuple(self._owners))
+
+    def execute(self, plan: TTSPlan) -> list[SpeechOut]:
+        return self.speech.step()
+
+    def update(self, plan: TTSPlan, outs: list[SpeechOut]) -> list[tuple[SpeechOwner, SpeechOut]]:
+        routed: list[tuple[SpeechOwner, SpeechOut]] = []
+        for out in outs:
+            owner = self._owners.get(out.job_id)
+            if owner is None:
+                continue  # cancelled while the step ran
+            if out.finished:
+                del self._owners[out.job_id]
+            routed.append((owner, out))
+        return routed
+
+    def fail(self, plan: TTSPlan) -> list[tuple[int, SpeechOwner]]:
+        """A failed step: cancel every job it held; returns them with their owners."""
+        failed = [(job_id, self._owners[job_id]) for job_id in plan.job_ids
+                  if job_id in self._owners]
+        for job_id, _owner in failed:
+            self.cancel(job_id)
+        return failed

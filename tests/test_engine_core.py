@@ -18,13 +18,14 @@ class Harness:
     """Drives an EngineCore the way run_engine_loop does, collecting its outputs."""
 
     def __init__(self, stop_after: int = 12, asr_text: str = "hello there friend",
-                 step_seconds: float = 0.0) -> None:
+                 step_seconds: float = 0.0, **core_kwargs) -> None:
         self.woke = threading.Event()
         self.lm = CountingLM(stop_after=stop_after, step_seconds=step_seconds)
         self.tts = ToneTTS()
         self.asr = FixedASR(asr_text)
         stage = SentenceSpeechStage(self.tts)
-        self.core = EngineCore(Models(EnergyVAD(), self.asr, self.lm, stage), self.woke.set)
+        self.core = EngineCore(Models(EnergyVAD(), self.asr, self.lm, stage), self.woke.set,
+                               **core_kwargs)
         self.outputs: list[p.EngineOutput] = []
 
     def send(self, *msgs: p.EngineInput) -> None:
@@ -261,4 +262,114 @@ def test_long_conversations_keep_the_newest_turns_that_fit():
     assert done.status == p.ResponseStatus.COMPLETED and done.input_tokens <= 64 - 8
     assert not h.of(p.StreamError)
     assert len(h.core.streams["s"].conversation.items) == 13  # nothing was deleted
+    h.close()
+
+
+def step(h: Harness) -> None:
+    h.outputs.extend(h.core.step())
+
+
+def after(outputs: list, output) -> list:
+    return outputs[next(i for i, o in enumerate(outputs) if o is output) + 1:]
+
+
+def test_reopen_while_the_old_stream_is_closing_gets_a_fresh_stream():
+    h = Harness(stop_after=200, step_seconds=0.02)
+    h.send(p.OpenStream("s1"), p.AddItem("s1", "u1", "user", "talk"),
+           p.CreateResponse("s1", "r1", "a1"))
+    h.run_until(has(p.TextDelta))
+    old_slot = h.core.streams["s1"].slot.index
+    assert h.core._llm_worker.running is not None  # a step writing old_slot is in flight
+    # a reconnect: the caller closes its id and opens it again at once
+    h.send(p.CloseStream("s1"), p.OpenStream("s1"), p.AddItem("s1", "u2", "user", "again"),
+           p.CreateResponse("s1", "r2", "a2", p.ResponseConfig(max_output_tokens=3)))
+    assert old_slot not in h.lm.free  # not handed back while the step still writes it
+    h.run_until(has(p.ResponseDone, response_id="r2"))
+    assert not h.of(p.StreamError)
+    closed, = h.of(p.StreamClosed)
+    assert all(getattr(o, "response_id", "r2") == "r2" for o in after(h.outputs, closed))
+    new = h.core.streams["s1"]
+    assert new.slot.index != old_slot
+    assert [i.item_id for i in new.conversation.items] == ["u2", "a2"]
+    assert h.lm.cache[new.slot.index][:len(new.slot.tokens)] == new.slot.tokens
+    assert sorted(h.lm.free) == sorted(set(range(4)) - {new.slot.index})  # old slot released
+    h.close()
+
+
+def test_a_transcript_of_the_closed_stream_never_reaches_its_successor():
+    h = Harness()
+    h.send(p.OpenStream("s1"), p.AppendAudio("s1", speech_turn()))
+    h.run_until(has(p.SpeechStopped))
+    assert h.core._asr_worker.running is not None  # the final transcript is being made
+    h.send(p.CloseStream("s1"), p.OpenStream("s1"))
+    for _ in range(5):
+        step(h)
+        time.sleep(0.01)
+    assert h.asr.calls >= 1 and not h.of(p.TranscriptFinal)
+    assert not h.core.streams["s1"].conversation.items
+    assert h.kinds()[-1] == "StreamClosed" and not h.of(p.StreamError)
+    h.close()
+
+
+def test_close_by_external_id_aborts_every_stream_behind_it():
+    h = Harness(stop_after=40, step_seconds=0.01)
+    for sid in ("x", "y"):
+        h.send(p.OpenStream(sid), p.AddItem(sid, "u", "user", "talk"),
+               p.CreateResponse(sid, "r-" + sid, "a-" + sid))
+    h.run_until(lambda outs: {o.stream_id for o in outs if isinstance(o, p.AudioChunk)} == {"x", "y"})
+    old_x = h.core.streams["x"].internal_id
+    h.send(p.CloseStream("x"), p.OpenStream("x"), p.AddItem("x", "u", "user", "talk"),
+           p.CreateResponse("x", "r-x2", "a-x2"))
+    new_x = h.core.streams["x"].internal_id
+    assert new_x != old_x  # a fresh internal stream under the same external id
+    step(h)
+    h.send(p.CloseStream("x"))  # aborts the new stream; the old one is already closing
+    step(h)
+    for internal in (old_x, new_x):  # nothing of either is left in any stage
+        assert all(r.stream_id != internal for r in h.core.llm.running.values())
+        assert not h.core.tts.jobs_of(internal)
+        assert not h.core.asr.has_work()
+    assert "x" not in h.core.streams
+    h.run_until(has(p.ResponseDone, response_id="r-y"))
+    closes = h.of(p.StreamClosed)
+    assert [c.stream_id for c in closes] == ["x", "x"]
+    assert not any(getattr(o, "stream_id", None) == "x" for o in after(h.outputs, closes[-1]))
+    assert not any(isinstance(o, p.ResponseDone) and o.stream_id == "x" for o in h.outputs)
+    assert h.of(p.ResponseDone)[0].status == p.ResponseStatus.COMPLETED  # y was untouched
+    h.run_until(lambda outs: not h.core.has_work())
+    assert len(h.lm.free) == 4 - 1  # both x slots are back; y keeps its own
+    h.close()
+
+
+def test_vad_backlog_is_bounded_and_an_append_past_it_is_refused_whole():
+    h = Harness(max_input_backlog_ms=1000)
+    h.send(p.OpenStream("s"))
+    h.send(p.AppendAudio("s", tone(0.6).tobytes()), p.AppendAudio("s", tone(0.6).tobytes()))
+    internal = h.core.streams["s"].internal_id
+    assert h.core.vad.backlog_samples(internal) == 9600  # the refused append kept nothing
+    step(h)  # the engine frames the backlog; the stream stays usable
+    err, = h.of(p.StreamError)
+    assert err.code == "input_audio_buffer_full" and not err.fatal and "1000 ms" in err.message
+    assert h.core.vad.backlog_samples(internal) < 512
+    h.send(p.AppendAudio("s", tone(0.6).tobytes()))
+    step(h)
+    assert len(h.of(p.StreamError)) == 1
+    h.close()
+
+
+def test_manual_commit_buffer_is_bounded_and_an_append_past_it_is_refused_whole():
+    h = Harness(max_utterance_ms=1000)
+    heard: list[int] = []
+    transcribe = h.asr.transcribe
+    h.asr.transcribe = lambda audio: heard.append(len(audio)) or transcribe(audio)
+    h.send(p.OpenStream("m", p.StreamConfig(turn_detection=None)))
+    h.send(p.AppendAudio("m", tone(0.6).tobytes()), p.AppendAudio("m", tone(0.6).tobytes()))
+    h.send(p.CommitAudio("m", "i1"))
+    h.run_until(has(p.TranscriptFinal))
+    err, = h.of(p.StreamError)
+    assert err.code == "input_audio_buffer_full" and not err.fatal and "commit or clear" in err.message
+    assert heard == [9600]  # exactly the accepted audio
+    h.send(p.AppendAudio("m", tone(0.9).tobytes()))  # committed: room again
+    step(h)
+    assert len(h.of(p.StreamError)) == 1
     h.close()

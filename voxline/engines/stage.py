@@ -140,6 +140,7 @@ class StageWorker(Generic[PlanT, ResultT]):
         return Finished(plan, result, None, seconds)
 
     def close(self) -> None:
-        """Wait for the plan in flight (if any) and stop the thread."""
+        """Stop the thread: a plan already executing finishes, one not yet started is
+        cancelled (`collect` then returns it with a `CancelledError`)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)

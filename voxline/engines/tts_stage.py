@@ -52,6 +52,10 @@ class TTSStage:
             self._to_cancel.append(job_id)
         self._to_start = queued
 
+    def jobs_of(self, stream_id: StreamId) -> list[int]:
+        """The stream's live jobs (queued or on the model)."""
+        return [job_id for job_id, owner in self._owners.items() if owner.stream_id == stream_id]
+
     def has_work(self) -> bool:
         return bool(self._to_start) or self.speech.has_work()
 

@@ -1,6 +1,10 @@
 """Wire types between engine clients and the engine core (msgspec; audio as raw bytes).
 
 Every input names the caller's `stream_id`; every output carries it back unchanged.
+The engine gives each opened stream its own internal id as well, so after
+`CloseStream` (answered by `StreamClosed`, after which nothing more of that stream
+comes) the caller may open the same id again at once, even while the engine is still
+finishing the old stream's in-flight work; nothing of the old stream reaches the new.
 Audio into the engine is float32 mono at 16 kHz (`INPUT_RATE`); audio out is float32
 mono at the TTS stage's native rate, stated on each chunk. Conversion to wire formats
 happens at the edges (sessions / transports), never here.
@@ -60,7 +64,12 @@ class UpdateStream(msgspec.Struct, tag=True, frozen=True):
 
 
 class AppendAudio(msgspec.Struct, tag=True, frozen=True):
-    """float32 LE mono samples at INPUT_RATE."""
+    """float32 LE mono samples at INPUT_RATE.
+
+    Refused whole (`StreamError` code `input_audio_buffer_full`, not fatal) when it
+    would pass the engine's bound on audio waiting for VAD or, on a manual-turn
+    stream, on the uncommitted buffer.
+    """
 
     stream_id: str
     audio: bytes

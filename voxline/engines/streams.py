@@ -15,7 +15,7 @@ release the stream is *closing*.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 from voxline.engines import protocol as p
 from voxline.engines.conversation import Conversation
@@ -25,6 +25,8 @@ from voxline.engines.stage import RequestRefused, StreamId
 
 
 class StreamState:
+    """One stream's state; stage requests name it by `internal_id`."""
+
     def __init__(self, internal_id: StreamId, external_id: str, config: p.StreamConfig,
                  conversation: Conversation, input_audio: InputAudio) -> None:
         self.internal_id = internal_id
@@ -35,7 +37,6 @@ class StreamState:
         self.slot: Slot | None = None
         self.responses = 0  # responses started (numbers their LLM requests)
         self.pending_finals = 0  # utterances whose final transcript is still being made
-        self.closing = False
 
 
 class StreamRegistry:
@@ -44,7 +45,8 @@ class StreamRegistry:
     def __init__(self, max_streams: int) -> None:
         self.max_streams = max_streams
         self._open: dict[str, StreamState] = {}
-        self._by_id: dict[StreamId, StreamState] = {}  # open and closing
+        self._open_by_id: dict[StreamId, StreamState] = {}
+        self._closing: dict[StreamId, StreamState] = {}
         self._ids = itertools.count(1)
 
     @property
@@ -64,15 +66,14 @@ class StreamRegistry:
 
     def add(self, stream: StreamState) -> None:
         self._open[stream.external_id] = stream
-        self._by_id[stream.internal_id] = stream
+        self._open_by_id[stream.internal_id] = stream
 
     def get(self, external_id: str) -> StreamState | None:
         return self._open.get(external_id)
 
     def live(self, internal_id: StreamId) -> StreamState | None:
         """The open stream with this internal id (None once it is closing or gone)."""
-        stream = self._by_id.get(internal_id)
-        return None if stream is None or stream.closing else stream
+        return self._open_by_id.get(internal_id)
 
     def close(self, external_id: str) -> list[StreamState]:
         """Detach the open stream behind `external_id` (any earlier one behind it is already
@@ -81,11 +82,12 @@ class StreamRegistry:
         stream = self._open.pop(external_id, None)
         if stream is None:
             return []
-        stream.closing = True
+        del self._open_by_id[stream.internal_id]
+        self._closing[stream.internal_id] = stream
         return [stream]
 
-    def closing(self) -> Iterator[StreamState]:
-        return (s for s in list(self._by_id.values()) if s.closing)
+    def closing(self) -> list[StreamState]:
+        return list(self._closing.values())
 
     def release(self, stream: StreamState) -> None:
-        self._by_id.pop(stream.internal_id, None)
+        self._closing.pop(stream.internal_id, None)

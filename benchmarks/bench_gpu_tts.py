@@ -192,6 +192,25 @@ def breakdown(stage: Qwen3SpeechStage, c: int) -> dict:
     return out
 
 
+def add_checks(stage: Qwen3SpeechStage) -> None:
+    """Fail at the first frame with a code outside the codec's codebooks or a NaN state."""
+    gen, step = stage.generator, stage.generator.step
+    size = stage.decoder.config.codebook_size
+
+    def checked(streams):
+        results = step(streams)
+        for r in results:
+            if r.frame is not None and not bool(((r.frame >= 0) & (r.frame < size)).all()):
+                raise AssertionError(f"stream {r.stream.stream_id} frame {r.stream.frames}: "
+                                     f"codes {r.frame.tolist()} (history {r.stream.history[-4:]})")
+        for s in streams:
+            if s.hidden is not None and not bool(torch.isfinite(s.hidden).all()):
+                raise AssertionError(f"stream {s.stream_id}: non-finite hidden at frame {s.frames}")
+        return results
+
+    gen.step = checked
+
+
 def twin_check(model: Qwen3TTSModel, tok: Qwen3TextTokenizer, frames: int) -> dict:
     """Greedy + seeded sampling: captured graphs vs their eager twin vs the plain generator."""
     res = {}
@@ -228,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eager-concurrency", default="1,10,32", help="concurrencies measured eagerly")
     ap.add_argument("--max-len", type=int, default=256)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--no-twin", action="store_true", help="skip the graphs-vs-eager-twin check")
+    ap.add_argument("--check", action="store_true", help="validate every frame's codes (slow)")
     args = ap.parse_args(argv)
     conc = [int(x) for x in args.concurrency.split(",")]
     t_load = time.perf_counter()
@@ -245,19 +266,29 @@ def main(argv: list[str] | None = None) -> int:
         qwen_tts_reference="not run: the qwen-tts package is not installable on the device machine",
         results={}, breakdown={},
     )
-    report["twin_check"] = twin_check(model, tok, 12)
-    print("twin check", report["twin_check"], flush=True)
+    if not args.no_twin:
+        report["twin_check"] = twin_check(model, tok, 12)
+        print("twin check", report["twin_check"], flush=True)
     sampling = TalkerSampling(min_frames=args.frames)
     for mode in args.modes.split(","):
         t0 = time.perf_counter()
         stage = Qwen3SpeechStage(model, tok, max_streams=max(conc), max_len=args.max_len,
-                                 max_frames=args.frames, sampling=sampling, graphs=mode == "graphs")
+                                 max_frames=args.frames, sampling=sampling, graphs=mode != "eager",
+                                 capture_at_load=mode == "graphs")
+        if mode in ("fused", "twin"):  # fused: compiled norms/MLPs inside the graphs
+            stage.generator = GraphedTalkerGenerator(model.talker, max_streams=max(conc),
+                                                     max_len=args.max_len, fuse=mode == "fused",
+                                                     capture=mode == "fused")
+            if mode == "fused":
+                stage.generator.prepare()
         load = time.perf_counter() - t0
         print(f"{mode}: stage ready in {load:.1f} s", flush=True)
         report.setdefault("load_s", {})[mode] = round(load, 2)
-        cs = conc if mode == "graphs" else [c for c in conc if str(c) in args.eager_concurrency.split(",")]
+        cs = conc if mode != "eager" else [c for c in conc if str(c) in args.eager_concurrency.split(",")]
+        if args.check:
+            add_checks(stage)
         for c in cs:
-            row = measure(stage, c, runs=5 if c == 1 else (2 if mode == "graphs" else 1))
+            row = measure(stage, c, runs=5 if c == 1 else (2 if mode != "eager" else 1))
             report["results"].setdefault(mode, []).append(row)
             report["breakdown"].setdefault(mode, {})[str(c)] = breakdown(stage, c)
             print(mode, row, report["breakdown"][mode][str(c)], flush=True)

@@ -19,7 +19,7 @@ from voxline.engines.models.qwen3_tts import TalkerSampling
 from voxline.engines.models.qwen3_tts.graphs import GraphedTalkerGenerator
 from voxline.engines.speech_stage import SpeechJob
 from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, pow2_buckets
-from voxline.kernels.sampling import counter_uniform, sample_rows
+from voxline.kernels.sampling import bits_to_unit, counter_uniform, sample_rows
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -71,6 +71,24 @@ def test_counter_uniform_depends_only_on_seed_and_counter():
     assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2]) and not torch.equal(u[0], u[3])
     assert torch.equal(counter_uniform(seed[:1], counter[:1], 4096)[0], u[0])
     assert abs(float(u.mean()) - 0.5) < 0.01
+
+
+def test_uniforms_stay_strictly_inside_0_1():
+    u = bits_to_unit(torch.tensor([0, 1, 2**31, 2**32 - 2, 2**32 - 1], dtype=torch.int64))
+    assert float(u.min()) > 0 and float(u.max()) < 1
+    assert bool(torch.isfinite(-torch.log(u)).all()) and bool((-torch.log(u) > 0).all())
+
+
+def test_masked_ids_are_never_drawn():
+    """Seed 10027 at counter 32 drew a suppressed id on an H200 while uniforms could
+    round to 1.0; sweep many seeds and counters over a mostly masked vocabulary."""
+    n, vocab = 2048, 3072
+    logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(1))
+    logits[:, 2048:] = float("-inf")
+    seed = torch.arange(n, dtype=torch.int64) + 10_000
+    for counter in (0, 16, 32):
+        picks = sample_rows(logits, *_settings(n, 0.9, k=50), seed, torch.full((n,), counter))
+        assert int(picks.max()) < 2048
 
 
 def _settings(b: int, temp: float, k: int = 0, p: float = 1.0):

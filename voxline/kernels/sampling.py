@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["counter_uniform", "sample_rows"]
+__all__ = ["bits_to_unit", "counter_uniform", "sample_rows"]
 
 _MASK32 = 0xFFFFFFFF
 _HASH_MUL = 0x45D9F3B  # < 2**27: products of 32-bit values stay inside int64
@@ -30,7 +30,14 @@ def counter_uniform(seed: Tensor, counter: Tensor, n: int) -> Tensor:
     idx = torch.arange(n, device=seed.device, dtype=torch.int64)
     s = _mix(seed & _MASK32) ^ _mix((seed >> 32) & _MASK32)
     x = _mix((s[:, None] ^ _mix((counter[:, None] * 0x9E37 + idx[None, :]) & _MASK32)) & _MASK32)
-    return ((x >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return bits_to_unit(x)
+
+
+def bits_to_unit(x: Tensor) -> Tensor:
+    """32-bit integers -> float32 in (0, 1), never 0 or 1 (an exact 1 would make the
+    exponential race divide 0 by 0 and pick a masked id): 23 bits plus a half fit the
+    24-bit significand exactly."""
+    return ((x >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
 def sample_rows(

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, pow2_buckets
+from voxline.kernels.fused import fuse_decoder_modules
 from voxline.kernels.sampling import sample_rows
 
 from .generation import FinishReason, TalkerFrame, TalkerGenerator, TalkerSampling, TalkerStream
@@ -56,10 +57,14 @@ class GraphedTalkerGenerator(TalkerGenerator):
         batch_buckets: Sequence[int] | None = None,
         length_buckets: Sequence[int] | None = None,
         capture: bool | None = None,
+        fuse: bool = False,
     ) -> None:
         """``batch_buckets`` default to powers of two up to ``max_streams``,
         ``length_buckets`` to powers of two from 64 up to ``max_len``; an empty list runs
-        exact shapes eagerly. ``capture`` defaults to whether the talker is on CUDA."""
+        exact shapes eagerly. ``capture`` defaults to whether the talker is on CUDA.
+        ``fuse`` routes the talker's RMSNorms and MLPs through compiled kernels
+        (:func:`~voxline.kernels.fused.fuse_decoder_modules`; equal within dtype
+        tolerance, not bit-exact)."""
         super().__init__(talker, max_streams=max_streams + 1, max_len=max_len)
         self.scratch = max_streams  # the extra slot padding rows write to
         self._free.remove(self.scratch)
@@ -69,6 +74,8 @@ class GraphedTalkerGenerator(TalkerGenerator):
         self.length_buckets = sorted(
             pow2_buckets(min(_MIN_LENGTH_BUCKET, max_len), max_len) if length_buckets is None else length_buckets
         )
+        if fuse:
+            fuse_decoder_modules(talker)
         for rope in (talker.rope, talker.code_predictor.rope):
             rope.inv_freq = rope.inv_freq.to(dev)  # no host->device copy inside a step
         self._groups = talker.num_code_groups

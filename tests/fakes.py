@@ -122,3 +122,14 @@ class ToneTTS:
 def tone(seconds: float, rate: int = 16000, level: float = 0.3) -> np.ndarray:
     t = np.arange(int(seconds * rate)) / rate
     return (level * np.sin(2 * np.pi * 200 * t)).astype(np.float32)
+
+
+def make_fake_core(wake, stop_after: int = 12, step_seconds: float = 0.0,
+                   asr_text: str = "hello there friend"):
+    """A real EngineCore over these stand-ins (core spec ``"fakes:make_fake_core"``)."""
+    from voxline.engines.core import EngineCore, Models
+    from voxline.engines.speech_stage import SentenceSpeechStage
+
+    lm = CountingLM(stop_after=stop_after, step_seconds=step_seconds)
+    return EngineCore(Models(EnergyVAD(), FixedASR(asr_text), lm,
+                             SentenceSpeechStage(ToneTTS())), wake)

@@ -20,8 +20,8 @@ from voxline.codecs.opus import decode_audio_file
 from voxline.config import Settings
 from voxline.engines.client import EngineClient, InProcessEngineClient
 from voxline.engines.factory import DEFAULT_CORE
-from voxline.realtime import audio_api
-from voxline.realtime.app import ServerState
+from voxline.realtime import transcription_api
+from voxline.realtime.app import create_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -30,19 +30,8 @@ THREE_SENTENCES = ("The sun rose over the quiet harbor. Fishing boats drifted ou
 
 
 def make_app(engine: EngineClient, **settings: Any) -> FastAPI:
-    """The server app (engine managed by the test); just the audio router if the app
-    factory cannot be imported yet."""
-    try:
-        from voxline.realtime.app import create_app
-
-        return create_app(Settings(**settings), engine, manage_engine=False)
-    except ModuleNotFoundError as exc:
-        if exc.name != "voxline.realtime.websocket":
-            raise
-    app = FastAPI()
-    app.state.voxline = ServerState(Settings(**settings), engine)
-    app.include_router(audio_api.router)
-    return app
+    """The server app, with the engine managed by the test."""
+    return create_app(Settings(**settings), engine, manage_engine=False)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -139,7 +128,7 @@ async def test_speech_wav_is_24khz_speech(client, app):
     assert 1.5 < len(audio) / rate < 8.0
     assert rms(audio) > 0.01
     assert np.array_equal(decode_audio_file(r.content)[0], audio)  # FFmpeg reads it too
-    assert app.state.voxline.metrics.histograms["voxline_speech_request_seconds"].n >= 1
+    assert app.state.voxline.metrics.value("voxline_speech_request_seconds_count") >= 1
 
 
 async def test_speech_pcm_streams_sentence_by_sentence(app, client):
@@ -183,8 +172,8 @@ async def test_speech_defaults_to_mp3_and_streams_every_format(app, client):
             "input": THREE_SENTENCES, "response_format": fmt, "seed": 3})
         assert status == 200 and headers["content-type"] == media
         assert len(chunks) > 1, fmt  # sent sentence by sentence, not encoded at the end
-        audio, rate = decode_audio_file(b"".join(c for _, c in chunks))
-        assert rate == 24000 and rms(audio) > 0.01, fmt
+        audio, rate = decode_audio_file(b"".join(c for _, c in chunks), 24000)
+        assert rms(audio) > 0.01, fmt
         assert 4.0 < len(audio) / rate < 15.0, fmt
     for fmt in ("mp3", "aac"):
         r = mp3 if fmt == "mp3" else await speech(client, text, seed=5, response_format=fmt)
@@ -242,6 +231,7 @@ async def test_client_disconnect_closes_the_engine_stream(app, engine, client):
     ({"input": "hi", "stream_format": "chunks"}, "stream_format", "sse"),
     ({"input": "hi", "seed": -1}, "seed", "integer"),
     ({"input": "hi", "temperature": 1}, "temperature", "unrecognized"),
+    ({"input": "hi", "instructions": "whisper it"}, "instructions", "not supported"),
 ])
 async def test_speech_rejects_bad_input(client, body, param, needle):
     r = await client.post("/v1/audio/speech", json=body)
@@ -277,8 +267,8 @@ async def test_speech_transcription_round_trip(client):
 
 
 async def test_long_audio_is_transcribed_in_windows(client, monkeypatch):
-    monkeypatch.setattr(audio_api, "ASR_WINDOW_SECONDS", 3.0)
-    monkeypatch.setattr(audio_api, "ASR_CUT_SEARCH_SECONDS", 1.5)
+    monkeypatch.setattr(transcription_api, "ASR_WINDOW_SECONDS", 3.0)
+    monkeypatch.setattr(transcription_api, "ASR_CUT_SEARCH_SECONDS", 1.5)
     first, second = espeak("Good morning everyone."), espeak("Please open the window.")
     audio = np.concatenate([np.zeros(1600, np.float32), first, np.zeros(20000, np.float32),
                             second])
@@ -298,12 +288,12 @@ async def test_asr_windows_cut_in_silence():
     rate = 16000
     loud = np.full(rate * 25, 0.5, np.float32)
     audio = np.concatenate([loud, np.zeros(rate // 2, np.float32), loud, loud])
-    spans = audio_api.asr_windows(len(audio), audio)
+    spans = transcription_api.asr_windows(len(audio), audio)
     assert spans[0] == (0, spans[0][1]) and 25 * rate <= spans[0][1] <= 25.5 * rate
     assert all(b - a <= 30 * rate for a, b in spans)
     assert [a for a, _ in spans[1:]] == [b for _, b in spans[:-1]] and spans[-1][1] == len(audio)
-    assert audio_api.asr_windows(rate * 10) == [(0, rate * 10)]
-    assert audio_api.asr_windows(0) == []
+    assert transcription_api.asr_windows(rate * 10) == [(0, rate * 10)]
+    assert transcription_api.asr_windows(0) == []
 
 
 @pytest.mark.parametrize("samples", [0, 800])
@@ -326,6 +316,17 @@ async def test_empty_or_tiny_audio_gives_empty_text(client, samples):
     ({"data": {"stream": "true"}, "files": {"file": ("a.wav", b"RIFF", "audio/wav")}},
      "stream", "realtime"),
     ({"json": {"model": "whisper-1"}}, "file", "multipart"),
+    # what the ASR would have to ignore is refused, naming the field
+    ({"data": {"prompt": "Voxline, Paris"}, "files": {"file": ("a.wav", b"RIFF", "audio/wav")}},
+     "prompt", "prompt"),
+    ({"data": {"temperature": "0.7"}, "files": {"file": ("a.wav", b"RIFF", "audio/wav")}},
+     "temperature", "greedily"),
+    ({"data": {"timestamp_granularities[]": "word"},
+      "files": {"file": ("a.wav", b"RIFF", "audio/wav")}}, "timestamp_granularities[]", "segment"),
+    ({"data": {"include[]": "logprobs"}, "files": {"file": ("a.wav", b"RIFF", "audio/wav")}},
+     "include[]", "logprobs"),
+    ({"data": {"chunking_strategy": "server_vad"},
+      "files": {"file": ("a.wav", b"RIFF", "audio/wav")}}, "chunking_strategy", "auto"),
 ])
 async def test_transcription_rejects_bad_input(client, kwargs, param, needle):
     r = await client.post("/v1/audio/transcriptions", **kwargs)

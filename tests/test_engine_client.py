@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 from conftest import TIME_FACTOR
+from echo_core import ECHO_REPLY, EchoCore
 
 from voxline.engines.client import EngineClient, InProcessEngineClient, StreamHandle
-from voxline.engines.echo import ECHO_REPLY, EchoCore
 from voxline.engines.process import MultiprocessEngineClient
 from voxline.engines.protocol import (
     AppendAudio,
@@ -29,7 +29,7 @@ from voxline.engines.protocol import (
 )
 from voxline.errors import EngineDeadError, EngineError
 
-ECHO = "voxline.engines.echo:make_echo_core"
+ECHO = "echo_core:make_echo_core"
 KINDS = ["inprocess", "multiprocess"]
 T = TIME_FACTOR
 START_TIMEOUT = 15 * T  # spawning a fresh interpreter on a busy 2-core machine

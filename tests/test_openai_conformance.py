@@ -14,26 +14,30 @@ import pytest
 from openai_types import strict_problems
 
 from voxline.engines import protocol as ep
-from voxline.realtime import events as ev
-from voxline.realtime.events_server import SERVER_EVENT_CLASSES
+from voxline.realtime.dialect import Dialect
+from voxline.realtime.wire_client import parse_command
+from voxline.realtime.wire_server import render, wire_type
+from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
+from voxline.sessions.settings import SessionSettings
 
-# Wire events the session never emits (the engine reports no per-item ASR failure yet).
-NEVER_EMITTED = {ev.ConversationCreated, ev.InputTranscriptionFailed}
+# Wire events the session never emits: the engine reports no per-item ASR failure yet, and
+# there are no rate limits to report (no fabricated figures are sent).
+NEVER_EMITTED = {ev.ConversationCreated, ev.InputTranscriptionFailed, ev.RateLimitsUpdated}
 
 
 class Script:
     """A session driven through the actor with a hand-played engine and clock."""
 
     def __init__(self) -> None:
-        self.actor = SessionActor("sess_1", "s1", settings=ev.SessionSettings(model="gpt-realtime"))
+        self.actor = SessionActor("sess_1", "s1", settings=SessionSettings(model="gpt-realtime"))
         self.t = 0.0
         self.events: list[ev.ServerEvent] = []
         self.actor.start(self.t)
         self.actor.take_commands()
 
     def send(self, **event: object) -> list[ep.EngineInput]:
-        self.actor.receive(ev.parse_client_event(json.dumps(event)), self.t)
+        self.actor.receive(parse_command(json.dumps(event)), self.t)
         return self.actor.take_commands()
 
     def engine(self, *outs: ep.EngineOutput) -> list[ep.EngineInput]:
@@ -132,12 +136,12 @@ def events() -> list[ev.ServerEvent]:
     return scripted_session()
 
 
-@pytest.mark.parametrize("dialect", [ev.Dialect.GA, ev.Dialect.BETA])
+@pytest.mark.parametrize("dialect", [Dialect.GA, Dialect.BETA])
 def test_every_emitted_event_validates_strictly(events, dialect):
-    wire = [w for w in (ev.render(e, dialect) for e in events) if w is not None]
+    wire = [w for w in (render(e, dialect) for e in events) if w is not None]
     problems = [p for w in wire for p in strict_problems(w, dialect.value)]
     assert problems == []
-    expected = {ev.wire_type(cls, dialect) for cls in SERVER_EVENT_CLASSES
+    expected = {wire_type(cls, dialect) for cls in ev.SERVER_EVENT_CLASSES
                 if cls not in NEVER_EMITTED} - {None}
     assert {w["type"] for w in wire} == expected  # the script reached every kind
 

@@ -54,3 +54,19 @@ def test_underrun_restarts_the_play_clock():
 def test_rejects_bad_lead():
     with pytest.raises(ValueError, match="lead_ms"):
         OutputPacer(lead_ms=0)
+
+
+def test_the_queue_is_bounded_and_refuses_a_frame_past_it():
+    import pytest
+
+    from voxline.sessions.pacing import OutputBufferFull
+
+    pacer = OutputPacer(lead_ms=200, max_queued_ms=100)
+    pacer.push(OutFrame("r", "i", b"a", 60))
+    with pytest.raises(OutputBufferFull, match="limit is 0 s"):
+        pacer.push(OutFrame("r", "i", b"b", 60))
+    assert pacer.queued_ms == 60  # nothing of the refused frame was kept
+    assert [f.payload for f in pacer.due(0.0)] == [b"a"] and pacer.queued_ms == 0
+    pacer.push(OutFrame("r", "i", b"c", 60))  # room again once sent
+    pacer.clear(0.0)
+    assert pacer.queued_ms == 0

@@ -329,3 +329,93 @@ async def test_bad_input_never_kills_the_session_or_loses_audio(server):
         assert "capital" in final["transcript"].lower() and "france" in final["transcript"].lower()
     finally:
         await ws.close()
+
+
+@pytest.mark.parametrize("dialect", ["ga", "beta"])
+async def test_live_session_events_validate_strictly(server, dialect):
+    """Every event of a live session (spoken turn, text turn, cancel, barge-in, two client
+    truncates) validates strictly against the openai package's types for its dialect."""
+    from openai_types import strict_problems
+
+    beta = dialect == "beta"
+    url = server.replace("http://", "ws://") + "/v1/realtime?model=gpt-realtime"
+    ws = await connect(url, additional_headers={"OpenAI-Beta": "realtime=v1"} if beta else {},
+                       max_size=2**24)
+    c = Conn(ws)
+    audio_delta = "response.audio.delta" if beta else "response.output_audio.delta"
+
+    def sent_ms(response_id: str) -> float:
+        return sum(len(base64.b64decode(e["delta"])) / 48 for e in c.of(audio_delta)
+                   if e["response_id"] == response_id)
+
+    def done_of(response_id: str):
+        return lambda e: e["type"] == "response.done" and e["response"]["id"] == response_id
+
+    try:
+        created = await c.until_type("session.created")
+        assert created["session"]["model"] == "gpt-realtime"  # the model asked for, echoed
+        transcription = {"model": "moonshine-base-en"}
+        await c.send(type="session.update", session={
+            "instructions": SHORT, "input_audio_transcription": transcription,
+            "turn_detection": {"type": "server_vad"}} if beta else {
+            "type": "realtime", "instructions": SHORT, "audio": {"input": {
+                "transcription": transcription, "turn_detection": {"type": "server_vad"}}}})
+        await c.until_type("session.updated")
+        # a spoken turn
+        await c.append(float_to_pcm16(spoken("What is the capital of France?")))
+        await c.until_type("response.done", timeout=180)
+        # a text turn
+        await c.send(type="conversation.item.create", item={
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "Name a color."}]})
+        await c.send(type="response.create")
+        await c.until(lambda e: e["type"] == "response.done" and len(c.of("response.done")) == 2,
+                      timeout=180)
+        # a client cancel, then a truncate at what was received
+        story = {"instructions": "Tell a long, detailed story about a dragon.",
+                 "max_output_tokens" if not beta else "max_response_output_tokens": 200}
+        await c.send(type="response.create", response=story)
+        first = await c.until_type(audio_delta)
+        await c.send(type="response.cancel")
+        await c.until(done_of(first["response_id"]))
+        await c.send(type="conversation.item.truncate", item_id=first["item_id"],
+                     content_index=0, audio_end_ms=int(sent_ms(first["response_id"]) * 0.8))
+        await c.until_type("conversation.item.truncated")
+        # a barge-in, then the client's own truncate after the server's
+        await c.send(type="response.create", response=story)
+        second = await c.until(lambda e: e["type"] == audio_delta
+                               and e["response_id"] != first["response_id"])
+        await asyncio.sleep(0.6)
+        await c.append(float_to_pcm16(spoken("Stop, wait a moment please.")))
+        await c.until(done_of(second["response_id"]), timeout=180)
+        await c.send(type="conversation.item.truncate", item_id=second["item_id"],
+                     content_index=0, audio_end_ms=int(sent_ms(second["response_id"])))
+        await c.until(lambda e: e["type"] == "conversation.item.truncated"
+                      and e["item_id"] == second["item_id"]
+                      and len([t for t in c.of("conversation.item.truncated")
+                               if t["item_id"] == second["item_id"]]) == 2)
+        await c.until(lambda e: e["type"] == "response.done" and len(c.of("response.done")) == 5,
+                      timeout=180)
+        last = c.of("response.done")[-1]["response"]
+        if last["output"] and last["output"][0]["content"]:
+            await c.until(lambda e: e["type"] in ("output_audio_buffer.stopped",
+                                                  "output_audio_buffer.cleared")
+                          and e["response_id"] == last["id"])
+    finally:
+        await ws.close()
+    assert not c.of("error"), c.of("error")
+    # every started buffer ends exactly once, stopped (played out) or cleared
+    started = [e["response_id"] for e in c.of("output_audio_buffer.started")]
+    ended = [e["response_id"] for e in c.events if e["type"] in (
+        "output_audio_buffer.stopped", "output_audio_buffer.cleared")]
+    assert sorted(started) == sorted(ended), (started, ended, c.types()[-40:])
+    assert [p for e in c.events for p in strict_problems(e, dialect)] == []
+    cancelled = [e["response"]["status_details"]["reason"] for e in c.of("response.done")
+                 if e["response"]["status"] == "cancelled"]
+    # the story may finish generating before the barge-in: then it is cut while playing
+    assert cancelled in (["client_cancelled"], ["client_cancelled", "turn_detected"])
+    assert {e["response_id"] for e in c.of("output_audio_buffer.cleared")} == {
+        first["response_id"], second["response_id"]}
+    for kind in ("conversation.item.input_audio_transcription.delta",
+                 "output_audio_buffer.started", "output_audio_buffer.cleared"):
+        assert c.of(kind), kind

@@ -10,7 +10,7 @@ from voxline.config import load_settings
 from voxline.engines.client import InProcessEngineClient
 from voxline.realtime.app import create_app
 
-ECHO = "voxline.engines.echo:make_echo_core"
+ECHO = "echo_core:make_echo_core"
 
 
 def make_client(**settings) -> TestClient:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from voxline.engines import protocol as ep
-from voxline.realtime import events as ev
+from voxline.realtime.wire_client import parse_command
+from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
 
 
@@ -23,7 +24,7 @@ def one_second_chunk(response_id: str, text: str = "Hello there.") -> ep.AudioCh
 
 
 def start_response(actor: SessionActor, now: float = 0.0) -> ep.CreateResponse:
-    actor.receive(ev.parse_client_event('{"type": "response.create"}'), now)
+    actor.receive(parse_command('{"type": "response.create"}'), now)
     cmd, = actor.take_commands()
     assert isinstance(cmd, ep.CreateResponse)
     return cmd
@@ -86,7 +87,7 @@ def test_second_response_create_is_refused_and_names_the_event():
     actor = make_actor()
     start_response(actor)
     actor.take_events()
-    actor.receive(ev.parse_client_event('{"type": "response.create", "event_id": "again"}'), 0.1)
+    actor.receive(parse_command('{"type": "response.create", "event_id": "again"}'), 0.1)
     err, = actor.take_events()
     assert isinstance(err, ev.ErrorEvent)
     assert err.error.code == "conversation_already_has_active_response"
@@ -104,7 +105,7 @@ def test_fatal_engine_error_ends_the_session():
 
 def test_idle_timeout_triggers_a_response():
     actor = make_actor()
-    actor.receive(ev.parse_client_event(
+    actor.receive(parse_command(
         '{"type": "session.update", "session": {"type": "realtime", "audio": {"input": '
         '{"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}}}'), 0.0)
     actor.take_events()
@@ -114,8 +115,14 @@ def test_idle_timeout_triggers_a_response():
     assert actor.take_events() == []
     actor.tick(5.0)
     events = actor.take_events()
-    assert names(events)[:2] == ["InputAudioTimeoutTriggered", "ResponseCreated"]
-    assert isinstance(actor.take_commands()[0], ep.CreateResponse)
+    assert names(events)[:5] == ["InputAudioTimeoutTriggered", "InputAudioCommitted",
+                                 "ItemAdded", "ItemDone", "ResponseCreated"]
+    timeout, committed = events[0], events[1]
+    assert committed.item_id == timeout.item_id  # the event names a real item
+    assert timeout.item_id in actor.items
+    add, create = actor.take_commands()
+    assert isinstance(add, ep.AddItem) and add.item_id == timeout.item_id and add.role == "user"
+    assert isinstance(create, ep.CreateResponse)
 
 
 def play(actor: SessionActor, until: float, t: float = 0.0, step: float = 0.01) -> list:
@@ -136,7 +143,7 @@ def audio_response(actor: SessionActor) -> ep.CreateResponse:
 
 
 def truncate(actor: SessionActor, item_id: str, ms: int, event_id: str, now: float) -> None:
-    actor.receive(ev.parse_client_event(
+    actor.receive(parse_command(
         f'{{"type": "conversation.item.truncate", "event_id": "{event_id}", '
         f'"item_id": "{item_id}", "content_index": 0, "audio_end_ms": {ms}}}'), now)
 
@@ -146,7 +153,7 @@ def test_client_cancel_then_truncate_gives_one_truncation_and_no_error():
     cmd = audio_response(actor)
     events = actor.take_events() + play(actor, 0.04)
     assert sum(isinstance(e, ev.AudioDelta) for e in events) == 6  # 240 ms sent
-    actor.receive(ev.parse_client_event('{"type": "response.cancel"}'), 0.05)
+    actor.receive(parse_command('{"type": "response.cancel"}'), 0.05)
     assert [type(c) for c in actor.take_commands()] == [ep.CancelResponse]
     actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.CANCELLED,
                                     "Hello there.", 10, 3), 0.06)
@@ -196,7 +203,7 @@ def test_client_truncate_during_barge_in_replaces_the_server_cut():
 
 def test_output_audio_buffer_started_is_paired_with_stopped_or_cleared():
     actor = make_actor(lead_ms=200)
-    actor.receive(ev.parse_client_event('{"type": "output_audio_buffer.clear", '
+    actor.receive(parse_command('{"type": "output_audio_buffer.clear", '
                                         '"event_id": "c0"}'), 0.0)
     err, = actor.take_events()  # nothing has played yet
     assert err.error.event_id == "c0"
@@ -218,14 +225,14 @@ def test_output_audio_buffer_started_is_paired_with_stopped_or_cleared():
     assert order == ["OutputAudioBufferStarted", "OutputAudioBufferCleared"]
     assert all(e.response_id == second.response_id for e in events
                if isinstance(e, ev.OutputAudioBufferCleared))
-    actor.receive(ev.parse_client_event('{"type": "output_audio_buffer.clear"}'), 3.0)
+    actor.receive(parse_command('{"type": "output_audio_buffer.clear"}'), 3.0)
     cleared, = actor.take_events()  # the client may always clear: it names the last response
     assert isinstance(cleared, ev.OutputAudioBufferCleared)
 
 
 def test_input_transcription_deltas_only_append():
     actor = make_actor()
-    actor.receive(ev.parse_client_event(
+    actor.receive(parse_command(
         '{"type": "session.update", "session": {"type": "realtime", "audio": {"input": '
         '{"transcription": {"model": "moonshine"}}}}}'), 0.0)
     actor.take_events()
@@ -241,3 +248,51 @@ def test_input_transcription_deltas_only_append():
     assert deltas[0] == "What is the"  # nothing before two hypotheses agree
     done, = [e for e in events if isinstance(e, ev.InputTranscriptionCompleted)]
     assert done.transcript == "What is the capital of France?"
+
+
+def test_settings_the_server_would_ignore_are_refused():
+    actor = make_actor()
+    for session, param in [
+        ({"audio": {"input": {"noise_reduction": {"type": "near_field"}}}},
+         "session.audio.input.noise_reduction"),
+        ({"truncation": "disabled"}, "session.truncation"),
+        ({"audio": {"input": {"transcription": {"model": "m", "language": "fr"}}}},
+         "session.audio.input.transcription.language"),
+        ({"audio": {"input": {"transcription": {"model": "m", "prompt": "names"}}}},
+         "session.audio.input.transcription.prompt"),
+        ({"tools": [{"type": "function", "name": "f"}]}, "session.tools"),
+        ({"tool_choice": "required"}, "session.tool_choice"),
+    ]:
+        before = actor.settings
+        actor.receive(parse_command({"type": "session.update", "event_id": "u",
+                                     "session": {"type": "realtime", **session}}), 0.0)
+        err, = actor.take_events()
+        assert isinstance(err, ev.ErrorEvent) and err.error.param == param, (param, err)
+        assert "not supported" in err.error.message and err.error.event_id == "u"
+        assert actor.settings == before and actor.take_commands() == []
+    # what clients send by default is accepted: no tools, English, semantic VAD, tracing
+    actor.receive(parse_command({"type": "session.update", "session": {
+        "type": "realtime", "tools": [], "tool_choice": "auto", "tracing": "auto",
+        "audio": {"input": {"transcription": {"model": "gpt-4o-mini-transcribe",
+                                              "language": "en"},
+                            "turn_detection": {"type": "semantic_vad", "eagerness": "high"}}}}}),
+        0.0)
+    assert names(actor.take_events()) == ["SessionUpdated"]
+    update, = actor.take_commands()
+    assert update.config.turn_detection.silence_duration_ms == 300  # eagerness: high
+    actor.receive(parse_command({"type": "response.create", "event_id": "r", "response": {
+        "tools": [{"type": "function", "name": "f"}]}}), 0.0)
+    err, = actor.take_events()
+    assert err.error.param == "response.tools" and actor.response is None
+
+
+def test_a_reply_far_ahead_of_playout_is_cut_with_an_error():
+    actor = make_actor(lead_ms=200)
+    actor.pacer.max_queued_ms = 1500
+    cmd = start_response(actor)
+    actor.take_events()
+    actor.on_engine(one_second_chunk(cmd.response_id), 0.0)
+    actor.on_engine(one_second_chunk(cmd.response_id), 0.0)  # 2 s queued > 1.5 s
+    err = [e for e in actor.take_events() if isinstance(e, ev.ErrorEvent)]
+    assert err and err[0].error.code == "output_buffer_full"
+    assert [type(c) for c in actor.take_commands()] == [ep.CancelResponse]

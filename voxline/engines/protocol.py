@@ -19,6 +19,12 @@ import msgspec
 INPUT_RATE = 16000
 
 
+# Kept firm: small local models ramble without a limit. One home; sessions use it too.
+DEFAULT_INSTRUCTIONS = (
+    "You are a helpful, concise voice assistant. Answer in one or two short sentences."
+)
+
+
 class TurnDetection(msgspec.Struct, frozen=True):
     """Server-VAD parameters (OpenAI Realtime defaults)."""
 
@@ -30,7 +36,7 @@ class TurnDetection(msgspec.Struct, frozen=True):
 class StreamConfig(msgspec.Struct, frozen=True):
     """How a stream runs. `turn_detection=None` means the client commits audio itself."""
 
-    instructions: str = "You are a helpful, concise voice assistant. Answer in one or two short sentences."
+    instructions: str = DEFAULT_INSTRUCTIONS
     turn_detection: TurnDetection | None = TurnDetection()
     transcribe_partials: bool = True
     partial_interval_ms: int = 1000

@@ -1,4 +1,5 @@
-"""The HTTP application: routes, engine lifecycle and shared server state."""
+"""The HTTP application, the composition root: the routers, the shared state and the
+engine's lifecycle (the engine loads in the background while the server answers)."""
 
 from __future__ import annotations
 
@@ -7,32 +8,16 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
 from voxline import __version__
 from voxline.config import Settings
 from voxline.engines.client import EngineClient
-from voxline.realtime.metrics import Metrics
+from voxline.realtime import ops, speech_api, transcription_api, web, websocket
+from voxline.realtime.state import ServerState
 
 logger = logging.getLogger(__name__)
-
-MODEL_ID = "voxline"
-
-
-@dataclass
-class ServerState:
-    settings: Settings
-    engine: EngineClient
-    metrics: Metrics = field(default_factory=Metrics)
-    sessions: int = 0
-    started: float = field(default_factory=time.time)
-
-
-def get_state(request_or_ws: object) -> ServerState:
-    return request_or_ws.app.state.voxline  # type: ignore[attr-defined]
 
 
 async def _start_engine(engine: EngineClient, kind: str) -> None:
@@ -68,26 +53,9 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
     app = FastAPI(title="voxline", version=__version__, lifespan=lifespan)
     app.state.voxline = ServerState(settings, engine)
 
-    @app.get("/health")
-    async def health(request: Request) -> JSONResponse:
-        state = get_state(request)
-        status = state.engine.status()
-        body = {"status": "ok" if state.engine.ready else "unavailable", "engine": status,
-                "sessions": state.sessions}
-        if not state.engine.ready:
-            body["reason"] = status.get("last_error") or "engine is starting"
-        return JSONResponse(body, status_code=200 if state.engine.ready else 503)
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, object]:
-        return {"object": "list", "data": [
-            {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "voxline"},
-        ]}
-
-    from voxline.realtime import audio_api, metrics, web, websocket
-
-    app.include_router(audio_api.router)
-    app.include_router(metrics.router)
+    app.include_router(speech_api.router)
+    app.include_router(transcription_api.router)
+    app.include_router(ops.router)
     app.include_router(websocket.router)
     app.include_router(web.router)
     return app

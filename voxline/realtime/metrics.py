@@ -1,88 +1,54 @@
-"""Prometheus text-format metrics (no client library: a few counters and histograms)."""
+"""Server metrics in Prometheus' text format, through `prometheus-client`.
+
+Each app has its own registry (tests run several apps in one process). Counters and
+gauges are created on first use by name; histograms are declared here with their help
+text and latency buckets. Updated on the event loop only.
+"""
 
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass, field
-
-from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
-
-
-@dataclass
-class Histogram:
-    help: str
-    buckets: tuple[float, ...] = LATENCY_BUCKETS
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    n: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * (len(self.buckets) + 1)
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
-        self.n += 1
-
-    def render(self, name: str) -> list[str]:
-        lines = [f"# HELP {name} {self.help}", f"# TYPE {name} histogram"]
-        cumulative = 0
-        for bound, count in zip(self.buckets, self.counts, strict=False):
-            cumulative += count
-            lines.append(f'{name}_bucket{{le="{bound}"}} {cumulative}')
-        lines.append(f'{name}_bucket{{le="+Inf"}} {self.n}')
-        lines += [f"{name}_sum {self.total:.6f}", f"{name}_count {self.n}"]
-        return lines
+HISTOGRAMS = {
+    "voxline_first_audio_seconds":
+        "time from end of user speech (or response.create) to the first audio delta",
+    "voxline_response_seconds": "duration of responses until response.done",
+    "voxline_speech_request_seconds": "time to first audio of /v1/audio/speech",
+}
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class Metrics:
-    """Server-wide counters; updated on the event loop only (no locking needed)."""
+    """One app's metrics: `inc` counters, `set` gauges, `observe` histograms."""
 
     def __init__(self) -> None:
-        self.counters: dict[str, tuple[str, float]] = {}
-        self.gauges: dict[str, tuple[str, float]] = {}
-        self.histograms: dict[str, Histogram] = {
-            "voxline_first_audio_seconds": Histogram(
-                "time from end of user speech (or response.create) to the first audio delta"),
-            "voxline_response_seconds": Histogram("duration of responses until response.done"),
-            "voxline_speech_request_seconds": Histogram("time to first audio of /v1/audio/speech"),
-        }
+        self.registry = CollectorRegistry()
+        self._counters: dict[str, Counter] = {}
+        self._gauges: dict[str, Gauge] = {}
+        self._histograms = {name: Histogram(name, help, buckets=LATENCY_BUCKETS,
+                                            registry=self.registry)
+                            for name, help in HISTOGRAMS.items()}
 
     def inc(self, name: str, help: str, value: float = 1.0) -> None:
-        old = self.counters.get(name, (help, 0.0))[1]
-        self.counters[name] = (help, old + value)
+        counter = self._counters.get(name)
+        if counter is None:
+            counter = self._counters[name] = Counter(name, help, registry=self.registry)
+        counter.inc(value)
 
     def set(self, name: str, help: str, value: float) -> None:
-        self.gauges[name] = (help, value)
+        gauge = self._gauges.get(name)
+        if gauge is None:
+            gauge = self._gauges[name] = Gauge(name, help, registry=self.registry)
+        gauge.set(value)
 
     def observe(self, name: str, value: float) -> None:
-        self.histograms[name].observe(value)
+        self._histograms[name].observe(value)
 
-    def render(self) -> str:
-        lines: list[str] = []
-        for name, (help, value) in sorted(self.counters.items()):
-            lines += [f"# HELP {name} {help}", f"# TYPE {name} counter", f"{name} {value:g}"]
-        for name, (help, value) in sorted(self.gauges.items()):
-            lines += [f"# HELP {name} {help}", f"# TYPE {name} gauge", f"{name} {value:g}"]
-        for name, hist in sorted(self.histograms.items()):
-            lines += hist.render(name)
-        return "\n".join(lines) + "\n"
+    def value(self, sample: str) -> float | None:
+        """One sample's current value (e.g. ``voxline_sessions_total``), None if absent."""
+        return self.registry.get_sample_value(sample)
 
-
-router = APIRouter()
-
-
-@router.get("/metrics")
-async def metrics(request: Request) -> PlainTextResponse:
-    from voxline.realtime.app import get_state
-
-    state = get_state(request)
-    m = state.metrics
-    m.set("voxline_sessions_active", "open realtime sessions", state.sessions)
-    m.set("voxline_engine_ready", "1 when the engine is ready", 1.0 if state.engine.ready else 0.0)
-    m.set("voxline_engine_restarts", "engine process restarts",
-          float(state.engine.status().get("restarts", 0)))
-    return PlainTextResponse(m.render(), media_type="text/plain; version=0.0.4")
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

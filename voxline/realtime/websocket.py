@@ -4,7 +4,6 @@ client's dialect, and closes with a code and reason when the session ends."""
 
 from __future__ import annotations
 
-import hmac
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -12,37 +11,26 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from voxline.errors import ProtocolError
-from voxline.realtime import events as ev
-from voxline.realtime.app import get_state
+from voxline.realtime.auth import authorized, offered_subprotocols
+from voxline.realtime.dialect import detect_dialect
+from voxline.realtime.state import get_state
+from voxline.realtime.wire_client import parse_command
+from voxline.realtime.wire_server import render_json
 from voxline.sessions.actor import SessionActor
+from voxline.sessions.commands import ClientCommand
+from voxline.sessions.events import ServerEvent
+from voxline.sessions.ids import new_id
 from voxline.sessions.runner import SessionEnded, SessionRunner
+from voxline.sessions.settings import SessionSettings
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
 
-KEY_SUBPROTOCOL = "openai-insecure-api-key."
 CLOSE_POLICY = 1008  # bad credentials / abuse
 CLOSE_TRY_AGAIN = 1013  # capacity
 
 
-def _offered_subprotocols(ws: WebSocket) -> list[str]:
-    raw = ws.headers.get("sec-websocket-protocol", "")
-    return [p.strip() for p in raw.split(",") if p.strip()]
-
-
-def _authorized(ws: WebSocket, api_key: str | None) -> bool:
-    if not api_key:
-        return True
-    candidates = []
-    auth = ws.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        candidates.append(auth[7:].strip())
-    candidates += [p[len(KEY_SUBPROTOCOL):] for p in _offered_subprotocols(ws)
-                   if p.startswith(KEY_SUBPROTOCOL)]
-    return any(hmac.compare_digest(c.encode(), api_key.encode()) for c in candidates)
-
-
-async def _client_events(ws: WebSocket, max_bytes: int) -> AsyncIterator[ev.ClientEvent | ProtocolError]:
+async def _client_events(ws: WebSocket, max_bytes: int) -> AsyncIterator[ClientCommand | ProtocolError]:
     while True:
         message = await ws.receive()
         if message["type"] == "websocket.disconnect":
@@ -57,7 +45,7 @@ async def _client_events(ws: WebSocket, max_bytes: int) -> AsyncIterator[ev.Clie
                                 code="invalid_request_error")
             continue
         try:
-            yield ev.parse_client_event(text)
+            yield parse_command(text)
         except ProtocolError as exc:
             yield exc
 
@@ -66,8 +54,8 @@ async def _client_events(ws: WebSocket, max_bytes: int) -> AsyncIterator[ev.Clie
 async def realtime(ws: WebSocket) -> None:
     state = get_state(ws)
     settings = state.settings
-    offered = _offered_subprotocols(ws)
-    if not _authorized(ws, settings.api_key):
+    offered = offered_subprotocols(ws)
+    if not authorized(ws, settings.api_key):
         state.metrics.inc("voxline_sessions_refused_total", "sessions refused")
         await ws.close(code=CLOSE_POLICY, reason="invalid or missing API key")
         return
@@ -80,16 +68,16 @@ async def realtime(ws: WebSocket) -> None:
     if not state.engine.ready:
         await ws.close(code=CLOSE_TRY_AGAIN, reason="engine is not ready, try again shortly")
         return
-    dialect = ev.detect_dialect(list(ws.headers.items()))
-    session_id = ev.new_id("sess")
+    dialect = detect_dialect(list(ws.headers.items()))
+    session_id = new_id("sess")
     # the session echoes the model the client asked for (`?model=`), as OpenAI does
     requested = ws.query_params.get("model")
-    initial = ev.SessionSettings(model=requested) if requested else ev.SessionSettings()
+    initial = SessionSettings(model=requested) if requested else SessionSettings()
     actor = SessionActor(session_id, f"{session_id}-{uuid.uuid4().hex[:6]}", settings=initial,
                          lead_ms=settings.output_lead_ms, max_event_bytes=settings.max_event_bytes)
 
-    async def send(event: ev.ServerEvent) -> None:
-        wire = ev.render_json(event, dialect)
+    async def send(event: ServerEvent) -> None:
+        wire = render_json(event, dialect)
         if wire is not None:
             await ws.send_text(wire)
 

@@ -9,6 +9,9 @@ The session decides *when*: turns (server VAD events from the engine), responses
 barge-in and truncation, and real-time pacing of output audio. The engine decides
 how fast. Client mistakes become `error` events naming the event and the field; the
 session and its buffered audio survive them.
+
+One state machine, kept in one file (a little over 600 lines) so that every transition
+between turns, responses and playout reads in one place.
 """
 
 from __future__ import annotations
@@ -19,110 +22,35 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from voxline.codecs.pcm import b64decode_audio
 from voxline.engines import protocol as ep
+from voxline.engines.input_audio import MIN_COMMIT_MS
 from voxline.errors import AudioFormatError, ProtocolError
-from voxline.realtime import events as ev
+from voxline.sessions import commands as cmd
+from voxline.sessions import events as ev
+from voxline.sessions import items as it
 from voxline.sessions.audio import InputConverter, OutputEncoder
-from voxline.sessions.pacing import OutFrame, OutputPacer
+from voxline.sessions.capabilities import check_overrides, check_supported, stream_config
+from voxline.sessions.ids import new_id
+from voxline.sessions.pacing import OutFrame, OutputBufferFull, OutputPacer
+from voxline.sessions.records import ActiveResponse, ItemRecord, log_trace
+from voxline.sessions.settings import SessionSettings
+from voxline.sessions.transcription import PartialTranscript
 
 logger = logging.getLogger(__name__)
 
-MIN_COMMIT_MS = 100
 _STATUS = {
     ep.ResponseStatus.COMPLETED: "completed",
     ep.ResponseStatus.CANCELLED: "cancelled",
     ep.ResponseStatus.INCOMPLETE: "incomplete",
     ep.ResponseStatus.FAILED: "failed",
 }
-RATE_LIMITS = [ev.RateLimit(name="requests", limit=10_000, remaining=9_999, reset_seconds=60.0),
-               ev.RateLimit(name="tokens", limit=1_000_000, remaining=1_000_000, reset_seconds=60.0)]
-
-
-def stream_config(settings: ev.SessionSettings) -> ep.StreamConfig:
-    """The engine's view of the session settings."""
-    td = settings.turn_detection
-    return ep.StreamConfig(
-        instructions=settings.instructions,
-        turn_detection=ep.TurnDetection(td.threshold, td.prefix_padding_ms,
-                                        td.silence_duration_ms) if td else None,
-        transcribe_partials=settings.transcription_enabled,
-        temperature=settings.temperature,
-        max_output_tokens=settings.max_output_tokens or 4096,
-        speed=settings.speed,
-    )
-
-
-@dataclass
-class ActiveResponse:
-    response: ev.RealtimeResponse
-    item_id: str
-    settings: ev.SessionSettings
-    started: float
-    trigger: float  # end of user speech or response.create: the latency clock's zero
-    transcript: str = ""
-    encoder: OutputEncoder | None = None
-    engine_done: ep.ResponseDone | None = None
-    cancel_reason: str | None = None
-    first_audio: float | None = None
-    buffer_started: bool = False
-
-    @property
-    def audio(self) -> bool:
-        return self.settings.audio_output
-
-
-@dataclass
-class ItemRecord:
-    item: ev.MessageItem
-    audio_ms: float = 0.0  # assistant audio sent to the client, less what a truncate cut
-    sent_ms: float = 0.0  # all assistant audio ever sent: the bound for a client truncate
-    client_truncated: bool = False  # the client cut it: the server does not cut it again
-    pending_transcript: bool = False
-
-
-def _words(text: str) -> list[str]:
-    return text.split()
-
-
-@dataclass
-class PartialTranscript:
-    """Append-only transcription deltas from revisable ASR hypotheses.
-
-    Only words two consecutive hypotheses agree on are sent, and only where they extend
-    what was already sent, so concatenating the deltas never shows a retracted word.
-    """
-
-    last: list[str] = field(default_factory=list)
-    sent: str = ""
-
-    def delta(self, hypothesis: str) -> str:
-        words = _words(hypothesis)
-        stable: list[str] = []
-        for a, b in zip(self.last, words, strict=False):
-            if a != b:
-                break
-            stable.append(a)
-        self.last = words
-        return self._extend(" ".join(stable))
-
-    def final_delta(self, transcript: str) -> str:
-        return self._extend(" ".join(_words(transcript)))
-
-    def _extend(self, text: str) -> str:
-        if len(text) <= len(self.sent) or not text.startswith(self.sent):
-            return ""
-        if self.sent and text[len(self.sent)] != " ":
-            return ""  # the last sent word grew ("capital" -> "capitals"): not an extension
-        delta, self.sent = text[len(self.sent):], text
-        return delta
 
 
 @dataclass
 class SessionActor:
     session_id: str
     stream_id: str
-    settings: ev.SessionSettings = field(default_factory=ev.SessionSettings)
+    settings: SessionSettings = field(default_factory=SessionSettings)
     lead_ms: float = 200.0
     max_event_bytes: int = 15 * 1024 * 1024
 
@@ -141,9 +69,9 @@ class SessionActor:
         self.in_speech: str | None = None  # item id of the user turn being spoken
         self.speech_stopped_at: float | None = None
         self.last_activity: float = 0.0  # for idle_timeout_ms
-        self.closed: ev.ErrorDetail | None = None  # set when the session must end
+        self.closed: it.ErrorDetail | None = None  # set when the session must end
         self.reply_after_cancel = False  # a turn ended while the interrupted reply winds down
-        self.conversation_id = ev.new_id("conv")
+        self.conversation_id = new_id("conv")
         self.partials: dict[str, PartialTranscript] = {}  # user item -> deltas sent so far
         self.playing: str | None = None  # response whose audio the client is playing
         self.last_audio_response: str | None = None
@@ -163,7 +91,7 @@ class SessionActor:
 
     def _error(self, message: str, *, code: str, event_id: str | None = None,
                param: str | None = None, type: str = "invalid_request_error") -> None:
-        self._emit(ev.ErrorEvent(error=ev.ErrorDetail(type=type, code=code, message=message,
+        self._emit(ev.ErrorEvent(error=it.ErrorDetail(type=type, code=code, message=message,
                                                       param=param, event_id=event_id)))
 
     # ---------------------------------------------------------------------- lifecycle
@@ -184,8 +112,8 @@ class SessionActor:
 
     # ------------------------------------------------------------------ client events
 
-    def receive(self, event: ev.ClientEvent, now: float) -> None:
-        handler: Callable[[ev.ClientEvent, float], None] = self._handlers()[type(event)]
+    def receive(self, event: cmd.ClientCommand, now: float) -> None:
+        handler: Callable[[cmd.ClientCommand, float], None] = self._handlers()[type(event)]
         try:
             handler(event, now)
         except ProtocolError as exc:
@@ -195,38 +123,40 @@ class SessionActor:
 
     def _handlers(self) -> dict[type, Callable]:
         return {
-            ev.SessionUpdate: self._session_update,
-            ev.InputAudioBufferAppend: self._append,
-            ev.InputAudioBufferCommit: self._commit,
-            ev.InputAudioBufferClear: self._clear,
-            ev.ConversationItemCreate: self._item_create,
-            ev.ConversationItemRetrieve: self._item_retrieve,
-            ev.ConversationItemTruncate: self._item_truncate,
-            ev.ConversationItemDelete: self._item_delete,
-            ev.ResponseCreate: self._response_create,
-            ev.ResponseCancel: self._response_cancel,
-            ev.OutputAudioBufferClear: self._output_clear,
+            cmd.UpdateSession: self._session_update,
+            cmd.AppendAudio: self._append,
+            cmd.CommitAudio: self._commit,
+            cmd.ClearAudio: self._clear,
+            cmd.CreateItem: self._item_create,
+            cmd.RetrieveItem: self._item_retrieve,
+            cmd.TruncateItem: self._item_truncate,
+            cmd.DeleteItem: self._item_delete,
+            cmd.CreateResponse: self._response_create,
+            cmd.CancelResponse: self._response_cancel,
+            cmd.ClearOutputAudio: self._output_clear,
         }
 
     def _new_input(self) -> InputConverter:
         fmt = self.settings.input_format
         return InputConverter(fmt.encoding, fmt.rate)
 
-    def _session_update(self, e: ev.SessionUpdate, now: float) -> None:
+    def _session_update(self, e: cmd.UpdateSession, now: float) -> None:
         old = self.settings
-        self.settings = old.apply_update(e.session)
+        new = old.apply(e.changes)
+        check_supported(new)  # refused: the session keeps its settings
+        self.settings = new
         if self.settings.input_format != old.input_format:
             self.input = self._new_input()
         self.commands.append(ep.UpdateStream(self.stream_id, stream_config(self.settings)))
         self._emit(ev.SessionUpdated(session_id=self.session_id, session=self.settings))
 
-    def _append(self, e: ev.InputAudioBufferAppend, now: float) -> None:
+    def _append(self, e: cmd.AppendAudio, now: float) -> None:
         if len(e.audio) > self.max_event_bytes:
-            raise ProtocolError(f"input_audio_buffer.append: audio is {len(e.audio)} bytes of "
-                                f"base64, more than the {self.max_event_bytes} allowed",
+            raise ProtocolError(f"input_audio_buffer.append: audio is {len(e.audio)} bytes, "
+                                f"more than the {self.max_event_bytes} allowed",
                                 code="invalid_value", param="audio")
         try:
-            samples = self.input.convert(b64decode_audio(e.audio))
+            samples = self.input.convert(e.audio)
         except AudioFormatError as exc:
             raise ProtocolError(f"input_audio_buffer.append: {exc}", code="invalid_value",
                                 param="audio") from exc
@@ -235,14 +165,14 @@ class SessionActor:
         if len(samples):
             self.commands.append(ep.AppendAudio(self.stream_id, samples.astype("<f4").tobytes()))
 
-    def _commit(self, e: ev.InputAudioBufferCommit, now: float) -> None:
+    def _commit(self, e: cmd.CommitAudio, now: float) -> None:
         if self.settings.turn_detection is None:
             if self.manual_buffer_ms < MIN_COMMIT_MS:
                 raise ProtocolError(
                     "input_audio_buffer.commit: buffer too small: expected at least "
                     f"{MIN_COMMIT_MS} ms of audio, have {self.manual_buffer_ms:.0f} ms",
                     code="input_audio_buffer_commit_empty")
-            item_id = ev.new_id("item")
+            item_id = new_id("item")
             self.turn_ms[item_id] = self.manual_buffer_ms
         elif self.in_speech is not None:
             item_id, self.in_speech = self.in_speech, None
@@ -255,7 +185,7 @@ class SessionActor:
         self._user_audio_item(item_id)
         self.speech_stopped_at = now
 
-    def _clear(self, e: ev.InputAudioBufferClear, now: float) -> None:
+    def _clear(self, e: cmd.ClearAudio, now: float) -> None:
         self.manual_buffer_ms = 0.0
         self.in_speech = None
         self.commands.append(ep.ClearAudio(self.stream_id))
@@ -263,8 +193,8 @@ class SessionActor:
 
     def _user_audio_item(self, item_id: str) -> None:
         previous = self.order[-1] if self.order else None
-        item = ev.MessageItem(id=item_id, role="user", status="completed",
-                              content=[ev.ContentPart(type="input_audio", transcript=None)])
+        item = it.MessageItem(id=item_id, role="user", status="completed",
+                              content=[it.ContentPart(type="input_audio", transcript=None)])
         self._add_record(ItemRecord(item, pending_transcript=True))
         self._emit(ev.InputAudioCommitted(item_id=item_id, previous_item_id=previous))
         self._emit(ev.ItemAdded(item=item, previous_item_id=previous))
@@ -284,9 +214,9 @@ class SessionActor:
                                 code="item_not_found", param="item_id")
         return record
 
-    def _item_create(self, e: ev.ConversationItemCreate, now: float) -> None:
+    def _item_create(self, e: cmd.CreateItem, now: float) -> None:
         item = e.item
-        if not isinstance(item, ev.MessageItem):
+        if not isinstance(item, it.MessageItem):
             raise ProtocolError(f"conversation.item.create: {item.type} items are not supported "
                                 "(no tools are configured)", code="invalid_value", param="item.type")
         for i, part in enumerate(item.content):
@@ -312,10 +242,10 @@ class SessionActor:
         self._emit(ev.ItemAdded(item=item, previous_item_id=prev))
         self._emit(ev.ItemDone(item=item, previous_item_id=prev))
 
-    def _item_retrieve(self, e: ev.ConversationItemRetrieve, now: float) -> None:
+    def _item_retrieve(self, e: cmd.RetrieveItem, now: float) -> None:
         self._emit(ev.ItemRetrieved(item=self._find(e.item_id, "conversation.item.retrieve").item))
 
-    def _item_delete(self, e: ev.ConversationItemDelete, now: float) -> None:
+    def _item_delete(self, e: cmd.DeleteItem, now: float) -> None:
         self._find(e.item_id, "conversation.item.delete")
         if self.response is not None and self.response.item_id == e.item_id:
             raise ProtocolError("conversation.item.delete: the item is being generated; cancel "
@@ -325,7 +255,7 @@ class SessionActor:
         self.commands.append(ep.DeleteItem(self.stream_id, e.item_id))
         self._emit(ev.ItemDeleted(item_id=e.item_id))
 
-    def _item_truncate(self, e: ev.ConversationItemTruncate, now: float) -> None:
+    def _item_truncate(self, e: cmd.TruncateItem, now: float) -> None:
         record = self._find(e.item_id, "conversation.item.truncate")
         if record.item.role != "assistant":
             raise ProtocolError(f"conversation.item.truncate: item {e.item_id!r} is a "
@@ -350,19 +280,21 @@ class SessionActor:
         record.client_truncated = True
         self.commands.append(ep.TruncateItem(self.stream_id, e.item_id, e.audio_end_ms))
 
-    def _response_create(self, e: ev.ResponseCreate, now: float) -> None:
-        params = e.response
+    def _response_create(self, e: cmd.CreateResponse, now: float) -> None:
+        params = e.overrides
         if params is not None and params.out_of_band:
             raise ProtocolError("response.create: out-of-band responses (conversation: 'none') "
                                 "are not supported", code="invalid_value",
                                 param="response.conversation")
-        if params is not None and params.input is not None:
+        if params is not None and params.custom_input:
             raise ProtocolError("response.create: a custom input list is not supported",
                                 code="invalid_value", param="response.input")
+        if params is not None:
+            check_overrides(params)
         settings = params.apply_to(self.settings) if params is not None else self.settings
         self._start_response(settings, now, trigger=now, metadata=params.metadata if params else None)
 
-    def _response_cancel(self, e: ev.ResponseCancel, now: float) -> None:
+    def _response_cancel(self, e: cmd.CancelResponse, now: float) -> None:
         r = self.response
         if r is None or r.cancel_reason is not None:
             raise ProtocolError("response.cancel: there is no response in progress",
@@ -373,7 +305,7 @@ class SessionActor:
                                 code="response_cancel_not_active", param="response_id")
         self._cancel(now, "client_cancelled", interrupt=False)
 
-    def _output_clear(self, e: ev.OutputAudioBufferClear, now: float) -> None:
+    def _output_clear(self, e: cmd.ClearOutputAudio, now: float) -> None:
         rid = self.playing or self.last_audio_response
         if rid is None:
             raise ProtocolError("output_audio_buffer.clear: no response has sent audio in this "
@@ -385,27 +317,27 @@ class SessionActor:
 
     # ---------------------------------------------------------------------- responses
 
-    def _start_response(self, settings: ev.SessionSettings, now: float, *, trigger: float,
+    def _start_response(self, settings: SessionSettings, now: float, *, trigger: float,
                         metadata: dict[str, str] | None = None) -> None:
         if self.response is not None:
             raise ProtocolError("response.create: conversation already has an active response "
                                 f"{self.response.response.id!r}",
                                 code="conversation_already_has_active_response")
-        response = ev.RealtimeResponse.start(settings, conversation_id=self.conversation_id,
+        response = it.RealtimeResponse.start(settings, conversation_id=self.conversation_id,
                                              metadata=metadata)
-        item_id = ev.new_id("item")
+        item_id = new_id("item")
         r = ActiveResponse(response, item_id, settings, started=now, trigger=trigger)
         if r.audio:
             r.encoder = OutputEncoder(settings.output_format.encoding, settings.output_format.rate)
         self.response = r
         part_type = "output_audio" if r.audio else "output_text"
-        item = ev.MessageItem(id=item_id, role="assistant", status="in_progress", content=[])
+        item = it.MessageItem(id=item_id, role="assistant", status="in_progress", content=[])
         previous = self.order[-1] if self.order else None
         self._add_record(ItemRecord(item))
         self._emit(ev.ResponseCreated(response=response))
         self._emit(ev.OutputItemAdded(response_id=response.id, output_index=0, item=item))
         self._emit(ev.ItemAdded(item=item, previous_item_id=previous))
-        part = ev.ContentPart(type=part_type, transcript="" if r.audio else None,
+        part = it.ContentPart(type=part_type, transcript="" if r.audio else None,
                               text=None if r.audio else "")
         self._emit(ev.ContentPartAdded(response_id=response.id, item_id=item_id, part=part))
         cfg = ep.ResponseConfig(
@@ -447,9 +379,9 @@ class SessionActor:
         record = self.items.get(item_id)
         heard = self.pacer.heard_ms(item_id, now)
         text = r.transcript.strip()
-        part = (ev.ContentPart(type="output_audio", transcript=text) if r.audio
-                else ev.ContentPart(type="output_text", text=text))
-        item = ev.MessageItem(id=item_id, role="assistant",
+        part = (it.ContentPart(type="output_audio", transcript=text) if r.audio
+                else it.ContentPart(type="output_text", text=text))
+        item = it.MessageItem(id=item_id, role="assistant",
                               status="completed" if status == "completed" else "incomplete",
                               content=[part])
         if record is not None:
@@ -462,17 +394,17 @@ class SessionActor:
         self._emit(ev.ContentPartDone(response_id=rid, item_id=item_id, part=part))
         self._emit(ev.OutputItemDone(response_id=rid, output_index=0, item=item))
         self._emit(ev.ItemDone(item=item, previous_item_id=self._previous(item_id)))
-        usage = ev.ResponseUsage(
+        usage = it.ResponseUsage(
             total_tokens=done.input_tokens + done.output_tokens,
             input_tokens=done.input_tokens, output_tokens=done.output_tokens,
-            input_token_details=ev.InputTokenDetails(cached_tokens=done.cached_tokens,
+            input_token_details=it.InputTokenDetails(cached_tokens=done.cached_tokens,
                                                      text_tokens=done.input_tokens),
-            output_token_details=ev.OutputTokenDetails(text_tokens=done.output_tokens))
+            output_token_details=it.OutputTokenDetails(text_tokens=done.output_tokens))
         final = r.response.model_copy(update={"output": [item]}).finished(
             status, reason=reason, usage=usage)  # type: ignore[arg-type]
         self._emit(ev.ResponseDone(response=final))
-        self._emit(ev.RateLimitsUpdated(rate_limits=RATE_LIMITS))
         self.observations.append(("voxline_response_seconds", now - r.started))
+        log_trace(self.settings.tracing, self.session_id, r, final, now)
         if (r.audio and record is not None and r.cancel_reason == "turn_detected"
                 and not record.client_truncated and done.output_tokens):
             # server-VAD barge-in: the conversation keeps only what the user heard, by the
@@ -562,7 +494,7 @@ class SessionActor:
             return
         record.pending_transcript = False
         record.item = record.item.model_copy(update={"content": [
-            ev.ContentPart(type="input_audio", transcript=out.text)]})
+            it.ContentPart(type="input_audio", transcript=out.text)]})
         if self.settings.transcription_enabled:
             rest = (partial or PartialTranscript()).final_delta(out.text)
             if rest:
@@ -592,8 +524,14 @@ class SessionActor:
         if r is None or r.cancel_reason is not None or r.encoder is None:
             return
         audio = np.frombuffer(out.audio, dtype="<f4")
-        for payload, ms in r.encoder.push(audio, out.sample_rate):
-            self.pacer.push(OutFrame(r.response.id, r.item_id, payload, ms))
+        try:
+            for payload, ms in r.encoder.push(audio, out.sample_rate):
+                self.pacer.push(OutFrame(r.response.id, r.item_id, payload, ms))
+        except OutputBufferFull as exc:
+            # a reply far longer than anyone listens to: cut it as if it hit its limit
+            self._error(f"the response's audio ran too far ahead of playout: {exc}; the "
+                        "response was cut", code="output_buffer_full", type="server_error")
+            self._cancel(now, "max_output_tokens", interrupt=False)
 
     def _engine_response_done(self, out: ep.ResponseDone, now: float) -> None:
         r = self._current(out.response_id)
@@ -611,13 +549,13 @@ class SessionActor:
         record.audio_ms = min(record.audio_ms, out.audio_end_ms)
         # the engine clamped a cut past the item's (already truncated) audio
         record.item = record.item.model_copy(update={"content": [
-            ev.ContentPart(type="output_audio", transcript=out.text)]})
+            it.ContentPart(type="output_audio", transcript=out.text)]})
         self._emit(ev.ItemTruncated(item_id=out.item_id, content_index=0,
                                     audio_end_ms=out.audio_end_ms))
 
     def _engine_error(self, out: ep.StreamError) -> None:
         if out.fatal:
-            self.closed = ev.ErrorDetail(type="server_error", code=out.code, message=out.message)
+            self.closed = it.ErrorDetail(type="server_error", code=out.code, message=out.message)
             self._emit(ev.ErrorEvent(error=self.closed))
             return
         self._error(out.message, code=out.code, type="server_error"
@@ -633,6 +571,8 @@ class SessionActor:
                 continue
             if not r.buffer_started:
                 r.buffer_started = True
+                if self.playing is not None:  # the previous reply's audio was all sent
+                    self._emit(ev.OutputAudioBufferStopped(response_id=self.playing))
                 self.playing = self.last_audio_response = r.response.id
                 self._emit(ev.OutputAudioBufferStarted(response_id=r.response.id))
             if r.first_audio is None:
@@ -666,10 +606,16 @@ class SessionActor:
                 or self.in_speech is not None or self.pacer.buffered_ms(now) > 0):
             return
         if now - self.last_activity >= td.idle_timeout_ms / 1000:
-            item_id = ev.new_id("item")
-            ms = int(self.input.received_ms)
-            self._emit(ev.InputAudioTimeoutTriggered(audio_start_ms=ms, audio_end_ms=ms,
-                                                     item_id=item_id))
+            # As OpenAI does: the silent stretch is committed as an (empty) user audio
+            # item, and the model answers it.
+            item_id = new_id("item")
+            end = int(self.input.received_ms)
+            self._emit(ev.InputAudioTimeoutTriggered(
+                audio_start_ms=max(0, end - td.idle_timeout_ms), audio_end_ms=end,
+                item_id=item_id))
+            self._user_audio_item(item_id)
+            self._transcript_final(ep.TranscriptFinal(self.stream_id, item_id, ""))
+            self.commands.append(ep.AddItem(self.stream_id, item_id, "user", "", None))
             self.last_activity = now
             self._start_response(replace(self.settings), now, trigger=now)
 

@@ -20,19 +20,36 @@ class OutFrame:
     ms: float
 
 
+class OutputBufferFull(Exception):
+    """More audio is queued than `max_queued_ms`: the engine ran too far ahead of playout."""
+
+
 class OutputPacer:
-    def __init__(self, lead_ms: float = 200.0) -> None:
+    def __init__(self, lead_ms: float = 200.0, max_queued_ms: float = 300_000.0) -> None:
         if not 0 < lead_ms <= 1000:
             raise ValueError(f"lead_ms must be in (0, 1000], got {lead_ms}")
         self.lead_ms = lead_ms
+        self.max_queued_ms = max_queued_ms  # 5 min of 24 kHz PCM16 is 14 MB per session
         self._queue: deque[OutFrame] = deque()
+        self._queued_ms = 0.0
         self._play_end = 0.0  # when everything sent so far will have finished playing (s)
         self.sent_ms: dict[str, float] = {}  # per item: audio sent (and, after an
         # interrupt, minus what never played)
         self._last_item: str | None = None
 
     def push(self, frame: OutFrame) -> None:
+        """Queue a frame; raises OutputBufferFull (and keeps nothing of it) past the bound."""
+        if self._queued_ms + frame.ms > self.max_queued_ms:
+            raise OutputBufferFull(f"{self._queued_ms / 1000:.0f} s of audio are already "
+                                   f"waiting to be played (the limit is "
+                                   f"{self.max_queued_ms / 1000:.0f} s)")
         self._queue.append(frame)
+        self._queued_ms += frame.ms
+
+    @property
+    def queued_ms(self) -> float:
+        """Audio queued and not yet sent."""
+        return self._queued_ms
 
     def pending(self, response_id: str | None = None) -> bool:
         return any(response_id is None or f.response_id == response_id for f in self._queue)
@@ -42,6 +59,7 @@ class OutputPacer:
         out: list[OutFrame] = []
         while self._queue and self.buffered_ms(now) < self.lead_ms - 1e-6:
             frame = self._queue.popleft()
+            self._queued_ms -= frame.ms
             self._play_end = max(self._play_end, now) + frame.ms / 1000
             self.sent_ms[frame.item_id] = self.sent_ms.get(frame.item_id, 0.0) + frame.ms
             self._last_item = frame.item_id
@@ -65,6 +83,7 @@ class OutputPacer:
     def clear(self, now: float) -> None:
         """Drop queued audio; what was sent still plays out (the client clears its own buffer)."""
         self._queue.clear()
+        self._queued_ms = 0.0
 
     def interrupt(self, now: float) -> None:
         """Barge-in: drop queued audio and assume the client stopped playing now.
@@ -72,6 +91,7 @@ class OutputPacer:
         Audio sent but not yet played is forgotten, so `heard_ms` stays what was heard.
         """
         self._queue.clear()
+        self._queued_ms = 0.0
         if self._last_item is not None:
             self.sent_ms[self._last_item] -= self.buffered_ms(now)
         self._play_end = now

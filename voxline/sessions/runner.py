@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from voxline.engines import protocol as ep
 from voxline.engines.client import EngineClient, StreamHandle
 from voxline.errors import EngineError, ProtocolError
-from voxline.realtime import events as ev
+from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
+from voxline.sessions.commands import ClientCommand
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class SessionRunner:
         self._wake = asyncio.Event()
         self._stream: StreamHandle | None = None
 
-    async def run(self, incoming: AsyncIterator[ev.ClientEvent | ProtocolError]) -> None:
+    async def run(self, incoming: AsyncIterator[ClientCommand | ProtocolError]) -> None:
         """Serve until the client leaves, the engine fails, or the time limit passes.
 
         Raises SessionEnded when the server ends the session.
@@ -115,7 +116,7 @@ class SessionRunner:
         while (event := await self._outgoing.get()) is not None:
             await self._send(event)
 
-    async def _read_client(self, incoming: AsyncIterator[ev.ClientEvent | ProtocolError]) -> None:
+    async def _read_client(self, incoming: AsyncIterator[ClientCommand | ProtocolError]) -> None:
         async for item in incoming:
             if isinstance(item, ProtocolError):
                 self.actor.protocol_error(item)

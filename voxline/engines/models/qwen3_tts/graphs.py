@@ -26,14 +26,16 @@ CPU tests compare against.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Hashable, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from voxline.engines.models.llama import MLP, RMSNorm
 from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, pow2_buckets
-from voxline.kernels.fused import fuse_decoder_modules
+from voxline.kernels.fused import compiled_kernels
 from voxline.kernels.sampling import sample_rows
 
 from .generation import FinishReason, TalkerFrame, TalkerGenerator, TalkerSampling, TalkerStream
@@ -63,7 +65,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
         ``length_buckets`` to powers of two from 64 up to ``max_len``; an empty list runs
         exact shapes eagerly. ``capture`` defaults to whether the talker is on CUDA.
         ``fuse`` routes the talker's RMSNorms and MLPs through compiled kernels
-        (:func:`~voxline.kernels.fused.fuse_decoder_modules`; equal within dtype
+        (:func:`fuse_decoder_modules`; equal within dtype
         tolerance, not bit-exact)."""
         super().__init__(talker, max_streams=max_streams + 1, max_len=max_len)
         self.scratch = max_streams  # the extra slot padding rows write to
@@ -306,3 +308,21 @@ class GraphedTalkerGenerator(TalkerGenerator):
             self.cache.lengths[s.slot] += 1
             self.cache.written[s.slot] = self.cache.lengths[s.slot]
         return hidden, code
+
+
+def fuse_decoder_modules(root: nn.Module) -> int:
+    """Route every RMSNorm and SwiGLU MLP under ``root`` through the compiled kernels of
+    :mod:`voxline.kernels.fused` (per-instance ``forward``); returns how many were rerouted."""
+    rms, silu_mul = compiled_kernels()
+    n = 0
+    for m in root.modules():
+        if isinstance(m, RMSNorm):
+            m.forward = functools.partial(rms, weight=m.weight, eps=m.eps)  # type: ignore[method-assign]
+            n += 1
+        elif isinstance(m, MLP):
+            def mlp(x: Tensor, m: MLP = m) -> Tensor:
+                return m.down_proj(silu_mul(m.gate_proj(x), m.up_proj(x)))
+
+            m.forward = mlp  # type: ignore[method-assign]
+            n += 1
+    return n

@@ -1,54 +1,57 @@
-"""Client events of ``/v1/realtime`` and the conversation items they carry.
+"""OpenAI Realtime client events on the wire (GA and beta) and their session commands.
 
-:func:`parse_client_event` turns one WebSocket / data-channel message into a typed event
-or raises :class:`voxline.errors.ProtocolError` naming the event type, the field (a
+:func:`parse_client_event` turns one WebSocket / data-channel message into a typed wire
+event or raises :class:`voxline.errors.ProtocolError` naming the event type, the field (a
 dotted ``param`` such as ``session.audio.input.turn_detection.threshold`` or
 ``item.content[0].type``) and what was wrong, keeping the client's ``event_id``.
-Unknown fields are ignored, as OpenAI does. Audio stays base64 text here; the session
-decodes it with :mod:`voxline.codecs`.
-
-Conversation items are stored in canonical (GA) form: beta's assistant ``text`` /
-``audio`` content types become ``output_text`` / ``output_audio`` on input, and the
-server renderer maps them back for beta clients.
+Unknown fields are ignored, as OpenAI does. Each wire event's ``to_command`` gives the
+neutral :mod:`voxline.sessions.commands` command the session acts on (:func:`parse_command`
+does both): beta's assistant ``text`` / ``audio`` content types become ``output_text`` /
+``output_audio``, base64 audio is decoded, beta names map to the neutral ones.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from voxline.errors import ProtocolError
-from voxline.realtime.events_session import (
-    AudioFormat,
+from voxline.codecs.pcm import b64decode_audio
+from voxline.errors import AudioFormatError, ProtocolError
+from voxline.realtime.dialect import Dialect
+from voxline.realtime.wire_session import (
     AudioFormatWire,
     BetaFormatName,
-    Dialect,
     MaxTokens,
     Milliseconds,
     Modalities,
     SessionPatch,
-    SessionSettings,
     Temperature,
     Voice,
     WireModel,
+    beta_format,
     json_type_name,
-    merge_session,
-    new_id,
-    normalize_modalities,
     protocol_error_from_validation,
 )
+from voxline.sessions import commands as cmd
+from voxline.sessions.commands import ResponseOverrides
+from voxline.sessions.items import (
+    ContentPart,
+    ContentType,
+    ConversationItem,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    ItemStatus,
+    MessageItem,
+)
+from voxline.sessions.settings import normalize_modalities
 
 # ---------------------------------------------------------------------------------------
 # Conversation items
 # ---------------------------------------------------------------------------------------
-
-ContentType = Literal["input_text", "input_audio", "output_text", "output_audio"]
-ItemStatus = Literal["completed", "incomplete", "in_progress"]
 
 # role -> {type as sent: canonical type}; beta's "text"/"audio" resolve by role.
 _ROLE_CONTENT: dict[str, dict[str, ContentType]] = {
@@ -68,40 +71,23 @@ _ROLE_CONTENT: dict[str, dict[str, ContentType]] = {
 }
 
 
-class ContentPart(WireModel):
-    """One part of a message's content; ``type`` is canonical once inside a MessageItem.
-
-    ``audio`` is base64 as the client sent it (never decoded here); server-made audio
-    parts carry only ``transcript``.
-    """
+class ContentPartWire(WireModel):
+    """A content part as a client sends it; beta's ``text`` / ``audio`` resolve by role."""
 
     type: Literal["input_text", "input_audio", "output_text", "output_audio", "text", "audio"]
     text: str | None = None
     audio: str | None = None
     transcript: str | None = None
 
-    @property
-    def is_audio(self) -> bool:
-        return self.type in ("input_audio", "output_audio", "audio")
 
+class MessageItemWire(WireModel):
+    """A ``message`` item of either dialect; :meth:`to_item` gives the canonical item."""
 
-class _ItemBase(WireModel):
     id: str | None = None
     status: ItemStatus = "completed"
-
-    def with_id(self, item_id: str | None = None) -> Self:
-        """This item if it has an id, else a copy with ``item_id`` (or a fresh ``item_...``)."""
-        if self.id is not None:
-            return self
-        return self.model_copy(update={"id": item_id or new_id("item")})
-
-
-class MessageItem(_ItemBase):
-    """A ``message`` item; content types are validated against the role."""
-
     type: Literal["message"] = "message"
     role: Literal["system", "user", "assistant"]
-    content: list[ContentPart]
+    content: list[ContentPartWire]
     _dialect_hint: Dialect | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
@@ -135,23 +121,10 @@ class MessageItem(_ItemBase):
         """BETA for assistant ``text``/``audio`` parts, GA for ``output_*``, else None."""
         return self._dialect_hint
 
-    @property
-    def text(self) -> str:
-        """All text of the message: text parts and audio transcripts, joined in order."""
-        return "".join(p.text or p.transcript or "" for p in self.content)
-
-
-class FunctionCallItem(_ItemBase):
-    type: Literal["function_call"] = "function_call"
-    call_id: str
-    name: str
-    arguments: str = ""
-
-
-class FunctionCallOutputItem(_ItemBase):
-    type: Literal["function_call_output"] = "function_call_output"
-    call_id: str
-    output: str
+    def to_item(self) -> MessageItem:
+        return MessageItem(id=self.id, status=self.status, role=self.role, content=[
+            ContentPart(type=p.type, text=p.text, audio=p.audio,  # type: ignore[arg-type]
+                        transcript=p.transcript) for p in self.content])
 
 
 class ItemReference(WireModel):
@@ -161,14 +134,17 @@ class ItemReference(WireModel):
     id: str
 
 
-ConversationItem = Annotated[
-    MessageItem | FunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")
+ConversationItemWire = Annotated[
+    MessageItemWire | FunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")
 ]
 ResponseInputItem = Annotated[
-    MessageItem | FunctionCallItem | FunctionCallOutputItem | ItemReference,
+    MessageItemWire | FunctionCallItem | FunctionCallOutputItem | ItemReference,
     Field(discriminator="type"),
 ]
-ITEM_TYPES = (MessageItem, FunctionCallItem, FunctionCallOutputItem)
+
+
+def _item(item: MessageItemWire | FunctionCallItem | FunctionCallOutputItem) -> ConversationItem:
+    return item.to_item() if isinstance(item, MessageItemWire) else item
 
 # ---------------------------------------------------------------------------------------
 # response.create parameters
@@ -219,35 +195,28 @@ class ResponseParams(WireModel):
             return Dialect.GA
         return None
 
-    def apply_to(self, settings: SessionSettings) -> SessionSettings:
-        """The settings this one response runs with; the session's own stay unchanged."""
-        changes: dict[str, Any] = {}
-        if self.instructions is not None:
-            changes["instructions"] = self.instructions
+    def to_overrides(self) -> ResponseOverrides:
+        """The neutral per-response overrides; GA names win where a client sent both."""
         modalities = self.output_modalities or self.modalities
-        if modalities is not None:
-            changes["output_modalities"] = normalize_modalities(modalities)
-        tokens = self.max_output_tokens or self.max_response_output_tokens
-        if tokens is not None:
-            changes["max_output_tokens"] = None if tokens == "inf" else tokens
-        if self.temperature is not None:
-            changes["temperature"] = self.temperature
         out = self.audio.output if self.audio else None
-        voice = (out.voice if out else None) or self.voice
-        if voice is not None:
-            changes["voice"] = voice
+        fmt: dict[str, Any] | None = None
         if out is not None and out.format is not None:
-            fmt = merge_session(
-                settings.output_format.to_ga(), out.format.model_dump(exclude_none=True)
-            )
-            changes["output_format"] = AudioFormat.from_ga(fmt)
+            fmt = out.format.model_dump(exclude_none=True)
         elif self.output_audio_format is not None:
-            changes["output_format"] = AudioFormat.from_beta(self.output_audio_format)
-        if self.tools is not None:
-            changes["tools"] = tuple(self.tools)
-        if self.tool_choice is not None:
-            changes["tool_choice"] = self.tool_choice
-        return replace(settings, **changes)
+            fmt = beta_format(self.output_audio_format).to_document()
+        return ResponseOverrides(
+            instructions=self.instructions,
+            output_modalities=normalize_modalities(modalities) if modalities else None,
+            max_output_tokens=self.max_output_tokens or self.max_response_output_tokens,
+            temperature=self.temperature,
+            voice=(out.voice if out else None) or self.voice,
+            output_format=fmt,
+            conversation=self.conversation,
+            metadata=self.metadata,
+            custom_input=self.input is not None,
+            tools=tuple(self.tools) if self.tools is not None else None,
+            tool_choice=self.tool_choice,
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -266,13 +235,14 @@ class ClientEventBase(WireModel):
 
 
 class SessionUpdate(ClientEventBase):
-    """``session.update``; apply with ``settings.apply_update(event.session)``."""
-
     type: Literal["session.update"]
     session: SessionPatch
 
     def dialect_hint(self) -> Dialect | None:
         return self.session.dialect_hint()
+
+    def to_command(self) -> cmd.UpdateSession:
+        return cmd.UpdateSession(changes=self.session.changes(), event_id=self.event_id)
 
 
 class InputAudioBufferAppend(ClientEventBase):
@@ -281,27 +251,48 @@ class InputAudioBufferAppend(ClientEventBase):
     type: Literal["input_audio_buffer.append"]
     audio: str
 
+    def to_command(self) -> cmd.AppendAudio:
+        try:
+            audio = b64decode_audio(self.audio)
+        except AudioFormatError as exc:
+            raise ProtocolError(f"input_audio_buffer.append: {exc}", code="invalid_value",
+                                param="audio", event_id=self.event_id) from exc
+        return cmd.AppendAudio(audio=audio, event_id=self.event_id)
+
 
 class InputAudioBufferCommit(ClientEventBase):
     type: Literal["input_audio_buffer.commit"]
+
+    def to_command(self) -> cmd.CommitAudio:
+        return cmd.CommitAudio(event_id=self.event_id)
 
 
 class InputAudioBufferClear(ClientEventBase):
     type: Literal["input_audio_buffer.clear"]
 
+    def to_command(self) -> cmd.ClearAudio:
+        return cmd.ClearAudio(event_id=self.event_id)
+
 
 class ConversationItemCreate(ClientEventBase):
     type: Literal["conversation.item.create"]
-    item: ConversationItem
+    item: ConversationItemWire
     previous_item_id: str | None = None
 
     def dialect_hint(self) -> Dialect | None:
-        return self.item.dialect_hint() if isinstance(self.item, MessageItem) else None
+        return self.item.dialect_hint() if isinstance(self.item, MessageItemWire) else None
+
+    def to_command(self) -> cmd.CreateItem:
+        return cmd.CreateItem(item=_item(self.item), previous_item_id=self.previous_item_id,
+                              event_id=self.event_id)
 
 
 class ConversationItemRetrieve(ClientEventBase):
     type: Literal["conversation.item.retrieve"]
     item_id: str
+
+    def to_command(self) -> cmd.RetrieveItem:
+        return cmd.RetrieveItem(item_id=self.item_id, event_id=self.event_id)
 
 
 class ConversationItemTruncate(ClientEventBase):
@@ -312,10 +303,17 @@ class ConversationItemTruncate(ClientEventBase):
     content_index: Milliseconds
     audio_end_ms: Milliseconds
 
+    def to_command(self) -> cmd.TruncateItem:
+        return cmd.TruncateItem(item_id=self.item_id, content_index=self.content_index,
+                                audio_end_ms=self.audio_end_ms, event_id=self.event_id)
+
 
 class ConversationItemDelete(ClientEventBase):
     type: Literal["conversation.item.delete"]
     item_id: str
+
+    def to_command(self) -> cmd.DeleteItem:
+        return cmd.DeleteItem(item_id=self.item_id, event_id=self.event_id)
 
 
 class ResponseCreate(ClientEventBase):
@@ -325,16 +323,26 @@ class ResponseCreate(ClientEventBase):
     def dialect_hint(self) -> Dialect | None:
         return self.response.dialect_hint() if self.response else None
 
+    def to_command(self) -> cmd.CreateResponse:
+        overrides = self.response.to_overrides() if self.response is not None else None
+        return cmd.CreateResponse(overrides=overrides, event_id=self.event_id)
+
 
 class ResponseCancel(ClientEventBase):
     type: Literal["response.cancel"]
     response_id: str | None = None
+
+    def to_command(self) -> cmd.CancelResponse:
+        return cmd.CancelResponse(response_id=self.response_id, event_id=self.event_id)
 
 
 class OutputAudioBufferClear(ClientEventBase):
     """GA (WebRTC/SIP): stop and discard audio already queued for playout."""
 
     type: Literal["output_audio_buffer.clear"]
+
+    def to_command(self) -> cmd.ClearOutputAudio:
+        return cmd.ClearOutputAudio(event_id=self.event_id)
 
 
 _CLIENT_EVENT_CLASSES: tuple[type[ClientEventBase], ...] = (
@@ -420,3 +428,8 @@ def parse_client_event(raw: str | bytes | bytearray | Mapping[str, Any]) -> Clie
         raise protocol_error_from_validation(
             exc, obj, event_type=event_type, event_id=event_id
         ) from None
+
+
+def parse_command(raw: str | bytes | bytearray | Mapping[str, Any]) -> cmd.ClientCommand:
+    """One client message as the session command it asks for (raises ProtocolError)."""
+    return parse_client_event(raw).to_command()

@@ -1,10 +1,9 @@
-"""Server events of ``/v1/realtime``: dialect-neutral models and their one renderer.
+"""Server events on the wire: the one place that knows both OpenAI dialects' shapes.
 
-The session actor builds neutral events (canonical GA content types, audio as raw
-bytes) and never thinks about dialects; the transport calls ``render(event, dialect)``
-for the wire object. Every GA/beta difference on the way out goes through :func:`render`:
-:data:`_WIRE_TYPES` (event type names), the ``render_*`` helpers here (content part
-types, response objects) and ``SessionSettings.to_ga`` / ``to_beta`` (session objects).
+The session emits neutral events (:mod:`voxline.sessions.events`); :func:`render` gives
+the JSON object a GA or beta client expects. Every GA/beta difference on the way out
+goes through here: :data:`_WIRE_TYPES` (event type names), the ``render_*`` helpers
+(content part types, response objects) and :func:`~voxline.realtime.wire_session.render_session`.
 ``render`` returns None where a dialect has no such event (beta has no
 ``conversation.item.done``); the transport then sends nothing.
 """
@@ -14,328 +13,57 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
-from voxline.errors import ProtocolError
-from voxline.realtime.events_client import (
+from voxline.realtime.dialect import Dialect
+from voxline.realtime.wire_session import beta_format_name, render_session
+from voxline.sessions.events import (
+    SERVER_EVENT_CLASSES,
+    AudioDelta,
+    AudioDone,
+    AudioTranscriptDelta,
+    AudioTranscriptDone,
+    ContentPartAdded,
+    ContentPartDone,
+    ConversationCreated,
+    ErrorEvent,
+    InputAudioCleared,
+    InputAudioCommitted,
+    InputAudioTimeoutTriggered,
+    InputTranscriptionCompleted,
+    InputTranscriptionDelta,
+    InputTranscriptionFailed,
+    ItemAdded,
+    ItemDeleted,
+    ItemDone,
+    ItemRetrieved,
+    ItemTruncated,
+    OutputAudioBufferCleared,
+    OutputAudioBufferStarted,
+    OutputAudioBufferStopped,
+    OutputItemAdded,
+    OutputItemDone,
+    RateLimitsUpdated,
+    ResponseCreated,
+    ResponseDone,
+    ServerEvent,
+    SessionCreated,
+    SessionUpdated,
+    SpeechStarted,
+    SpeechStopped,
+    TextDelta,
+    TextDone,
+)
+from voxline.sessions.items import (
     ITEM_TYPES,
     ContentPart,
     ConversationItem,
     FunctionCallItem,
     MessageItem,
+    RealtimeResponse,
 )
-from voxline.realtime.events_session import AudioFormat, Dialect, SessionSettings, new_id
-
-# ---------------------------------------------------------------------------------------
-# Payload objects
-# ---------------------------------------------------------------------------------------
-
-
-class ErrorDetail(BaseModel):
-    """The ``error`` object of an ``error`` event; ``event_id`` is the client event's."""
-
-    type: str = "invalid_request_error"
-    code: str | None = None
-    message: str
-    param: str | None = None
-    event_id: str | None = None
-
-    @classmethod
-    def from_exception(cls, exc: ProtocolError) -> ErrorDetail:
-        return cls(code=exc.code, message=str(exc), param=exc.param, event_id=exc.event_id)
-
-
-class InputTokenDetails(BaseModel):
-    cached_tokens: int = 0
-    text_tokens: int = 0
-    audio_tokens: int = 0
-
-
-class OutputTokenDetails(BaseModel):
-    text_tokens: int = 0
-    audio_tokens: int = 0
-
-
-class ResponseUsage(BaseModel):
-    total_tokens: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    input_token_details: InputTokenDetails = Field(default_factory=InputTokenDetails)
-    output_token_details: OutputTokenDetails = Field(default_factory=OutputTokenDetails)
-
-
-ResponseStatus = Literal["in_progress", "completed", "cancelled", "incomplete", "failed"]
-StatusReason = Literal["turn_detected", "client_cancelled", "max_output_tokens", "content_filter"]
-
-
-class ResponseStatusDetails(BaseModel):
-    type: Literal["completed", "cancelled", "incomplete", "failed"]
-    reason: StatusReason | None = None
-    error: ErrorDetail | None = None
-
-
-class RealtimeResponse(BaseModel):
-    """A response as the session tracks it; rendered as ``realtime.response`` per dialect."""
-
-    model_config = ConfigDict(strict=True)
-
-    id: str = Field(default_factory=lambda: new_id("resp"))
-    status: ResponseStatus = "in_progress"
-    status_details: ResponseStatusDetails | None = None
-    output: list[ConversationItem] = Field(default_factory=list)
-    conversation_id: str | None = None
-    output_modalities: frozenset[str]
-    max_output_tokens: int | None = None
-    voice: str
-    output_format: AudioFormat
-    temperature: float
-    metadata: dict[str, str] | None = None
-    usage: ResponseUsage | None = None
-
-    @classmethod
-    def start(
-        cls,
-        settings: SessionSettings,
-        *,
-        conversation_id: str | None,
-        metadata: dict[str, str] | None = None,
-    ) -> RealtimeResponse:
-        """An ``in_progress`` response run with ``settings`` (already with overrides applied).
-
-        ``conversation_id`` is None for out-of-band responses (``conversation: "none"``).
-        """
-        return cls(
-            conversation_id=conversation_id,
-            output_modalities=settings.output_modalities,
-            max_output_tokens=settings.max_output_tokens,
-            voice=settings.voice,
-            output_format=settings.output_format,
-            temperature=settings.temperature,
-            metadata=metadata,
-        )
-
-    def finished(
-        self,
-        status: Literal["completed", "cancelled", "incomplete", "failed"],
-        *,
-        reason: StatusReason | None = None,
-        error: ErrorDetail | None = None,
-        usage: ResponseUsage | None = None,
-    ) -> RealtimeResponse:
-        """A copy in a final state; ``completed`` carries no status details, as OpenAI's."""
-        details = None
-        if status != "completed":
-            details = ResponseStatusDetails(type=status, reason=reason, error=error)
-        return self.model_copy(
-            update={"status": status, "status_details": details, "usage": usage or self.usage}
-        )
-
-
-class RateLimit(BaseModel):
-    name: Literal["requests", "tokens"]
-    limit: int
-    remaining: int
-    reset_seconds: float
-
-
-# ---------------------------------------------------------------------------------------
-# Neutral server events
-# ---------------------------------------------------------------------------------------
-
-
-class ServerEvent(BaseModel):
-    """Base of every server event; each gets a fresh unique ``event_...`` id."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    event_id: str = Field(default_factory=lambda: new_id("event"))
-
-
-class SessionCreated(ServerEvent):
-    session_id: str
-    session: SessionSettings
-
-
-class SessionUpdated(ServerEvent):
-    session_id: str
-    session: SessionSettings
-
-
-class ConversationCreated(ServerEvent):
-    conversation_id: str
-
-
-class SpeechStarted(ServerEvent):
-    audio_start_ms: int
-    item_id: str
-
-
-class SpeechStopped(ServerEvent):
-    audio_end_ms: int
-    item_id: str
-
-
-class InputAudioCommitted(ServerEvent):
-    item_id: str
-    previous_item_id: str | None = None
-
-
-class InputAudioCleared(ServerEvent):
-    pass
-
-
-class InputAudioTimeoutTriggered(ServerEvent):
-    """Idle timeout (``turn_detection.idle_timeout_ms``) fired; a response follows.
-
-    GA only: beta has no such event, and strictly typed beta clients reject unknown ones.
-    """
-
-    audio_start_ms: int
-    audio_end_ms: int
-    item_id: str
-
-
-class ItemAdded(ServerEvent):
-    """An item entered the conversation (beta: ``conversation.item.created``)."""
-
-    item: ConversationItem
-    previous_item_id: str | None = None
-
-
-class ItemDone(ServerEvent):
-    """An item is final (GA only; beta clients get nothing)."""
-
-    item: ConversationItem
-    previous_item_id: str | None = None
-
-
-class ItemRetrieved(ServerEvent):
-    """Answer to ``conversation.item.retrieve``; the only event rendering audio bytes."""
-
-    item: ConversationItem
-
-
-class ItemTruncated(ServerEvent):
-    item_id: str
-    content_index: int
-    audio_end_ms: int
-
-
-class ItemDeleted(ServerEvent):
-    item_id: str
-
-
-class InputTranscriptionDelta(ServerEvent):
-    item_id: str
-    content_index: int = 0
-    delta: str
-
-
-class InputTranscriptionCompleted(ServerEvent):
-    """Final transcript of a user audio item; ``audio_seconds`` is rendered as its usage."""
-
-    item_id: str
-    content_index: int = 0
-    transcript: str
-    audio_seconds: float
-
-
-class InputTranscriptionFailed(ServerEvent):
-    item_id: str
-    content_index: int = 0
-    error: ErrorDetail
-
-
-class ResponseCreated(ServerEvent):
-    response: RealtimeResponse
-
-
-class ResponseDone(ServerEvent):
-    response: RealtimeResponse
-
-
-class OutputItemAdded(ServerEvent):
-    response_id: str
-    output_index: int
-    item: ConversationItem
-
-
-class OutputItemDone(ServerEvent):
-    response_id: str
-    output_index: int
-    item: ConversationItem
-
-
-class _ContentEvent(ServerEvent):
-    response_id: str
-    item_id: str
-    output_index: int = 0
-    content_index: int = 0
-
-
-class ContentPartAdded(_ContentEvent):
-    part: ContentPart
-
-
-class ContentPartDone(_ContentEvent):
-    part: ContentPart
-
-
-class AudioDelta(_ContentEvent):
-    """Output audio, already encoded in the session's output format; rendered as base64."""
-
-    delta: bytes
-
-
-class AudioDone(_ContentEvent):
-    pass
-
-
-class AudioTranscriptDelta(_ContentEvent):
-    delta: str
-
-
-class AudioTranscriptDone(_ContentEvent):
-    transcript: str
-
-
-class TextDelta(_ContentEvent):
-    delta: str
-
-
-class TextDone(_ContentEvent):
-    text: str
-
-
-class OutputAudioBufferStarted(ServerEvent):
-    response_id: str
-
-
-class OutputAudioBufferStopped(ServerEvent):
-    response_id: str
-
-
-class OutputAudioBufferCleared(ServerEvent):
-    response_id: str
-
-
-class RateLimitsUpdated(ServerEvent):
-    rate_limits: list[RateLimit]
-
-
-class ErrorEvent(ServerEvent):
-    error: ErrorDetail
-
-    @classmethod
-    def from_exception(cls, exc: ProtocolError) -> ErrorEvent:
-        return cls(error=ErrorDetail.from_exception(exc))
-
-
-# ---------------------------------------------------------------------------------------
-# Rendering: the one place that knows both dialects' names and shapes
-# ---------------------------------------------------------------------------------------
 
 
 class WireTypes(NamedTuple):
@@ -402,7 +130,7 @@ _WIRE_TYPES: dict[type[ServerEvent], WireTypes] = {
     ErrorEvent: WireTypes("error", "error"),
 }
 
-SERVER_EVENT_CLASSES: tuple[type[ServerEvent], ...] = tuple(_WIRE_TYPES)
+assert set(_WIRE_TYPES) == set(SERVER_EVENT_CLASSES), "every server event has wire names"
 
 _PAYLOAD_FIELDS: dict[type[ServerEvent], tuple[str, ...]] = {
     cls: tuple(name for name in cls.model_fields if name != "event_id") for cls in _WIRE_TYPES
@@ -469,13 +197,13 @@ def render_response(response: RealtimeResponse, dialect: Dialect) -> dict[str, A
         out["output_modalities"] = ["audio"] if audio else ["text"]
         out["max_output_tokens"] = tokens
         out["audio"] = {
-            "output": {"format": response.output_format.to_ga(), "voice": response.voice}
+            "output": {"format": response.output_format.to_document(), "voice": response.voice}
         }
     else:
         out["modalities"] = ["text", "audio"] if audio else ["text"]
         out["max_output_tokens"] = tokens
         out["voice"] = response.voice
-        out["output_audio_format"] = response.output_format.to_beta()
+        out["output_audio_format"] = beta_format_name(response.output_format)
         out["temperature"] = response.temperature
     out["usage"] = response.usage.model_dump() if response.usage else None
     out["metadata"] = response.metadata
@@ -488,7 +216,7 @@ def _render_session(event: SessionCreated | SessionUpdated, dialect: Dialect) ->
     head: dict[str, Any] = {"id": event.session_id}
     if dialect is Dialect.GA:
         head["object"] = "realtime.session"
-    return {"session": {**head, **event.session.to_wire(dialect)}}
+    return {"session": {**head, **render_session(event.session, dialect)}}
 
 
 def _render_conversation(event: ConversationCreated, dialect: Dialect) -> dict[str, Any]:

@@ -107,7 +107,7 @@ class EchoCore:
 def make_echo_core(
     wake: Callable[[], None], load_delay: float = 0.0, crash_on: str | None = None
 ) -> EchoCore:
-    """Core factory (spec `"voxline.engines.echo:make_echo_core"`).
+    """Core factory (spec `"echo_core:make_echo_core"`, with tests/ on the path).
 
     `load_delay` seconds of sleep stand in for model loading. Never pass `crash_on`
     to an in-process client: the crash exits the hosting process.

@@ -1,0 +1,24 @@
+"""What the HTTP app's routes share: the server state and its FastAPI accessor."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from voxline.config import Settings
+from voxline.engines.client import EngineClient
+from voxline.realtime.metrics import Metrics
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    engine: EngineClient
+    metrics: Metrics = field(default_factory=Metrics)
+    sessions: int = 0
+    started: float = field(default_factory=time.time)
+
+
+def get_state(request_or_ws: object) -> ServerState:
+    """The state of the app serving a request or WebSocket (set by ``create_app``)."""
+    return request_or_ws.app.state.voxline  # type: ignore[attr-defined]

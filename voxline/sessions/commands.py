@@ -1,0 +1,152 @@
+"""Client commands: what a client asks of its session, neutral of any wire.
+
+A transport parses its messages into these (``voxline.realtime.wire_client`` for OpenAI's
+GA and beta JSON; an SDK or a telephony adapter builds them directly) and hands them to
+:meth:`voxline.sessions.actor.SessionActor.receive`. ``event_id`` is the client's id for
+the message, echoed in any error it causes. Commands are named after the OpenAI Realtime
+events they mirror, since errors name the event to the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Literal
+
+from voxline.sessions.items import ConversationItem
+from voxline.sessions.settings import AudioFormat, SessionSettings, merge_session
+
+
+@dataclass(frozen=True, kw_only=True)
+class Command:
+    name: ClassVar[str]
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpdateSession(Command):
+    """Change the session's settings; ``changes`` is a validated settings-document patch
+    (see :mod:`voxline.sessions.settings`)."""
+
+    name: ClassVar[str] = "session.update"
+    changes: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AppendAudio(Command):
+    """Input audio, encoded in the session's input format (PCM16 LE or G.711 bytes)."""
+
+    name: ClassVar[str] = "input_audio_buffer.append"
+    audio: bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommitAudio(Command):
+    name: ClassVar[str] = "input_audio_buffer.commit"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClearAudio(Command):
+    name: ClassVar[str] = "input_audio_buffer.clear"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreateItem(Command):
+    name: ClassVar[str] = "conversation.item.create"
+    item: ConversationItem
+    previous_item_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetrieveItem(Command):
+    name: ClassVar[str] = "conversation.item.retrieve"
+    item_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TruncateItem(Command):
+    """Cut an assistant audio item at what the listener heard (``audio_end_ms``)."""
+
+    name: ClassVar[str] = "conversation.item.truncate"
+    item_id: str
+    content_index: int = 0
+    audio_end_ms: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeleteItem(Command):
+    name: ClassVar[str] = "conversation.item.delete"
+    item_id: str
+
+
+@dataclass(frozen=True)
+class ResponseOverrides:
+    """Per-response settings; None means "as the session says".
+
+    ``max_output_tokens`` "inf" lifts the session's limit; ``output_format`` is a partial
+    settings-document format object merged onto the session's output format.
+    """
+
+    instructions: str | None = None
+    output_modalities: frozenset[str] | None = None
+    max_output_tokens: int | Literal["inf"] | None = None
+    temperature: float | None = None
+    voice: str | None = None
+    output_format: Mapping[str, Any] | None = None
+    conversation: Literal["auto", "none"] | None = None
+    metadata: dict[str, str] | None = None
+    custom_input: bool = False
+    tools: tuple[dict[str, Any], ...] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    @property
+    def out_of_band(self) -> bool:
+        """True for ``conversation: "none"``: the output is not added to the conversation."""
+        return self.conversation == "none"
+
+    def apply_to(self, settings: SessionSettings) -> SessionSettings:
+        """The settings this one response runs with; the session's own stay unchanged."""
+        changes: dict[str, Any] = {}
+        if self.instructions is not None:
+            changes["instructions"] = self.instructions
+        if self.output_modalities is not None:
+            changes["output_modalities"] = self.output_modalities
+        if self.max_output_tokens is not None:
+            tokens = self.max_output_tokens
+            changes["max_output_tokens"] = None if tokens == "inf" else tokens
+        if self.temperature is not None:
+            changes["temperature"] = self.temperature
+        if self.voice is not None:
+            changes["voice"] = self.voice
+        if self.output_format is not None:
+            merged = merge_session(settings.output_format.to_document(), self.output_format)
+            changes["output_format"] = AudioFormat.from_document(merged)
+        if self.tools is not None:
+            changes["tools"] = self.tools
+        if self.tool_choice is not None:
+            changes["tool_choice"] = self.tool_choice
+        return replace(settings, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreateResponse(Command):
+    name: ClassVar[str] = "response.create"
+    overrides: ResponseOverrides | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CancelResponse(Command):
+    name: ClassVar[str] = "response.cancel"
+    response_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClearOutputAudio(Command):
+    """Stop and discard output audio queued for playout."""
+
+    name: ClassVar[str] = "output_audio_buffer.clear"
+
+
+ClientCommand = (UpdateSession | AppendAudio | CommitAudio | ClearAudio | CreateItem
+                 | RetrieveItem | TruncateItem | DeleteItem | CreateResponse | CancelResponse
+                 | ClearOutputAudio)

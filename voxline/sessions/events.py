@@ -1,0 +1,247 @@
+"""Server events: what a session tells its client, neutral of any wire.
+
+The session actor builds these (canonical content types, audio payloads already in the
+session's output format) and never thinks about wire dialects; a transport renders them
+(``voxline.realtime.wire_server`` for OpenAI's GA and beta shapes). Every event gets a
+fresh unique ``event_...`` id.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from voxline.errors import ProtocolError
+from voxline.sessions.ids import new_id
+from voxline.sessions.items import (
+    ContentPart,
+    ConversationItem,
+    ErrorDetail,
+    RateLimit,
+    RealtimeResponse,
+)
+from voxline.sessions.settings import SessionSettings
+
+
+class ServerEvent(BaseModel):
+    """Base of every server event; each gets a fresh unique ``event_...`` id."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    event_id: str = Field(default_factory=lambda: new_id("event"))
+
+
+class SessionCreated(ServerEvent):
+    session_id: str
+    session: SessionSettings
+
+
+class SessionUpdated(ServerEvent):
+    session_id: str
+    session: SessionSettings
+
+
+class ConversationCreated(ServerEvent):
+    conversation_id: str
+
+
+class SpeechStarted(ServerEvent):
+    audio_start_ms: int
+    item_id: str
+
+
+class SpeechStopped(ServerEvent):
+    audio_end_ms: int
+    item_id: str
+
+
+class InputAudioCommitted(ServerEvent):
+    item_id: str
+    previous_item_id: str | None = None
+
+
+class InputAudioCleared(ServerEvent):
+    pass
+
+
+class InputAudioTimeoutTriggered(ServerEvent):
+    """Idle timeout (``turn_detection.idle_timeout_ms``) fired; a response follows.
+
+    GA only: beta has no such event, and strictly typed beta clients reject unknown ones.
+    """
+
+    audio_start_ms: int
+    audio_end_ms: int
+    item_id: str
+
+
+class ItemAdded(ServerEvent):
+    """An item entered the conversation (beta: ``conversation.item.created``)."""
+
+    item: ConversationItem
+    previous_item_id: str | None = None
+
+
+class ItemDone(ServerEvent):
+    """An item is final (GA only; beta clients get nothing)."""
+
+    item: ConversationItem
+    previous_item_id: str | None = None
+
+
+class ItemRetrieved(ServerEvent):
+    """Answer to ``conversation.item.retrieve``; the only event rendering audio bytes."""
+
+    item: ConversationItem
+
+
+class ItemTruncated(ServerEvent):
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+class ItemDeleted(ServerEvent):
+    item_id: str
+
+
+class InputTranscriptionDelta(ServerEvent):
+    item_id: str
+    content_index: int = 0
+    delta: str
+
+
+class InputTranscriptionCompleted(ServerEvent):
+    """Final transcript of a user audio item; ``audio_seconds`` is rendered as its usage."""
+
+    item_id: str
+    content_index: int = 0
+    transcript: str
+    audio_seconds: float
+
+
+class InputTranscriptionFailed(ServerEvent):
+    item_id: str
+    content_index: int = 0
+    error: ErrorDetail
+
+
+class ResponseCreated(ServerEvent):
+    response: RealtimeResponse
+
+
+class ResponseDone(ServerEvent):
+    response: RealtimeResponse
+
+
+class OutputItemAdded(ServerEvent):
+    response_id: str
+    output_index: int
+    item: ConversationItem
+
+
+class OutputItemDone(ServerEvent):
+    response_id: str
+    output_index: int
+    item: ConversationItem
+
+
+class _ContentEvent(ServerEvent):
+    response_id: str
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+
+
+class ContentPartAdded(_ContentEvent):
+    part: ContentPart
+
+
+class ContentPartDone(_ContentEvent):
+    part: ContentPart
+
+
+class AudioDelta(_ContentEvent):
+    """Output audio, already encoded in the session's output format; rendered as base64."""
+
+    delta: bytes
+
+
+class AudioDone(_ContentEvent):
+    pass
+
+
+class AudioTranscriptDelta(_ContentEvent):
+    delta: str
+
+
+class AudioTranscriptDone(_ContentEvent):
+    transcript: str
+
+
+class TextDelta(_ContentEvent):
+    delta: str
+
+
+class TextDone(_ContentEvent):
+    text: str
+
+
+class OutputAudioBufferStarted(ServerEvent):
+    response_id: str
+
+
+class OutputAudioBufferStopped(ServerEvent):
+    response_id: str
+
+
+class OutputAudioBufferCleared(ServerEvent):
+    response_id: str
+
+
+class RateLimitsUpdated(ServerEvent):
+    rate_limits: list[RateLimit]
+
+
+class ErrorEvent(ServerEvent):
+    error: ErrorDetail
+
+    @classmethod
+    def from_exception(cls, exc: ProtocolError) -> ErrorEvent:
+        return cls(error=ErrorDetail.from_exception(exc))
+
+
+SERVER_EVENT_CLASSES: tuple[type[ServerEvent], ...] = (
+    SessionCreated,
+    SessionUpdated,
+    ConversationCreated,
+    SpeechStarted,
+    SpeechStopped,
+    InputAudioCommitted,
+    InputAudioCleared,
+    InputAudioTimeoutTriggered,
+    ItemAdded,
+    ItemDone,
+    ItemRetrieved,
+    ItemTruncated,
+    ItemDeleted,
+    InputTranscriptionDelta,
+    InputTranscriptionCompleted,
+    InputTranscriptionFailed,
+    ResponseCreated,
+    ResponseDone,
+    OutputItemAdded,
+    OutputItemDone,
+    ContentPartAdded,
+    ContentPartDone,
+    AudioDelta,
+    AudioDone,
+    AudioTranscriptDelta,
+    AudioTranscriptDone,
+    TextDelta,
+    TextDone,
+    OutputAudioBufferStarted,
+    OutputAudioBufferStopped,
+    OutputAudioBufferCleared,
+    RateLimitsUpdated,
+    ErrorEvent,
+)

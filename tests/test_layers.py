@@ -7,11 +7,11 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "voxline"
-# errors, config and logs are the foundation every layer may use; the package root holds
-# only __version__ today (when it becomes the SDK's face, it moves to TOP).
-RANK = {"codecs": 0, "kernels": 0, "errors": 0, "config": 0, "logs": 0, "engines": 1,
-        "sessions": 2, "realtime": 3}
-TOP = 4  # voxline/cli.py and commands.py: the composition on top
+# errors, config, logs and version are the foundation every layer may use. The package
+# root is the SDK's face, so it sits on top with sdk/, cli.py and commands.py.
+RANK = {"codecs": 0, "kernels": 0, "errors": 0, "config": 0, "logs": 0, "version": 0,
+        "engines": 1, "sessions": 2, "realtime": 3}
+TOP = 4  # voxline (the root), sdk/, cli.py and commands.py: the composition on top
 
 
 def module_name(path: Path) -> str:
@@ -44,7 +44,7 @@ def imports(path: Path) -> set[str]:
 def rank(name: str) -> int:
     parts = name.split(".")
     if len(parts) < 2:
-        return 0
+        return TOP
     return RANK.get(parts[1], TOP)
 
 

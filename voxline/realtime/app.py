@@ -11,10 +11,18 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from voxline import __version__
+from voxline.version import __version__
 from voxline.config import Settings
 from voxline.engines.client import EngineClient
-from voxline.realtime import ops, speech_api, transcription_api, web, websocket
+from voxline.realtime import (
+    client_secrets,
+    ops,
+    speech_api,
+    transcription_api,
+    web,
+    webrtc,
+    websocket,
+)
 from voxline.realtime.state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -44,6 +52,7 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
         try:
             yield
         finally:
+            await webrtc.close_all_calls(app.state.voxline)
             if starting is not None:
                 logger.info("stopping engine ...")
                 starting.cancel()
@@ -57,5 +66,7 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
     app.include_router(transcription_api.router)
     app.include_router(ops.router)
     app.include_router(websocket.router)
+    app.include_router(webrtc.router)
+    app.include_router(client_secrets.router)
     app.include_router(web.router)
     return app

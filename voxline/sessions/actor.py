@@ -10,6 +10,11 @@ barge-in and truncation, and real-time pacing of output audio. The engine decide
 how fast. Client mistakes become `error` events naming the event and the field; the
 session and its buffered audio survive them.
 
+Media tracks: with `media_format` set (a WebRTC call), audio travels on the transport's
+media tracks both ways in that format, whatever the session's wire formats say: appended
+input is decoded in it, and `AudioDelta` payloads are paced PCM frames of
+`MEDIA_FRAME_MS` for the outgoing track, never wire events. The transport routes them.
+
 One state machine, kept in one file (a little over 600 lines) so that every transition
 between turns, responses and playout reads in one place.
 """
@@ -33,7 +38,7 @@ from voxline.sessions.capabilities import check_overrides, check_supported, stre
 from voxline.sessions.ids import new_id
 from voxline.sessions.pacing import OutFrame, OutputBufferFull, OutputPacer
 from voxline.sessions.records import ActiveResponse, ItemRecord, log_trace
-from voxline.sessions.settings import SessionSettings
+from voxline.sessions.settings import AudioFormat, SessionSettings
 from voxline.sessions.transcription import PartialTranscript
 
 logger = logging.getLogger(__name__)
@@ -45,6 +50,8 @@ _STATUS = {
     ep.ResponseStatus.FAILED: "failed",
 }
 
+MEDIA_FRAME_MS = 20  # one RTP packet of Opus: barge-in stops a track within one frame
+
 
 @dataclass
 class SessionActor:
@@ -53,6 +60,10 @@ class SessionActor:
     settings: SessionSettings = field(default_factory=SessionSettings)
     lead_ms: float = 200.0
     max_event_bytes: int = 15 * 1024 * 1024
+    media_format: AudioFormat | None = None  # audio on media tracks (see the module doc)
+    # The transport learns what the listener heard (e.g. Twilio's mark echoes) and sends
+    # TruncateItem itself; the actor then never truncates from its own playout clock.
+    transport_reports_playout: bool = False
 
     def __post_init__(self) -> None:
         self.events: list[ev.ServerEvent] = []
@@ -137,7 +148,7 @@ class SessionActor:
         }
 
     def _new_input(self) -> InputConverter:
-        fmt = self.settings.input_format
+        fmt = self.media_format or self.settings.input_format
         return InputConverter(fmt.encoding, fmt.rate)
 
     def _session_update(self, e: cmd.UpdateSession, now: float) -> None:
@@ -145,7 +156,7 @@ class SessionActor:
         new = old.apply(e.changes)
         check_supported(new)  # refused: the session keeps its settings
         self.settings = new
-        if self.settings.input_format != old.input_format:
+        if self.media_format is None and self.settings.input_format != old.input_format:
             self.input = self._new_input()
         self.commands.append(ep.UpdateStream(self.stream_id, stream_config(self.settings)))
         self._emit(ev.SessionUpdated(session_id=self.session_id, session=self.settings))
@@ -327,7 +338,10 @@ class SessionActor:
                                              metadata=metadata)
         item_id = new_id("item")
         r = ActiveResponse(response, item_id, settings, started=now, trigger=trigger)
-        if r.audio:
+        if r.audio and self.media_format is not None:
+            r.encoder = OutputEncoder(self.media_format.encoding, self.media_format.rate,
+                                      frame_ms=MEDIA_FRAME_MS)
+        elif r.audio:
             r.encoder = OutputEncoder(settings.output_format.encoding, settings.output_format.rate)
         self.response = r
         part_type = "output_audio" if r.audio else "output_text"
@@ -406,7 +420,8 @@ class SessionActor:
         self.observations.append(("voxline_response_seconds", now - r.started))
         log_trace(self.settings.tracing, self.session_id, r, final, now)
         if (r.audio and record is not None and r.cancel_reason == "turn_detected"
-                and not record.client_truncated and done.output_tokens):
+                and not record.client_truncated and done.output_tokens
+                and not self.transport_reports_playout):
             # server-VAD barge-in: the conversation keeps only what the user heard, by the
             # server's playout clock. After a client's response.cancel the client owns
             # playback and truncates (or not) itself.
@@ -463,7 +478,8 @@ class SessionActor:
             heard = self.pacer.heard_ms(last, now) if last else 0.0
             self.pacer.interrupt(now)
             self._buffer_cleared()
-            if last is not None and heard < self.items[last].audio_ms:
+            if (last is not None and heard < self.items[last].audio_ms
+                    and not self.transport_reports_playout):
                 self.commands.append(ep.TruncateItem(self.stream_id, last, int(heard)))
 
     def _speech_stopped(self, out: ep.SpeechStopped, now: float) -> None:

@@ -37,6 +37,8 @@ class Settings(BaseSettings):
     tts_speaker: str | None = Field(default=None, description="Qwen3-TTS preset voice "
                                     "(default: the checkpoint's first)")
     tts_language: str = Field(default="auto", description="Qwen3-TTS language, or auto")
+    twilio_auth_token: str | None = Field(default=None, description="validate "
+                                          "X-Twilio-Signature on /v1/telephony/twilio* if set")
 
 
 def load_settings(**overrides: object) -> Settings:

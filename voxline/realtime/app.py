@@ -11,19 +11,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from voxline.version import __version__
 from voxline.config import Settings
 from voxline.engines.client import EngineClient
-from voxline.realtime import (
-    client_secrets,
-    ops,
-    speech_api,
-    transcription_api,
-    web,
-    webrtc,
-    websocket,
-)
+from voxline.realtime import ops, speech_api, transcription_api, twilio, web, websocket
 from voxline.realtime.state import ServerState
+from voxline.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +44,6 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
         try:
             yield
         finally:
-            await webrtc.close_all_calls(app.state.voxline)
             if starting is not None:
                 logger.info("stopping engine ...")
                 starting.cancel()
@@ -66,7 +57,6 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
     app.include_router(transcription_api.router)
     app.include_router(ops.router)
     app.include_router(websocket.router)
-    app.include_router(webrtc.router)
-    app.include_router(client_secrets.router)
+    app.include_router(twilio.router)
     app.include_router(web.router)
     return app

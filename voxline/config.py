@@ -39,6 +39,29 @@ class Settings(BaseSettings):
     tts_language: str = Field(default="auto", description="Qwen3-TTS language, or auto")
     twilio_auth_token: str | None = Field(default=None, description="validate "
                                           "X-Twilio-Signature on /v1/telephony/twilio* if set")
+    ice_hosts: str = Field(default="", description="comma-separated host addresses offered as "
+                           "WebRTC ICE candidates (empty: 127.0.0.1 and every interface address)")
+    ice_servers: str = Field(default="", description="comma-separated STUN/TURN URLs for WebRTC "
+                             "calls, e.g. stun:stun.example.org:3478,turn:turn.example.org:3478")
+    turn_username: str | None = Field(default=None, description="username for the TURN servers")
+    turn_credential: str | None = Field(default=None, description="password for the TURN servers")
+    rtc_ports: str = Field(default="", pattern=r"^(\d+-\d+)?$",
+                           description="UDP port range for WebRTC media, e.g. 40000-40199 "
+                                       "(empty: any free port)")
+
+    def ice_host_list(self) -> list[str]:
+        return [h.strip() for h in self.ice_hosts.split(",") if h.strip()]
+
+    def ice_server_list(self) -> list[str]:
+        return [u.strip() for u in self.ice_servers.split(",") if u.strip()]
+
+    def rtc_port_range(self) -> tuple[int, int] | None:
+        if not self.rtc_ports:
+            return None
+        low, high = (int(p) for p in self.rtc_ports.split("-"))
+        if not 1024 <= low <= high <= 65535:
+            raise ValueError(f"rtc_ports must be LOW-HIGH within 1024-65535, got {self.rtc_ports}")
+        return low, high
 
 
 def load_settings(**overrides: object) -> Settings:

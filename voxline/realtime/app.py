@@ -13,7 +13,16 @@ from fastapi import FastAPI
 
 from voxline.config import Settings
 from voxline.engines.client import EngineClient
-from voxline.realtime import ops, speech_api, transcription_api, twilio, web, websocket
+from voxline.realtime import (
+    client_secrets,
+    ops,
+    speech_api,
+    transcription_api,
+    twilio,
+    web,
+    webrtc,
+    websocket,
+)
 from voxline.realtime.state import ServerState
 from voxline.version import __version__
 
@@ -44,6 +53,7 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
         try:
             yield
         finally:
+            await webrtc.close_all_calls(app.state.voxline)
             if starting is not None:
                 logger.info("stopping engine ...")
                 starting.cancel()
@@ -58,5 +68,7 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
     app.include_router(ops.router)
     app.include_router(websocket.router)
     app.include_router(twilio.router)
+    app.include_router(webrtc.router)
+    app.include_router(client_secrets.router)
     app.include_router(web.router)
     return app

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from voxline.config import Settings
 from voxline.engines.client import EngineClient
+from voxline.realtime.auth import ClientSecrets
 from voxline.realtime.metrics import Metrics
 
 
@@ -17,6 +19,8 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     sessions: int = 0
     started: float = field(default_factory=time.time)
+    client_secrets: ClientSecrets = field(default_factory=ClientSecrets)
+    calls: dict[str, Any] = field(default_factory=dict)  # WebRTC calls by id (webrtc.Call)
 
 
 def get_state(request_or_ws: object) -> ServerState:

@@ -1,0 +1,89 @@
+"""`POST /v1/realtime/client_secrets`: short-lived tokens a browser can use instead of the
+server's API key, as OpenAI issues them (`ek_...`, an expiry, an optional session that
+the call or WebSocket opened with the token starts with). The store is in auth.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from voxline.errors import ProtocolError
+from voxline.realtime.auth import authorized
+from voxline.realtime.dialect import Dialect
+from voxline.realtime.state import get_state
+from voxline.realtime.wire_client import parse_command
+from voxline.realtime.wire_server import render
+from voxline.sessions import commands as cmd
+from voxline.sessions import events as ev
+from voxline.sessions.capabilities import check_supported
+from voxline.sessions.settings import SessionSettings
+
+router = APIRouter()
+
+DEFAULT_SECONDS = 600  # OpenAI's defaults and limits for expires_after.seconds
+MIN_SECONDS, MAX_SECONDS = 10, 7200
+
+
+def error_response(status: int, message: str, *, code: str | None = None,
+                   param: str | None = None, type: str = "invalid_request_error") -> JSONResponse:
+    """OpenAI's HTTP error shape."""
+    return JSONResponse({"error": {"message": message, "type": type, "param": param,
+                                   "code": code}}, status_code=status)
+
+
+def settings_from_session(doc: Any, base: SessionSettings | None = None) -> SessionSettings:
+    """A GA `session` object as settings, checked as `session.update` would (ProtocolError)."""
+    update = parse_command({"type": "session.update", "session": doc})
+    assert isinstance(update, cmd.UpdateSession)
+    settings = (base or SessionSettings()).apply(update.changes)
+    check_supported(settings, "session")
+    return settings
+
+
+def render_session(settings: SessionSettings) -> dict[str, Any]:
+    rendered = render(ev.SessionCreated(session_id="", session=settings), Dialect.GA)
+    assert rendered is not None
+    session = rendered["session"]
+    session.pop("id", None)
+    return session
+
+
+@router.post("/v1/realtime/client_secrets")
+async def create_client_secret(request: Request) -> JSONResponse:
+    state = get_state(request)
+    # a client secret cannot mint another: only the server's key may
+    if not authorized(request, state.settings.api_key):
+        return error_response(401, "invalid or missing API key", code="invalid_api_key")
+    raw = await request.body()
+    try:
+        body = json.loads(raw) if raw.strip() else {}
+    except json.JSONDecodeError as exc:
+        return error_response(400, f"body is not JSON: {exc}", code="invalid_json")
+    if not isinstance(body, dict):
+        return error_response(400, "body must be a JSON object", code="invalid_value")
+    expires = body.get("expires_after") or {}
+    if not isinstance(expires, dict):
+        return error_response(400, "expires_after must be an object", code="invalid_value",
+                              param="expires_after")
+    seconds = expires.get("seconds", DEFAULT_SECONDS)
+    if expires.get("anchor", "created_at") != "created_at":
+        return error_response(400, "expires_after.anchor must be 'created_at'",
+                              code="invalid_value", param="expires_after.anchor")
+    if not isinstance(seconds, int) or isinstance(seconds, bool) or not (
+            MIN_SECONDS <= seconds <= MAX_SECONDS):
+        return error_response(400, f"expires_after.seconds must be an integer from {MIN_SECONDS} "
+                              f"to {MAX_SECONDS}, got {seconds!r}", code="invalid_value",
+                              param="expires_after.seconds")
+    settings = None
+    if body.get("session") is not None:
+        try:
+            settings = settings_from_session(body["session"])
+        except ProtocolError as exc:
+            return error_response(400, str(exc), code=exc.code,
+                                  param=f"session.{exc.param}" if exc.param else "session")
+    secret = state.client_secrets.issue(seconds, settings)
+    return JSONResponse({"value": secret.value, "expires_at": secret.expires_at,
+                         "session": render_session(settings or SessionSettings())})

@@ -61,7 +61,6 @@ class TwilioBridge:
     _heard_ms: dict[str, float] = field(default_factory=dict)  # item -> played, per marks
     _sent_ms: dict[str, float] = field(default_factory=dict)  # item -> audio sent
     _items: dict[str, str] = field(default_factory=dict)  # response -> its audio item
-    _mark_count: int = 0
 
     @property
     def ids(self) -> str:
@@ -125,8 +124,7 @@ class TwilioBridge:
                    for i in range(0, len(event.delta), FRAME_BYTES)]
             end = self._sent_ms.get(event.item_id, 0.0) + len(event.delta) * 1000 / tw.MULAW_RATE
             self._sent_ms[event.item_id] = end
-            self._mark_count += 1
-            name = f"{event.item_id}:{self._mark_count}"
+            name = f"{event.item_id}:{int(end)}"  # unique: every chunk is >= 20 ms
             self._marks[name] = (event.item_id, end)
             out.append(tw.mark_message(sid, name))
             return out, []
@@ -138,7 +136,7 @@ class TwilioBridge:
     def _cut(self, response_id: str) -> list[cmd.ClientCommand]:
         """After `clear`: forget the reply's outstanding marks (Twilio echoes them at once)
         and truncate it at the last one echoed before."""
-        item = self._items.get(response_id)
+        item = self._items.pop(response_id, None)  # one cut per reply
         if item is None:
             return []
         self._marks = {n: m for n, m in self._marks.items() if m[0] != item}
@@ -154,6 +152,9 @@ class TwilioBridge:
                            event.error.message)
         elif isinstance(event, ev.InputTranscriptionCompleted):
             logger.info("%s: caller said %r", self.ids, event.transcript)
+        elif isinstance(event, ev.ItemTruncated):
+            logger.info("%s: reply %s truncated at %d ms", self.ids, event.item_id,
+                        event.audio_end_ms)
         elif isinstance(event, ev.AudioTranscriptDone):
             logger.info("%s: bot said %r", self.ids, event.transcript)
 

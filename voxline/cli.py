@@ -38,6 +38,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tts", type=_tts_choice, default=None,
                        help="speech model: piper (shipped voice, default) or qwen3:<checkpoint dir> "
                             "(Qwen3-TTS, official layout); env VOXLINE_TTS")
+    serve.add_argument("--ice-hosts", default=None,
+                       help="WebRTC: comma-separated host addresses offered as ICE candidates "
+                            "(default: 127.0.0.1 and every interface address); env "
+                            "VOXLINE_ICE_HOSTS")
+    serve.add_argument("--ice-servers", default=None,
+                       help="WebRTC: comma-separated STUN/TURN URLs, e.g. "
+                            "stun:stun.example.org:3478 (default: none); TURN credentials from "
+                            "VOXLINE_TURN_USERNAME / VOXLINE_TURN_CREDENTIAL")
+    serve.add_argument("--rtc-ports", default=None,
+                       help="WebRTC: UDP port range LOW-HIGH for media (default: any free port)")
 
     converse = sub.add_parser(
         "converse", help="one spoken turn from a WAV file: ASR -> LLM -> TTS, reply as 24 kHz WAV"

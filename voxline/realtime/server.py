@@ -33,6 +33,9 @@ def serve(args: argparse.Namespace) -> int:
         engine=getattr(args, "engine", None),
         output_lead_ms=getattr(args, "output_lead_ms", None),
         tts=getattr(args, "tts", None),
+        ice_hosts=getattr(args, "ice_hosts", None),
+        ice_servers=getattr(args, "ice_servers", None),
+        rtc_ports=getattr(args, "rtc_ports", None),
     )
     app = create_app(settings, make_engine(settings))
     logger.info("voxline listening on http://%s:%d (realtime: ws://%s:%d/v1/realtime)",

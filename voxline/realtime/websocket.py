@@ -7,11 +7,12 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from voxline.errors import ProtocolError
-from voxline.realtime.auth import authorized, offered_subprotocols
+from voxline.realtime.auth import Access, authenticate, offered_subprotocols
 from voxline.realtime.dialect import detect_dialect
 from voxline.realtime.state import get_state
 from voxline.realtime.wire_client import parse_command
@@ -55,9 +56,10 @@ async def realtime(ws: WebSocket) -> None:
     state = get_state(ws)
     settings = state.settings
     offered = offered_subprotocols(ws)
-    if not authorized(ws, settings.api_key):
+    access = authenticate(ws, settings.api_key, state.client_secrets)
+    if not isinstance(access, Access):
         state.metrics.inc("voxline_sessions_refused_total", "sessions refused")
-        await ws.close(code=CLOSE_POLICY, reason="invalid or missing API key")
+        await ws.close(code=CLOSE_POLICY, reason=access)
         return
     await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
     if state.sessions >= settings.max_sessions:
@@ -72,7 +74,9 @@ async def realtime(ws: WebSocket) -> None:
     session_id = new_id("sess")
     # the session echoes the model the client asked for (`?model=`), as OpenAI does
     requested = ws.query_params.get("model")
-    initial = SessionSettings(model=requested) if requested else SessionSettings()
+    initial = access.settings or SessionSettings()  # a client secret's session, if any
+    if requested:
+        initial = replace(initial, model=requested)
     actor = SessionActor(session_id, f"{session_id}-{uuid.uuid4().hex[:6]}", settings=initial,
                          lead_ms=settings.output_lead_ms, max_event_bytes=settings.max_event_bytes)
 

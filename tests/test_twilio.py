@@ -8,24 +8,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from conftest import TIME_FACTOR
+from fake_server import fake_server
 from fakes import tone
-from live_server import free_port
 from twilio_peer import CALL_SID, STREAM_SID, twilio_call
 
-from voxline.config import load_settings
 from voxline.engines.client import InProcessEngineClient
 from voxline.realtime import twilio_wire as tw
-from voxline.realtime.app import create_app
 from voxline.realtime.twilio import TwilioBridge
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
@@ -136,33 +130,6 @@ def test_bridge_maps_start_parameters_and_refuses_other_formats() -> None:
 
 
 # ------------------------------------------------------- calls over stand-in models
-
-
-@contextmanager
-def fake_server(**settings: object) -> Iterator[tuple[str, InProcessEngineClient]]:
-    """The real app on loopback over the engine with tests/fakes.py's models."""
-    conf = load_settings(host="127.0.0.1", port=free_port(), engine="inprocess", **settings)
-    engine = InProcessEngineClient("fakes:make_fake_core", {"stop_after": 60})
-    server = uvicorn.Server(uvicorn.Config(create_app(conf, engine), host=conf.host,
-                                           port=conf.port, log_level="warning",
-                                           ws="websockets-sansio"))
-    thread = threading.Thread(target=server.run, name="twilio-fake-server")
-    thread.start()
-    base = f"http://{conf.host}:{conf.port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.1)
-        yield base, engine
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def speech(seconds: float, silence: float = 0.8) -> np.ndarray:

@@ -231,3 +231,65 @@ def test_twiml_endpoint_and_signature_validation() -> None:
         good = {"X-Twilio-Signature": tw.twilio_signature("secret", ws_url)}
         with pytest.raises(TimeoutError):  # accepted: it waits for the caller to speak
             asyncio.run(connect(good))
+
+
+# ------------------------------------------------------------------ real models
+
+
+@pytest.mark.slow
+async def test_real_call_answers_in_speech_and_barge_in_clears(caplog) -> None:
+    import soxr
+    from live_server import live_server
+    from speech import espeak
+    from test_realtime_e2e import sounds_like
+
+    from voxline.engines.models.moonshine_asr import MoonshineASR
+
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    asr = MoonshineASR.load()
+    silence = np.zeros(int(1.2 * RATE), np.float32)
+    with live_server() as base:
+        async with twilio_call(base) as call:
+            await call.start(instructions="You are a voice assistant on a phone call. "
+                                          "Answer in at most eight words.")
+            end_of_speech = await call.speak(np.concatenate([
+                np.zeros(int(0.4 * RATE), np.float32),
+                espeak("What is the capital of France?", rate=RATE)]))
+            mark = len(call.messages)
+            speaking = asyncio.create_task(call.speak(silence))
+            first = await call.until(lambda m: m["event"] == "media", 60 * TIME_FACTOR)
+            print(f"\nend of speech -> first media: {first['_at'] - end_of_speech:.2f} s")
+            await speaking
+            said = await _bot_said(caplog, 60)
+            # keep the line open (silence) until the reply has played and its marks came back
+            while len(call.echoed) < len([m for m in call.messages if m["event"] == "mark"]):
+                await call.speak(np.zeros(int(0.2 * RATE), np.float32))
+            audio = call.media_audio(mark)
+            heard = asr.transcribe(soxr.resample(audio, RATE, 16000).astype(np.float32))
+            assert sounds_like(heard, said), (heard, said)
+
+            # barge-in: a long answer, interrupted once it has played for a while
+            await call.speak(np.concatenate([espeak("Tell me a long story about a dragon.",
+                                                    rate=RATE), silence]))
+            start = len(call.messages)
+            await call.until(lambda m: m["event"] == "media" and call.messages.index(m) > start,
+                             60 * TIME_FACTOR)
+            await call.speak(np.zeros(int(1.0 * RATE), np.float32))
+            await call.speak(np.concatenate([espeak("Stop. Thank you.", rate=RATE), silence]))
+            clear = await call.until(lambda m: m["event"] == "clear", 30 * TIME_FACTOR)
+            i = call.messages.index(clear)
+            cut = [m["mark"]["name"] for m in call.messages[start:i] if m["event"] == "mark"][0]
+            item = cut.split(":")[0]
+            assert not [m for m in call.messages[i:] if m["event"] == "mark"
+                        and m["mark"]["name"].startswith(item)]
+            await call.stop()
+    assert re.search(rf"reply {item} truncated at \d+ ms", caplog.text)
+
+
+async def _bot_said(caplog, timeout: float) -> str:
+    for _ in range(int(timeout * TIME_FACTOR / 0.1)):
+        found = re.findall(r"bot said '(.*)'", caplog.text)
+        if found:
+            return found[0]
+        await asyncio.sleep(0.1)
+    raise AssertionError("the bot never finished a reply")

@@ -25,7 +25,6 @@ import numpy as np
 
 from voxline.engines import protocol as p
 from voxline.engines.asr_stage import ASRJob, ASRModel, ASRStage
-from voxline.engines.conversation import Conversation
 from voxline.engines.input_audio import (
     MAX_UTTERANCE_MS,
     InputAudio,
@@ -34,6 +33,7 @@ from voxline.engines.input_audio import (
     TurnStopped,
 )
 from voxline.engines.llm_stage import ChatModel, FinishReason, LLMStage
+from voxline.engines.prompt_cache import Conversation
 from voxline.engines.responses import Responses
 from voxline.engines.speech_stage import SpeechStage
 from voxline.engines.stage import RequestRefused, StageWorker

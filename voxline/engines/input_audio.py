@@ -18,7 +18,7 @@ import numpy as np
 
 from voxline.engines.protocol import INPUT_RATE, TurnDetection
 from voxline.engines.stage import RequestRefused
-from voxline.engines.turns import TurnDetector, TurnEvent, TurnState
+from voxline.engines.turn_detector import TurnDetector, TurnEvent, TurnState
 from voxline.engines.vad_stage import FRAME_MS
 
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less audio than this

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from voxline.engines import protocol as p
-from voxline.engines.conversation import AudioSpan, ItemNotFound, cut_spans
 from voxline.engines.llm_stage import ChatModel, FinishReason, GenerationRequest, LLMStage, Slot
+from voxline.engines.prompt_cache import AudioSpan, ItemNotFound, cut_spans
 from voxline.engines.speech_stage import SpeechOut
 from voxline.engines.stage import StreamId
 from voxline.engines.streams import StreamState

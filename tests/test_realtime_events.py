@@ -865,3 +865,14 @@ def test_server_events_are_strict() -> None:
         AudioDelta(response_id="r", item_id="i", delta="base64 text is a bug")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         SpeechStarted(audio_start_ms=1, item_id="i", bogus=1)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("raw", [
+    "[" * 100_000 + "]" * 100_000,
+    '{"type": "session.update", "event_id": "deep", "session": '
+    + '{"instructions": ' * 5000 + '"x"' + "}" * 5001,
+])
+def test_deeply_nested_json_is_an_error_not_a_crash(raw: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse_client_event(raw)
+    assert "nested too deeply" in str(info.value)

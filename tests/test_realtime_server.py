@@ -92,3 +92,16 @@ def test_session_time_limit_ends_the_session_with_an_error():
         with pytest.raises(WebSocketDisconnect) as closed:
             ws.receive_json()
         assert closed.value.code == 1000
+
+
+def test_a_deeply_nested_message_is_an_error_and_the_session_lives_on():
+    with make_client() as client:
+        with client.websocket_connect("/v1/realtime") as ws:
+            assert ws.receive_json()["type"] == "session.created"
+            ws.send_text("[" * 50_000 + "]" * 50_000)
+            err = ws.receive_json()
+            assert err["type"] == "error" and err["error"]["code"] == "invalid_json"
+            ws.send_text('{"type": "conversation.item.retrieve", "item_id": "x", '
+                         '"event_id": "after"}')
+            err = ws.receive_json()  # still served: the item does not exist
+            assert err["error"]["code"] == "item_not_found" and err["error"]["event_id"] == "after"

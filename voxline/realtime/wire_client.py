@@ -398,6 +398,8 @@ def parse_client_event(raw: str | bytes | bytearray | Mapping[str, Any]) -> Clie
             obj = json.loads(raw)
         except ValueError as exc:
             raise ProtocolError(f"invalid JSON: {exc}", code="invalid_json") from None
+        except RecursionError:  # a document nested thousands deep: refuse it, keep the session
+            raise ProtocolError("invalid JSON: nested too deeply", code="invalid_json") from None
     if not isinstance(obj, Mapping):
         raise ProtocolError(
             f"a client event must be a JSON object, got {json_type_name(obj)}",
@@ -428,6 +430,9 @@ def parse_client_event(raw: str | bytes | bytearray | Mapping[str, Any]) -> Clie
         raise protocol_error_from_validation(
             exc, obj, event_type=event_type, event_id=event_id
         ) from None
+    except RecursionError:  # e.g. a session object nested hundreds deep
+        raise ProtocolError(f"{event_type}: the event is nested too deeply",
+                            code="invalid_value", event_id=event_id) from None
 
 
 def parse_command(raw: str | bytes | bytearray | Mapping[str, Any]) -> cmd.ClientCommand:

@@ -68,7 +68,8 @@ class Recording:
 async def answer_call(engine: voxline.Engine | voxline.RemoteEngine, caller: bytes,
                       recording: Recording, hangup_after: float = 30.0) -> None:
     async with engine.session(
-            instructions="You are a friendly phone assistant. Answer in one short sentence.",
+            instructions="You are a helpful voice assistant on a phone call. Answer in "
+                         "English, in at most eight words.",
             input_format="g711_ulaw", output_format="g711_ulaw", transcription={}) as call:
         recording.t0 = time.monotonic()
         silence = bytes([0xFF]) * FRAME  # μ-law zero

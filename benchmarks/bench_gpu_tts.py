@@ -8,8 +8,9 @@ bf16 and code2wav in fp32 as ``factory.load_tts`` loads them, and a tiny BPE tok
 Random weights never stop on their own, so every job speaks exactly ``--frames`` frames
 (EOS masked until then): the numbers are timings, the audio is noise.
 
-For each mode (``eager``: the plain generator; ``graphs``: GraphedTalkerGenerator with
-CUDA graphs captured at load) and concurrency ``c``, ``c`` jobs start together and the
+For each mode (``eager``: the plain generator; ``graphs``: GraphedTalkerGenerator and
+GraphedCode2Wav with CUDA graphs captured at load; ``compiled``: the same graphs with the
+decoder-layer steps compiled per bucket, static shapes) and concurrency ``c``, ``c`` jobs start together and the
 stage steps until all finish: first audio = job start to its first audio chunk; RTF =
 (finish - start) / audio seconds per job; audio-s/s = all audio / wall time; an underrun
 is a chunk arriving after the audio before it has played out (playout starting at the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import platform
 import sys
 import tempfile
@@ -159,7 +161,7 @@ def measure(stage: Qwen3SpeechStage, c: int, runs: int) -> dict:
 def breakdown(stage: Qwen3SpeechStage, c: int) -> dict:
     """Milliseconds per decode step in each part (synchronised around each part)."""
     gen, dec = stage.generator, stage.decoder
-    parts: dict[str, list[float]] = {"code_predictor": [], "talker": [], "code2wav": []}
+    parts: dict[str, list[float]] = {"code_predictor": [], "talker": [], "code2wav": [], "pcm_to_host": []}
     originals = {}
 
     def timed(obj, name, key):
@@ -178,16 +180,25 @@ def breakdown(stage: Qwen3SpeechStage, c: int) -> dict:
 
     talker = gen.talker
     if isinstance(gen, GraphedTalkerGenerator):
+        parts["prefill"] = []
         timed(gen, "_complete", "code_predictor")
         timed(gen, "_decode", "talker")
+        timed(gen, "_prefill", "prefill")
     else:
         timed(talker, "complete_frames", "code_predictor")
         timed(talker, "forward_batch", "talker")
-    timed(dec, "decode_batch", "code2wav")
+    if stage.codec is not None:
+        timed(stage.codec, "decode", "code2wav")
+    else:
+        timed(dec, "decode_batch", "code2wav")
+    timed(stage, "_to_host", "pcm_to_host")
     r = speak(stage, c, 77)
     for (obj, name) in originals:
         delattr(obj, name)
     out = {k: round(float(np.median(v[2:] if len(v) > 4 else v)), 2) for k, v in parts.items() if v}
+    # The first chunk's code2wav call (one frame per stream) is on the first-audio path.
+    if parts["code2wav"]:
+        out["code2wav_first_chunk"] = round(parts["code2wav"][0], 2)
     out["step"] = round(float(np.median(r["steps"][2:])) * 1000, 2)
     return out
 
@@ -238,11 +249,26 @@ def twin_check(model: Qwen3TTSModel, tok: Qwen3TextTokenizer, frames: int) -> di
     return res
 
 
+def compile_stats() -> dict:
+    """Dynamo's own counters: graphs compiled, recompiles, breaks and failures."""
+    from torch._dynamo.utils import counters
+
+    return {group: dict(counters[group]) for group in ("stats", "graph_break", "recompiles")
+            if counters[group]} | {"unimplemented_or_failed": dict(counters["unimplemented"])}
+
+
+def save(report: dict, out: Path | None) -> None:
+    report["compile_stats"] = compile_stats()
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1, default=str))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--concurrency", default="1,4,10,32")
-    ap.add_argument("--modes", default="graphs,eager")
+    ap.add_argument("--modes", default="compiled,graphs,eager")
     ap.add_argument("--frames", type=int, default=50, help="frames per job (80 ms each)")
     ap.add_argument("--eager-concurrency", default="1,10,32", help="concurrencies measured eagerly")
     ap.add_argument("--max-len", type=int, default=256)
@@ -250,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-twin", action="store_true", help="skip the graphs-vs-eager-twin check")
     ap.add_argument("--check", action="store_true", help="validate every frame's codes (slow)")
     args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("voxline.kernels.cuda_graphs").setLevel(logging.INFO)  # capture progress
+    # A compile failure falls back to eager (counted below) instead of killing the run.
+    torch._dynamo.config.suppress_errors = True
     conc = [int(x) for x in args.concurrency.split(",")]
     t_load = time.perf_counter()
     model = build_model(args.device)
@@ -274,11 +304,12 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         stage = Qwen3SpeechStage(model, tok, max_streams=max(conc), max_len=args.max_len,
                                  max_frames=args.frames, sampling=sampling, graphs=mode != "eager",
-                                 capture_at_load=mode == "graphs")
+                                 capture_at_load=mode in ("graphs", "compiled"),
+                                 compile=mode == "compiled")
         if mode in ("fused", "twin"):  # fused: compiled norms/MLPs inside the graphs
             stage.generator = GraphedTalkerGenerator(model.talker, max_streams=max(conc),
                                                      max_len=args.max_len, fuse=mode == "fused",
-                                                     capture=mode == "fused")
+                                                     capture=mode == "fused", compile=False)
             if mode == "fused":
                 stage.generator.prepare()
         load = time.perf_counter() - t0
@@ -292,11 +323,10 @@ def main(argv: list[str] | None = None) -> int:
             report["results"].setdefault(mode, []).append(row)
             report["breakdown"].setdefault(mode, {})[str(c)] = breakdown(stage, c)
             print(mode, row, report["breakdown"][mode][str(c)], flush=True)
+            save(report, args.out)  # partial results survive a time limit
         del stage
         torch.cuda.empty_cache()
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
+    save(report, args.out)
     print(f"{'mode':7s} {'c':>3s} {'first p50':>10s} {'p95':>8s} {'RTF':>7s} {'step RTF':>9s} "
           f"{'audio-s/s':>10s} {'underruns':>9s}")
     for mode, rows in report["results"].items():

@@ -1,7 +1,8 @@
 """The graph-capable Qwen3-TTS path (GraphedTalkerGenerator) against the eager stage.
 
 On the CPU the bucketed steps run eagerly over the same padded static buffers a CUDA
-graph would replay, so padding, bucketing, joins and cancels are exercised exactly;
+graph would replay, and the layer functions a GPU compiles run uncompiled (their eager
+twins), so padding, bucketing, joins and cancels are exercised exactly;
 greedy decoding must give the plain stage's audio, and seeded sampling must not depend
 on what shares the batch or how it is padded.
 """
@@ -16,9 +17,16 @@ import torch
 from test_qwen3_tts_stage import TEXTS, audio, make_stage, of, run, write_test_checkpoint
 
 from voxline.engines.models.qwen3_tts import TalkerSampling
-from voxline.engines.models.qwen3_tts.graphs import GraphedTalkerGenerator
+from voxline.engines.models.qwen3_tts.graphs import (
+    GraphedCode2Wav,
+    GraphedTalkerGenerator,
+    _layer_args,
+)
 from voxline.engines.speech_stage import SpeechJob
+from voxline.kernels.attention import position_mask
+from voxline.kernels.compiled import maybe_compile
 from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, pow2_buckets
+from voxline.kernels.decoder_step import attn_mlp, attn_prep
 from voxline.kernels.sampling import bits_to_unit, counter_uniform, sample_rows
 
 
@@ -191,3 +199,72 @@ def test_padding_rows_write_only_the_scratch_slot(model_dir):
     slot = next(iter(stage._jobs.values())).stream.slot
     changed = (gen.cache.k != before_k).flatten(2).any(-1).any(0)  # [slots]
     assert changed[slot] and set(changed.nonzero().flatten().tolist()) <= {slot, gen.scratch}
+
+
+# --------------------------------------------------------------------------- layer functions
+
+
+def test_compile_off_is_the_plain_function():
+    assert maybe_compile(attn_prep, False) is attn_prep
+
+
+def test_layer_functions_equal_the_decoder_layer(model_dir):
+    """attn_prep + cache write + attn_mlp (the compiled unit on a GPU) == DecoderLayer."""
+    talker = make_stage(model_dir).model.talker
+    cfg = talker.config
+    g = torch.Generator().manual_seed(3)
+    for layer in (talker.model.layers[0], talker.code_predictor.model.layers[-1]):
+        width = layer.input_layernorm.weight.shape[0]
+        past = torch.randn(2, layer.self_attn.num_kv_heads, 3, layer.self_attn.head_dim, generator=g)
+        x = torch.randn(2, 2, width, generator=g)
+        pos = torch.tensor([[3, 4], [3, 4]])
+        k_pos = torch.arange(5).expand(2, 5)
+        mask = position_mask(pos, k_pos)
+        rope = talker.rope if width == cfg.hidden_size else talker.code_predictor.rope
+        cos, sin = rope(pos, x.dtype)
+
+        def kv(_: int, k: torch.Tensor, v: torch.Tensor, past: torch.Tensor = past) -> tuple:
+            return torch.cat((past, k), dim=2), torch.cat((past, v), dim=2)
+
+        with torch.inference_mode():
+            want = layer(x, cos, sin, mask, kv)
+            prep_w, post_w = _layer_args(layer)
+            q, k, v = attn_prep(x, pos, rope.inv_freq, *prep_w)
+            got = attn_mlp(x, q, torch.cat((past, k), 2), torch.cat((past, v), 2), mask, *post_w)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- code2wav
+
+
+def test_graphed_code2wav_equals_decode_batch_with_padding_and_slot_reuse(model_dir):
+    dec = make_stage(model_dir).decoder
+    q = dec.config.num_quantizers
+    g = torch.Generator().manual_seed(4)
+    codes = [torch.randint(0, dec.config.codebook_size, (q, 7), generator=g) for _ in range(3)]
+    chunks = [(0, 1), (1, 4), (4, 7)]  # first chunk, a full one, the remainder
+    codec = GraphedCode2Wav(dec, max_streams=4, max_frames=4, batch_buckets=[4])
+    states = [dec.new_state() for _ in codes]
+    slots = [codec.open() for _ in codes]
+    for a, b in chunks:
+        want = dec.decode_batch(states, [c[:, a:b] for c in codes])
+        got = codec.decode(slots, [c[:, a:b] for c in codes])  # 3 streams padded to 4
+        for w, o in zip(want, got, strict=True):
+            torch.testing.assert_close(o, w, atol=1e-5, rtol=1e-5)
+    # Mixed chunk lengths in one call, and a released slot that a new stream reuses fresh.
+    codec.release(slots[1])
+    while (reused := codec.open()) != slots[1]:  # the released slot comes back last
+        pass
+    fresh = dec.decode(dec.new_state(), codes[1][:, :2])
+    more = dec.decode_batch([states[0]], [codes[0][:, :3]])[0]
+    got = codec.decode([reused, slots[0]], [codes[1][:, :2], codes[0][:, :3]])
+    torch.testing.assert_close(got[0], fresh, atol=1e-5, rtol=1e-5)  # the old state was reset
+    torch.testing.assert_close(got[1], more, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_graph_equals_eager_prefill(model_dir):
+    """Padded prompt buckets (graph path) and exact eager prefill give the same audio."""
+    bucketed = _by_job(run(make_stage(model_dir, graphs=True), _jobs()))
+    exact = make_stage(model_dir, graphs=True)
+    exact.generator.prefill_buckets = []
+    _assert_same(bucketed, _by_job(run(exact, _jobs())))

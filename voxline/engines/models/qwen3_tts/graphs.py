@@ -1,17 +1,29 @@
 """Talker frame generation over fixed-shape steps: CUDA graphs in size buckets.
 
 :class:`GraphedTalkerGenerator` is a :class:`TalkerGenerator` whose per-frame work runs
-as two static steps (:mod:`voxline.kernels.cuda_graphs`):
+as three kinds of static step (:mod:`voxline.kernels.cuda_graphs`):
 
 - the code predictor's whole frame for ``B`` rows (15 sub-steps with their sampling,
   then the frame's talker input embedding): one graph per batch bucket;
 - the talker's one-frame decode (K/V write, attention over the first ``L`` cache
   positions, codec head, first-code logit processing and sampling): one graph per
-  (batch, length) bucket.
+  (batch, length) bucket;
+- the prompt prefill of new streams: one graph per (batch, prompt length) bucket, the
+  prompt padded at its end (padded positions write cache entries past the stream's
+  length, which are never read and are overwritten by its later frames).
 
-Prompt prefill (variable length, once per stream) runs eagerly, as do batches or
-lengths past the largest bucket. Only the first codes go to the host (one copy per step,
-needed to see EOS); frames and hidden states stay on the device.
+Every decoder layer runs as the two pure functions of :mod:`voxline.kernels.decoder_step`.
+In the frame and decode steps they are compiled once per process with static shapes
+(``compile``, default on with capture): each bucket gets its own specialisation, traced
+and captured at load, and nothing else calls them, so no step recompiles or falls back.
+The prefill runs them uncompiled: a compile per prompt bucket would double the load time,
+and the graph replay already removes the launch cost that dominated it. The code
+predictor's keys/values live in a fixed ``[B, Hkv, G, D]`` buffer per layer (masked by
+position), so its 15 sub-steps share two shapes (2 queries for the first, 1 after).
+
+Batches or lengths past the largest bucket run eagerly on the modules. Only the first
+codes go to the host (one copy per step, needed to see EOS); frames and hidden states
+stay on the device. :class:`GraphedCode2Wav` does the same for the streaming codec decoder.
 
 Padding rows point at a scratch cache slot that no stream owns (position 0, greedy), so
 they write only that slot and their picks are dropped: padding never reaches a stream.
@@ -31,20 +43,28 @@ import secrets
 from collections.abc import Hashable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from voxline.engines.models.llama import MLP, RMSNorm
+from voxline.kernels.attention import position_mask
+from voxline.kernels.compiled import maybe_compile
 from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, pow2_buckets
-from voxline.kernels.fused import compiled_kernels
+from voxline.kernels.decoder_step import attn_mlp, attn_prep, concat_weights
+from voxline.kernels.fused import compiled_kernels, rms_norm_eager
 from voxline.kernels.sampling import sample_rows
 
+from .code2wav import Code2WavDecoder, Code2WavState
 from .generation import FinishReason, TalkerFrame, TalkerGenerator, TalkerSampling, TalkerStream
+from .layers import DecoderLayer
 from .prompt import TalkerPrompt
 from .talker import Talker, _window_masks
 
-__all__ = ["GraphedTalkerGenerator"]
+__all__ = ["GraphedCode2Wav", "GraphedTalkerGenerator"]
 
 _MIN_LENGTH_BUCKET = 64
+_MIN_PREFILL_BUCKET = 16
+_MAX_PREFILL_BUCKET = 256  # longer prompts (rare: one text segment) prefill eagerly
 
 
 class GraphedTalkerGenerator(TalkerGenerator):
@@ -58,15 +78,19 @@ class GraphedTalkerGenerator(TalkerGenerator):
         max_len: int,
         batch_buckets: Sequence[int] | None = None,
         length_buckets: Sequence[int] | None = None,
+        prefill_buckets: Sequence[int] | None = None,
         capture: bool | None = None,
+        compile: bool | None = None,
         fuse: bool = False,
     ) -> None:
         """``batch_buckets`` default to powers of two up to ``max_streams``,
-        ``length_buckets`` to powers of two from 64 up to ``max_len``; an empty list runs
-        exact shapes eagerly. ``capture`` defaults to whether the talker is on CUDA.
-        ``fuse`` routes the talker's RMSNorms and MLPs through compiled kernels
-        (:func:`fuse_decoder_modules`; equal within dtype
-        tolerance, not bit-exact)."""
+        ``length_buckets`` to powers of two from 64 up to ``max_len``, ``prefill_buckets``
+        (prompt lengths) to powers of two from 16 up to 256 (or ``max_len``); an empty
+        list runs exact shapes eagerly. ``capture`` defaults to whether the talker is on CUDA,
+        ``compile`` (static-shape ``torch.compile`` of the layer functions) to ``capture``.
+        ``fuse`` (round-1 experiment, superseded by ``compile``) routes the talker's
+        RMSNorms and MLPs through compiled kernels (:func:`fuse_decoder_modules`; equal
+        within dtype tolerance, not bit-exact)."""
         super().__init__(talker, max_streams=max_streams + 1, max_len=max_len)
         self.scratch = max_streams  # the extra slot padding rows write to
         self._free.remove(self.scratch)
@@ -76,11 +100,33 @@ class GraphedTalkerGenerator(TalkerGenerator):
         self.length_buckets = sorted(
             pow2_buckets(min(_MIN_LENGTH_BUCKET, max_len), max_len) if length_buckets is None else length_buckets
         )
+        self.prefill_buckets = sorted(
+            pow2_buckets(min(_MIN_PREFILL_BUCKET, max_len), min(_MAX_PREFILL_BUCKET, max_len))
+            if prefill_buckets is None else prefill_buckets
+        )
         if fuse:
             fuse_decoder_modules(talker)
         for rope in (talker.rope, talker.code_predictor.rope):
             rope.inv_freq = rope.inv_freq.to(dev)  # no host->device copy inside a step
         self._groups = talker.num_code_groups
+        self.compiled = self.capture if compile is None else compile
+        self._prep = maybe_compile(attn_prep, self.compiled)
+        self._post = maybe_compile(attn_mlp, self.compiled)
+        self._head = maybe_compile(_predictor_head, self.compiled)
+        self._talker_w = [_layer_args(layer) for layer in talker.model.layers]
+        cp = talker.code_predictor
+        self._cp_w = [_layer_args(layer) for layer in cp.model.layers]
+        # Fixed predictor key/value positions: the talker state, codebook 0, then codes 1..G-2.
+        self._cp_len = self._groups
+        k_pos = torch.arange(self._cp_len, device=dev)[None]
+        self._cp_pos: list[Tensor] = []
+        self._cp_masks: list[dict[int | None, Tensor]] = []
+        self._cp_cb: list[Tensor] = []
+        for step in range(self._groups - 1):
+            q_pos = torch.arange(step + (0 if step == 0 else 1), step + 2, device=dev)[None]
+            self._cp_pos.append(q_pos)
+            self._cp_masks.append({w: position_mask(q_pos, k_pos, window=w) for w in set(cp.windows)})
+            self._cp_cb.append(torch.tensor(step + 1, device=dev))
         # First codes each slot drew (the repetition penalty's history), on the device.
         self.seen = torch.zeros(max_streams + 1, talker.config.vocab_size, dtype=torch.bool, device=dev)
         self._seeds = [0] * (max_streams + 1)
@@ -89,6 +135,8 @@ class GraphedTalkerGenerator(TalkerGenerator):
             self._make_decode, capture=self.capture, name="talker decode")
         self.frame_steps: BucketedSteps[int] = BucketedSteps(
             self._make_frame, capture=self.capture, name="code predictor frame")
+        self.prefill_steps: BucketedSteps[tuple[int, int]] = BucketedSteps(
+            self._make_prefill, capture=self.capture, name="talker prefill")
 
     def prepare(self, max_length: int | None = None) -> None:
         """Create (capture) every bucket now instead of on first use; lengths up to
@@ -96,6 +144,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
         lengths = [n for n in self.length_buckets if max_length is None or n <= max_length]
         self.frame_steps.prepare(self.batch_buckets)
         self.decode_steps.prepare([(b, n) for b in self.batch_buckets for n in lengths])
+        self.prefill_steps.prepare([(b, q) for b in self.batch_buckets for q in self.prefill_buckets])
 
     # -- stream lifecycle ------------------------------------------------------------
 
@@ -147,12 +196,10 @@ class GraphedTalkerGenerator(TalkerGenerator):
         codes: list[Tensor] = []
         prefill = [s for s in live if s.hidden is None]
         if prefill:
-            hidden, logits = self.talker.forward_batch([s.slot for s in prefill],
-                                                       [s.prompt.embeds for s in prefill])
-            ints, floats = self._first_settings(prefill, len(prefill))
+            hidden, code = self._prefill(prefill)
             fed += prefill
             hiddens.append(hidden)
-            codes.append(self._pick(logits, ints.to(logits.device), floats.to(logits.device)))
+            codes.append(code)
         if decode:
             hidden, code = self._decode(decode, torch.stack(inputs))
             fed += decode
@@ -183,14 +230,41 @@ class GraphedTalkerGenerator(TalkerGenerator):
         return ints, floats
 
     def _frame_fn(self, hidden: Tensor, ints: Tensor, floats: Tensor) -> dict[str, Tensor]:
+        """The code predictor's whole frame (as ``Talker.complete_frames`` then
+        ``Talker.embed_frames``) over fixed shapes: keys/values in a position-masked buffer."""
         first, top_k, seed, counter = ints
         temperature, top_p = floats
-
-        def pick(logits: Tensor, codebook: int) -> Tensor:
-            return sample_rows(logits, temperature, top_k, top_p, seed, counter + codebook)
-
-        frames = self.talker.complete_frames(hidden, first, pick)
-        return {"frames": frames, "embeds": self.talker.embed_frames(frames)}
+        t = self.talker
+        cp = t.code_predictor
+        b = hidden.shape[0]
+        attn = cp.model.layers[0].self_attn
+        kv_shape = (b, attn.num_kv_heads, self._cp_len, attn.head_dim)
+        keys = [hidden.new_zeros(kv_shape) for _ in cp.model.layers]
+        values = [hidden.new_zeros(kv_shape) for _ in cp.model.layers]
+        first_embed = t.embed_codec(first)
+        x = cp.small_to_mtp_projection(torch.stack((hidden, first_embed), dim=1))
+        proj = cp.small_to_mtp_projection
+        proj_w = proj.weight if isinstance(proj, nn.Linear) else None
+        proj_b = proj.bias if isinstance(proj, nn.Linear) else None
+        codes, embeds = [first], [first_embed]
+        for step in range(self._groups - 1):
+            q_pos = self._cp_pos[step]
+            pos = q_pos.expand(b, -1)
+            h = x
+            for i, window in enumerate(cp.windows):
+                prep_w, post_w = self._cp_w[i]
+                q, k, v = self._prep(h, pos, cp.rope.inv_freq, *prep_w)
+                keys[i].index_copy_(2, q_pos[0], k)
+                values[i].index_copy_(2, q_pos[0], v)
+                h = self._post(h, q, keys[i], values[i], self._cp_masks[step][window], *post_w)
+            code, emb, x = self._head(
+                h[:, -1], cp.model.norm.weight, cp.model.norm.eps, cp.lm_head[step].weight,
+                cp.model.codec_embedding[step].weight, proj_w, proj_b,
+                temperature, top_k, top_p, seed, counter + self._cp_cb[step])
+            codes.append(code)
+            embeds.append(emb)
+        # One reduction over the stacked codebook embeddings, as embed_frames does.
+        return {"frames": torch.stack(codes, dim=1), "embeds": torch.stack(embeds, dim=1).sum(1)}
 
     def _make_frame(self, b: int) -> StaticStep:
         t = self.talker
@@ -215,6 +289,63 @@ class GraphedTalkerGenerator(TalkerGenerator):
         step.inputs["floats"].copy_(floats)
         out = step()
         return out["frames"][:n].clone(), out["embeds"][:n].clone()
+
+    # -- talker prefill --------------------------------------------------------------
+
+    def _prefill_fn(self, x: Tensor, ints: Tensor, floats: Tensor, last: Tensor) -> dict[str, Tensor]:
+        """Fresh streams' padded prompts ``x [B, Q, D]`` from position 0; the hidden state
+        and first code at each row's ``last`` real position."""
+        t, cache = self.talker, self.cache
+        slot = ints[0]
+        b, q, _ = x.shape
+        pos = torch.arange(q, device=x.device).expand(b, q)
+        masks = _window_masks(t.windows, pos, pos)
+        h = x
+        for i, window in enumerate(t.windows):
+            prep_w, post_w = self._talker_w[i]
+            qh, k, v = attn_prep(h, pos, t.rope.inv_freq, *prep_w)
+            cache.k[i][slot, :, :q] = k
+            cache.v[i][slot, :, :q] = v
+            h = attn_mlp(h, qh, k, v, masks[window], *post_w)  # a fresh stream sees only its prompt
+        h = t.model.norm(h[torch.arange(b, device=x.device), last])
+        return {"hidden": h, "code": self._pick(t.codec_head(h).float(), ints, floats)}
+
+    def _make_prefill(self, key: tuple[int, int]) -> StaticStep:
+        b, q = key
+        t = self.talker
+        ints, floats = self._first_settings([], b)
+        x = torch.zeros(b, q, t.config.hidden_size, dtype=t.dtype, device=t.device)
+        last = torch.zeros(b, dtype=torch.int64, device=t.device)
+        return StaticStep(self._prefill_fn, {"x": x, "ints": ints.to(t.device),
+                                             "floats": floats.to(t.device), "last": last})
+
+    def _prefill(self, streams: Sequence[TalkerStream]) -> tuple[Tensor, Tensor]:
+        """Prefill fresh streams' prompts; hidden ``[n, D]`` and first codes ``[n]``."""
+        cache = self.cache
+        n = len(streams)
+        counts = [int(s.prompt.embeds.shape[0]) for s in streams]
+        b = bucket_for(n, self.batch_buckets)
+        q = bucket_for(max(counts), self.prefill_buckets)
+        fresh = all(cache.lengths[s.slot] == 0 for s in streams)
+        if b is None or q is None or q > cache.max_len or not fresh:
+            hidden, logits = self.talker.forward_batch([s.slot for s in streams],
+                                                       [s.prompt.embeds for s in streams])
+            ints, floats = self._first_settings(streams, n)
+            return hidden, self._pick(logits, ints.to(logits.device), floats.to(logits.device))
+        step = self.prefill_steps.get((b, q))
+        ints, floats = self._first_settings(streams, b)
+        x = step.inputs["x"]
+        x.zero_()  # padded positions: finite and never attended to by real ones
+        for i, s in enumerate(streams):
+            x[i, : counts[i]].copy_(s.prompt.embeds)
+        step.inputs["ints"].copy_(ints)
+        step.inputs["floats"].copy_(floats)
+        step.inputs["last"].copy_(torch.tensor([c - 1 for c in counts] + [0] * (b - n)))
+        out = step()
+        for s, c in zip(streams, counts, strict=True):
+            cache.lengths[s.slot] += c
+            cache.written[s.slot] = cache.lengths[s.slot]
+        return out["hidden"][:n].clone(), out["code"][:n]
 
     # -- talker decode ---------------------------------------------------------------
 
@@ -255,19 +386,17 @@ class GraphedTalkerGenerator(TalkerGenerator):
         t, cache = self.talker, self.cache
         b = x.shape[0]
         q_pos = pos[:, None]
-        cos, sin = t.rope(q_pos, t.dtype)
         k_pos = torch.arange(length, device=x.device).expand(b, length)
         masks = _window_masks(t.windows, q_pos, k_pos)
-
-        def kv(layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-            ck, cv = cache.k[layer], cache.v[layer]  # [S, Hkv, L, D]
+        h = x[:, None]
+        for i, window in enumerate(t.windows):
+            prep_w, post_w = self._talker_w[i]
+            q, k, v = self._prep(h, q_pos, t.rope.inv_freq, *prep_w)
+            ck, cv = cache.k[i], cache.v[i]  # [S, Hkv, L, D]
             ck[slot, :, pos] = k[:, :, 0]
             cv[slot, :, pos] = v[:, :, 0]
-            return ck[:, :, :length].index_select(0, slot), cv[:, :, :length].index_select(0, slot)
-
-        h = x[:, None]
-        for layer, window in zip(t.model.layers, t.windows, strict=True):
-            h = layer(h, cos, sin, masks[window], kv)
+            h = self._post(h, q, ck[:, :, :length].index_select(0, slot),
+                           cv[:, :, :length].index_select(0, slot), masks[window], *post_w)
         h = t.model.norm(h[:, 0])
         return h, t.codec_head(h).float()
 
@@ -326,3 +455,138 @@ def fuse_decoder_modules(root: nn.Module) -> int:
             m.forward = mlp  # type: ignore[method-assign]
             n += 1
     return n
+
+
+def _bias(m: nn.Module) -> Tensor | None:
+    return m.bias  # type: ignore[return-value]
+
+
+def _layer_args(layer: DecoderLayer) -> tuple[tuple, tuple]:
+    """A decoder layer's tensors and constants in :func:`attn_prep` / :func:`attn_mlp` order
+    (Q/K/V and gate/up weights concatenated once: a copy of those weights)."""
+    a, mlp = layer.self_attn, layer.mlp
+    qn = a.q_norm.weight if isinstance(a.q_norm, RMSNorm) else None
+    kn = a.k_norm.weight if isinstance(a.k_norm, RMSNorm) else None
+    qk_eps = a.q_norm.eps if isinstance(a.q_norm, RMSNorm) else 0.0
+    prep = (layer.input_layernorm.weight, layer.input_layernorm.eps,
+            *concat_weights(a.q_proj, a.k_proj, a.v_proj),
+            a.q_proj.out_features, a.k_proj.out_features, qn, kn, qk_eps, a.head_dim)
+    post = (a.o_proj.weight, _bias(a.o_proj),
+            layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps,
+            *concat_weights(mlp.gate_proj, mlp.up_proj), mlp.down_proj.weight, _bias(mlp.down_proj))
+    return prep, post
+
+
+def _predictor_head(
+    h: Tensor, norm_w: Tensor, eps: float, lm_w: Tensor, table: Tensor,
+    proj_w: Tensor | None, proj_b: Tensor | None,
+    temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, counter: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One predictor sub-step's tail: final norm, codebook head, sampling, and the pick's
+    embedding (talker width) and next input (predictor width, ``[B, 1, D]``)."""
+    logits = F.linear(rms_norm_eager(h, norm_w, eps), lm_w).float()
+    code = sample_rows(logits, temperature, top_k, top_p, seed, counter)
+    emb = F.embedding(code, table)
+    x = emb if proj_w is None else F.linear(emb, proj_w, proj_b)
+    return code, emb, x[:, None]
+
+
+class GraphedCode2Wav:
+    """Streaming code2wav over fixed shapes: one CUDA graph per (batch, new frames) bucket.
+
+    Every stream's decoder state lives in one slot of a device-resident
+    :class:`Code2WavState` with a row per slot; a step gathers its rows' state by slot
+    index, decodes, and scatters the new state back, all inside the graph, so a chunk
+    call is one replay plus two small copies in. Padding rows use a scratch slot no
+    stream owns (codes of earlier calls, always valid ids) and their audio is dropped.
+    Frame counts are exact (a padded frame would advance the causal state), so the
+    buckets are every chunk length up to ``max_frames``; others run the same function
+    eagerly on the exact shape. Without capture the same gather/decode/scatter runs
+    eagerly: the twin of :meth:`Code2WavDecoder.decode_batch`.
+    """
+
+    def __init__(
+        self, decoder: Code2WavDecoder, *, max_streams: int, max_frames: int,
+        batch_buckets: Sequence[int] | None = None, capture: bool | None = None,
+    ) -> None:
+        self.decoder = decoder
+        rope = decoder.pre_transformer.rope
+        rope.inv_freq = rope.inv_freq.to(decoder.device)  # no host->device copy inside a step
+        # A finished job holds its slot until its last chunk is decoded, after a new job
+        # may already have taken its talker slot: twice the talker's slots, plus scratch.
+        slots = 2 * max_streams + 1
+        self.scratch = slots - 1
+        self.store = decoder.new_state(slots)
+        self._free = list(range(self.scratch))
+        self.capture = decoder.device.type == "cuda" if capture is None else capture
+        self.batch_buckets = sorted(pow2_buckets(1, max_streams) if batch_buckets is None else batch_buckets)
+        self.frame_buckets = list(range(1, max_frames + 1))
+        self.steps: BucketedSteps[tuple[int, int]] = BucketedSteps(
+            self._make, capture=self.capture, name="code2wav")
+
+    def prepare(self) -> None:
+        self.steps.prepare([(b, t) for b in self.batch_buckets for t in self.frame_buckets])
+
+    def open(self) -> int:
+        """A fresh stream's slot (state reset to the start of an utterance)."""
+        if not self._free:
+            raise RuntimeError("no free code2wav slot")
+        slot = self._free.pop(0)
+        st = self.store
+        for x in (*st.tails, *st.keys, *st.values):
+            x[slot].zero_()
+        st.key_pos[slot].fill_(-1)
+        st.frames[slot].zero_()
+        return slot
+
+    def release(self, slot: int) -> None:
+        if 0 <= slot < self.scratch and slot not in self._free:
+            self._free.append(slot)
+
+    def _fn(self, slots: Tensor, codes: Tensor) -> dict[str, Tensor]:
+        st = self.store
+
+        def take(xs: list[Tensor]) -> list[Tensor]:
+            return [x.index_select(0, slots) for x in xs]
+
+        state = Code2WavState(take(st.tails), take(st.keys), take(st.values),
+                              st.key_pos.index_select(0, slots), st.frames.index_select(0, slots))
+        wav = self.decoder.decode(state, codes)
+        for bufs, new in ((st.tails, state.tails), (st.keys, state.keys), (st.values, state.values),
+                          ([st.key_pos], [state.key_pos]), ([st.frames], [state.frames])):
+            for buf, x in zip(bufs, new, strict=True):
+                buf.index_copy_(0, slots, x)
+        return {"wav": wav}
+
+    def _make(self, key: tuple[int, int]) -> StaticStep:
+        b, t = key
+        dev = self.decoder.device
+        slots = torch.full((b,), self.scratch, dtype=torch.int64, device=dev)
+        codes = torch.zeros(b, self.decoder.config.num_quantizers, t, dtype=torch.int64, device=dev)
+        return StaticStep(self._fn, {"slots": slots, "codes": codes})
+
+    @torch.inference_mode()
+    def decode(self, slots: Sequence[int], chunks: Sequence[Tensor]) -> list[Tensor]:
+        """One chunk ``[Q, T_i]`` per stream slot -> waveforms ``[T_i * spf]``, batching equal
+        ``T_i``. The results are valid until the next call (graph output buffers)."""
+        if len(slots) != len(chunks):
+            raise ValueError("one chunk per slot")
+        out: list[Tensor | None] = [None] * len(slots)
+        groups: dict[int, list[int]] = {}
+        for i, c in enumerate(chunks):
+            groups.setdefault(int(c.shape[-1]), []).append(i)
+        for t, idx in groups.items():
+            n = len(idx)
+            codes = torch.stack([chunks[i] for i in idx]).to(self.decoder.device)
+            b = bucket_for(n, self.batch_buckets)
+            ids = [slots[i] for i in idx]
+            if b is None or t not in self.frame_buckets:
+                wav = self._fn(torch.tensor(ids, device=codes.device), codes)["wav"]
+            else:
+                step = self.steps.get((b, t))
+                step.inputs["slots"].copy_(torch.tensor(ids + [self.scratch] * (b - n)))
+                step.inputs["codes"][:n].copy_(codes)
+                wav = step()["wav"]
+            for row, i in enumerate(idx):
+                out[i] = wav[row]
+        return out  # type: ignore[return-value]

@@ -1,0 +1,90 @@
+"""One Qwen3 decoder layer as two pure functions over tensors, for static-shape compile.
+
+The layer is split where the caller touches its key/value store: :func:`attn_prep`
+(input RMSNorm, Q/K/V projections, per-head q/k RMSNorm, RoPE) and :func:`attn_mlp`
+(attention over the keys/values the caller gathered, output projection, residual,
+post-attention RMSNorm, SwiGLU MLP, residual). Cache writes stay outside the compiled
+regions, so the compiler never sees an in-place update of a multi-megabyte cache (which
+it would functionalise into a copy of the whole buffer). Weights are arguments, not
+module attributes, so one compiled specialisation serves every layer of the same shape.
+Q/K/V and gate/up take one concatenated weight each (:func:`concat_weights`): one matmul
+instead of three (two), which at decode batch sizes is launch count, not arithmetic.
+
+The operations and their order are those of the eager modules (``RMSNorm``,
+``Attention``, ``MLP`` of ``voxline.engines.models``), so uncompiled these functions
+are bit-identical to them: the eager twin.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .attention import attend
+from .fused import rms_norm_eager
+
+__all__ = ["attn_mlp", "attn_prep", "concat_weights", "rope_tables"]
+
+
+def concat_weights(*linears: torch.nn.Linear) -> tuple[Tensor, Tensor | None]:
+    """Weights (and biases, if any) of linears over the same input, stacked on outputs."""
+    weight = torch.cat([m.weight.detach() for m in linears])
+    if any(m.bias is None for m in linears):
+        return weight, None
+    return weight, torch.cat([m.bias.detach() for m in linears])  # type: ignore[union-attr]
+
+
+def rope_tables(pos: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``pos [B, Q]`` -> cos, sin ``[B, 1, Q, D]``; 1-D RoPE (equal to M-RoPE when all three
+    position streams agree, as they do for text and codec tokens)."""
+    freqs = pos[..., None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def attn_prep(
+    x: Tensor, pos: Tensor, inv_freq: Tensor,
+    ln_w: Tensor, eps: float, qkv_w: Tensor, qkv_b: Tensor | None, q_out: int, kv_out: int,
+    qn_w: Tensor | None, kn_w: Tensor | None, qk_eps: float, head_dim: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``x [B, Q, hidden]`` at positions ``pos [B, Q]`` -> q ``[B, Hq, Q, D]``, k, v ``[B, Hkv, Q, D]``.
+
+    ``qkv_w``: q, k, v projection weights stacked (``q_out + 2 * kv_out`` rows);
+    ``qn_w``/``kn_w`` None: no per-head norm."""
+    b, q_len, _ = x.shape
+    h = rms_norm_eager(x, ln_w, eps)
+    q, k, v = F.linear(h, qkv_w, qkv_b).split((q_out, kv_out, kv_out), dim=-1)
+    q = q.reshape(b, q_len, -1, head_dim)
+    k = k.reshape(b, q_len, -1, head_dim)
+    if qn_w is not None:
+        q = rms_norm_eager(q, qn_w, qk_eps)
+    if kn_w is not None:
+        k = rms_norm_eager(k, kn_w, qk_eps)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    v = v.reshape(b, q_len, -1, head_dim).transpose(1, 2)
+    cos, sin = rope_tables(pos, inv_freq, x.dtype)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    return q, k, v
+
+
+def attn_mlp(
+    x: Tensor, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
+    o_w: Tensor, o_b: Tensor | None, ln_w: Tensor, eps: float,
+    gate_up_w: Tensor, gate_up_b: Tensor | None, down_w: Tensor, down_b: Tensor | None,
+) -> Tensor:
+    """Residual stream ``x [B, Q, hidden]`` after attention of ``q`` over ``keys``/``values``
+    (boolean ``mask [B|1, 1, Q, K]``) and the SwiGLU MLP (``gate_up_w``: gate and up
+    projection weights stacked)."""
+    b, _, q_len, _ = q.shape
+    out = attend(q, keys, values, mask)
+    x = x + F.linear(out.transpose(1, 2).reshape(b, q_len, -1), o_w, o_b)
+    h = rms_norm_eager(x, ln_w, eps)
+    gate, up = F.linear(h, gate_up_w, gate_up_b).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, down_w, down_b)

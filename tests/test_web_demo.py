@@ -3,8 +3,13 @@ Chromium holding a spoken conversation with the real server (slow).
 
 The browser test drives Debian's `chromium` over the Chrome DevTools Protocol (plain
 `websockets`, no browser download). Chromium's fake microphone plays a WAV of espeak-ng
-asking a question; the page must show the user's transcript and the reply, and schedule
-the reply's audio for playback.
+asking a question; the page must show the user's transcript and the reply, and play the
+reply's audio: over WebRTC (the page's default) the reply track must turn audible, over
+the WebSocket (`?transport=websocket`) every received sample must be played out.
+
+WebRTC stays on this machine: the server offers only 127.0.0.1 (`ice_hosts`), and
+Chromium's checks go to it. Chromium never gathers on loopback, so its own end is its
+socket on this machine's interface address (packets between the two go over `lo`).
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -26,6 +33,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from aioice.ice import get_host_addresses
 from conftest import TIME_FACTOR
 from starlette.testclient import TestClient
 from websockets.sync.client import ClientConnection, connect
@@ -49,6 +57,7 @@ def test_page_and_script_are_served_with_their_types():
         assert script.status_code == 200
         assert script.headers["content-type"] == "text/javascript; charset=utf-8"
         assert "input_audio_buffer.append" in script.text and "voxlineStats" in script.text
+        assert "v1/realtime/calls" in script.text and "oai-events" in script.text
         assert client.head("/").status_code == 200
         assert client.get("/web/missing.js").status_code == 404
 
@@ -151,7 +160,9 @@ def headless_chromium(microphone_wav: Path | None = None) -> Iterator[DevTools]:
         "--no-first-run", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
         *([f"--use-file-for-fake-audio-capture={microphone_wav}%noloop"] if microphone_wav else []),
-        "--autoplay-policy=no-user-gesture-required", "--window-size=900,900",
+        "--autoplay-policy=no-user-gesture-required",
+        # WebRTC: plain host candidates, no mDNS names for aiortc to resolve by multicast.
+        "--disable-features=WebRtcHideLocalIpsWithMdns", "--window-size=900,900",
         f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank",
     ]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -213,15 +224,16 @@ def entries(state: dict[str, Any], kind: str) -> list[dict[str, str]]:
 
 
 @contextmanager
-def voice_chat(tmp_path: Path, *phrases: tuple[str, float]) -> Iterator[DevTools]:
-    """The real server and a headless Chromium on `/?autostart=1` whose microphone says
-    each phrase, then stays silent for its number of seconds."""
+def voice_chat(tmp_path: Path, *phrases: tuple[str, float],
+               transport: str = "websocket") -> Iterator[DevTools]:
+    """The real server and a headless Chromium on `/?autostart=1&transport=...` whose
+    microphone says each phrase, then stays silent for its number of seconds."""
     chromium_path()
     wav = fake_microphone_wav(tmp_path / "microphone.wav", phrases)
     from live_server import live_server
 
-    with live_server() as base, headless_chromium(wav) as page:
-        page.navigate(f"{base}/?autostart=1")
+    with live_server(ice_hosts="127.0.0.1") as base, headless_chromium(wav) as page:
+        page.navigate(f"{base}/?autostart=1&transport={transport}")
         yield page
 
 
@@ -246,6 +258,45 @@ def test_browser_voice_chat_with_real_server(tmp_path: Path):
     assert stats["samplesPlayed"] == stats["samplesScheduled"] == stats["samplesReceived"]
     assert stats["speechStarted"] == 1 and stats["playbackStops"] == 0
     assert state["status"].startswith("listening")
+
+
+@pytest.mark.slow
+def test_browser_voice_chat_over_webrtc(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """The page's default transport: mic track up, reply track down, events on oai-events."""
+    caplog.set_level(logging.INFO, logger="aioice.ice")  # the server's ICE checks
+    def answered_and_heard(state: dict[str, Any]) -> bool:
+        stats = state.get("stats") or {}
+        heard = [e for e in entries(state, "user") if "capital" in e["text"].lower()]
+        replies = [e for e in entries(state, "assistant")
+                   if "pending" not in e["kind"] and e["text"].strip()]
+        return bool(heard and replies and stats.get("responsesDone")
+                    and stats.get("latenciesMs") and state["status"].startswith("listening"))
+
+    started = time.monotonic()
+    with voice_chat(tmp_path, ("What is the capital of France?", 10.0),
+                    transport="webrtc") as page:
+        state = wait_for(page, answered_and_heard, "a spoken question, its answer and its audio")
+        time.sleep(0.5)
+        stats = page_state(page)["stats"]
+    print(f"webrtc page: end of speech -> first audio {stats['latenciesMs']} ms, "
+          f"{stats['audibleFrames']} audible 20 ms frames of {stats['framesReceived']}, "
+          f"pair {stats['candidatePair']}, {time.monotonic() - started:.1f} s in all")
+    assert stats["transport"] == "webrtc" and stats["errors"] == 0
+    assert [e for e in entries(state, "system") if "first audio" in e["text"]]
+    # Reply audio came down the track and was audible for a while (seconds of speech),
+    # and nothing went through the WebSocket path.
+    assert stats["audibleFrames"] >= 25 and stats["framesReceived"] > stats["audibleFrames"]
+    assert stats["deltasReceived"] == 0 and stats["chunksSent"] == 0
+    assert stats["outputStarted"] >= 1 and stats["speechStarted"] == 1
+    assert stats["playbackStops"] == 0
+    assert 0 < stats["latenciesMs"][0] < 60_000
+    # On this machine only: the browser used the server's 127.0.0.1 candidate, and every
+    # pair the server checked ran from its 127.0.0.1 socket to an address of this machine.
+    assert stats["candidatePair"]["remote"].startswith("127.0.0.1:"), stats["candidatePair"]
+    own = {"127.0.0.1", *get_host_addresses(use_ipv4=True, use_ipv6=True)}
+    pairs = set(re.findall(r"CandidatePair\(\('([^']*)', \d+\) -> \('([^']*)', \d+\)\)",
+                           caplog.text))
+    assert pairs and all(a == "127.0.0.1" and b in own for a, b in pairs), pairs
 
 
 @pytest.mark.slow
@@ -287,7 +338,7 @@ def test_page_shows_why_the_server_closed():
             assert thread.is_alive()
             time.sleep(0.05)
         with headless_chromium() as page:
-            page.navigate(f"http://127.0.0.1:{port}/?autostart=1")
+            page.navigate(f"http://127.0.0.1:{port}/?autostart=1&transport=websocket")
             deadline = time.monotonic() + 30 * TIME_FACTOR
             while time.monotonic() < deadline:
                 state = page_state(page)

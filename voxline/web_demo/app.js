@@ -1,35 +1,54 @@
-// voxline browser voice chat: microphone -> WS /v1/realtime (OpenAI Realtime, GA dialect)
-// -> speaker. Plain JS, no build step. Server VAD decides turns; when it hears the user
-// start speaking (input_audio_buffer.speech_started) local playback stops at once
-// (barge-in); the server truncates the interrupted reply itself.
+// voxline browser voice chat, OpenAI Realtime (GA dialect). Plain JS, no build step.
+//
+// Two transports, picked in the page (or with ?transport=webrtc|websocket):
+// - WebRTC (default): POST /v1/realtime/calls with an SDP offer; the microphone goes up as
+//   an Opus track, the reply comes back as an Opus track the server paces, and JSON events
+//   travel on the "oai-events" data channel. Barge-in: the server clears its track.
+// - WebSocket: WS /v1/realtime; the page sends PCM16 24 kHz chunks and plays the
+//   response.output_audio.delta chunks itself, stopping them at once on barge-in.
+//
+// Two ways to talk: hands-free (server VAD decides turns) or press-to-talk (hold the button
+// or the space bar; releasing it commits the turn and asks for a reply).
 "use strict";
 
 (() => {
-  const RATE = 24000;            // audio/pcm on the wire: PCM16 LE mono 24 kHz, both ways
+  const RATE = 24000;            // audio/pcm on the WebSocket: PCM16 LE mono 24 kHz, both ways
   const CHUNK_SAMPLES = 960;     // 40 ms per input_audio_buffer.append
   const MAX_QUEUED_CHUNKS = 75;  // audio kept (3 s) while the socket is still opening
   const PLAYBACK_MARGIN_S = 0.05;  // jitter margin when playback (re)starts
+  const AUDIBLE_PEAK = 0.004;    // a reply-track block louder than this (-48 dBFS) is audible
+  const PTT_TAIL_MS = 250;       // WebRTC press-to-talk: the last audio still on its way
+  const RECONNECT_DELAYS_MS = [1000, 2000, 4000];  // after a live call drops
 
   const $ = (id) => document.getElementById(id);
   const talkButton = $("talk");
+  const holdButton = $("hold");
+  const transportSelect = $("transport");
+  const modeSelect = $("mode");
   const statusEl = $("status");
+  const latencyEl = $("latency");
   const logEl = $("log");
   const keyInput = $("apikey");
+  const remoteAudio = $("remote");
 
   // Read-only counters for tests and the curious (window.voxlineStats in the console).
   const stats = {
-    state: "idle", connects: 0, eventsReceived: 0, chunksSent: 0, samplesSent: 0,
-    deltasReceived: 0, samplesReceived: 0, samplesScheduled: 0, samplesPlayed: 0, playbackStops: 0,
-    speechStarted: 0, responsesCreated: 0, responsesDone: 0, userTranscripts: 0, assistantTranscripts: 0, errors: 0,
-    captureRate: 0, lastClose: null,
+    state: "idle", transport: "", mode: "", connects: 0, eventsReceived: 0,
+    chunksSent: 0, samplesSent: 0,                                      // WebSocket mic
+    deltasReceived: 0, samplesReceived: 0, samplesScheduled: 0, samplesPlayed: 0,  // WebSocket reply
+    framesReceived: 0, audibleFrames: 0, iceState: "", candidatePair: null,        // WebRTC reply
+    playbackStops: 0, outputStarted: 0, outputCleared: 0,
+    speechStarted: 0, responsesCreated: 0, responsesDone: 0, userTranscripts: 0, assistantTranscripts: 0,
+    errors: 0, reconnects: 0, latenciesMs: [], captureRate: 0, lastClose: null,
   };
   Object.defineProperty(window, "voxlineStats", {
-    get: () => Object.freeze({ ...stats }), enumerable: true,
+    get: () => Object.freeze({ ...stats, latenciesMs: [...stats.latenciesMs] }), enumerable: true,
   });
 
-  // Runs on the audio thread: mono float input at the context's rate -> PCM16 at 24 kHz
-  // (linear interpolation when the context could not run at 24 kHz), posted in chunks.
-  const CAPTURE_WORKLET = `
+  // Audio-thread code. "voxline-capture": mono float mic at the context's rate -> PCM16 at
+  // 24 kHz (linear interpolation), posted in chunks. "voxline-meter": the peak of every
+  // 20 ms block of the remote track, so the page knows when the reply becomes audible.
+  const WORKLETS = `
 class VoxlineCapture extends AudioWorkletProcessor {
   constructor(options) {
     super();
@@ -68,9 +87,34 @@ class VoxlineCapture extends AudioWorkletProcessor {
   }
 }
 registerProcessor("voxline-capture", VoxlineCapture);
+
+class VoxlineMeter extends AudioWorkletProcessor {
+  constructor() {
+    super();
+    this.block = Math.round(sampleRate / 50);
+    this.n = 0;
+    this.peak = 0;
+  }
+  process(inputs) {
+    const x = inputs[0] && inputs[0][0];
+    if (!x) return true;
+    for (let i = 0; i < x.length; i++) {
+      const v = Math.abs(x[i]);
+      if (v > this.peak) this.peak = v;
+      if (++this.n === this.block) {
+        this.port.postMessage(this.peak);
+        this.n = 0;
+        this.peak = 0;
+      }
+    }
+    return true;
+  }
+}
+registerProcessor("voxline-meter", VoxlineMeter);
 `;
 
   let call = null;  // the one live conversation, or null
+  let reconnectTimer = null;
 
   // ---- page helpers -------------------------------------------------------------------
 
@@ -78,6 +122,10 @@ registerProcessor("voxline-capture", VoxlineCapture);
     stats.state = state;
     statusEl.dataset.state = state;
     statusEl.textContent = text;
+  }
+
+  function listening() {
+    setStatus("listening", pushToTalk() ? "ready — hold the button (or space) to talk" : "listening — speak");
   }
 
   function addEntry(kind, text, who) {
@@ -111,6 +159,11 @@ registerProcessor("voxline-capture", VoxlineCapture);
   function setButton(active) {
     talkButton.textContent = active ? "Stop" : "Talk";
     talkButton.classList.toggle("active", active);
+    holdButton.disabled = !active;
+  }
+
+  function pushToTalk() {
+    return modeSelect.value === "push";
   }
 
   function toBase64(buffer) {
@@ -136,7 +189,44 @@ registerProcessor("voxline-capture", VoxlineCapture);
     return url.href;
   }
 
-  // ---- audio --------------------------------------------------------------------------
+  // The session this page wants: transcripts of the user, and server VAD unless press-to-talk.
+  function sessionConfig(c) {
+    const input = {
+      transcription: { model: "moonshine" },
+      turn_detection: pushToTalk() ? null : { type: "server_vad" },
+    };
+    const output = {};
+    if (c.transport === "websocket") {  // over WebRTC the tracks carry Opus
+      input.format = { type: "audio/pcm", rate: RATE };
+      output.format = { type: "audio/pcm", rate: RATE };
+    }
+    return { type: "realtime", audio: { input, output } };
+  }
+
+  function send(c, event) {
+    if (!c.ready) return;
+    const text = JSON.stringify(event);
+    if (c.transport === "webrtc") c.channel.send(text);
+    else c.ws.send(text);
+  }
+
+  // ---- latency: end of the user's speech -> first reply audio they can hear ------------
+
+  function turnEnded(c) {
+    c.turnEndedAt = performance.now();
+  }
+
+  function replyAudible(c, at) {
+    if (c.turnEndedAt === null) return;
+    const ms = Math.max(0, Math.round(at - c.turnEndedAt));
+    c.turnEndedAt = null;
+    stats.latenciesMs.push(ms);
+    const text = `end of speech → first audio: ${(ms / 1000).toFixed(2)} s`;
+    latencyEl.textContent = `last turn: ${text}`;
+    addEntry("system latency", text);
+  }
+
+  // ---- microphone -----------------------------------------------------------------------
 
   async function openMicrophone(c) {
     if (!navigator.mediaDevices || !navigator.mediaDevices.getUserMedia || !window.AudioWorkletNode) {
@@ -146,37 +236,53 @@ registerProcessor("voxline-capture", VoxlineCapture);
     c.stream = await navigator.mediaDevices.getUserMedia({
       audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true },
     });
-    let source;
     try {
-      c.ctx = new AudioContext({ sampleRate: RATE, latencyHint: "interactive" });
-      source = c.ctx.createMediaStreamSource(c.stream);
+      // The WebSocket sends 24 kHz: capture at that rate when the browser allows it.
+      c.ctx = new AudioContext(c.transport === "websocket"
+        ? { sampleRate: RATE, latencyHint: "interactive" } : { latencyHint: "interactive" });
+      c.micSource = c.ctx.createMediaStreamSource(c.stream);
     } catch (err) {
       // Some browsers cannot mix a 24 kHz context with the microphone's rate:
       // run at the device rate and resample in the worklet instead.
       if (c.ctx) c.ctx.close().catch(() => {});
       c.ctx = new AudioContext({ latencyHint: "interactive" });
-      source = c.ctx.createMediaStreamSource(c.stream);
+      c.micSource = c.ctx.createMediaStreamSource(c.stream);
     }
     stats.captureRate = c.ctx.sampleRate;
     await c.ctx.resume();
-    const url = URL.createObjectURL(new Blob([CAPTURE_WORKLET], { type: "text/javascript" }));
+    const url = URL.createObjectURL(new Blob([WORKLETS], { type: "text/javascript" }));
     try {
       await c.ctx.audioWorklet.addModule(url);
     } finally {
       URL.revokeObjectURL(url);
     }
+    c.nodes = [c.micSource];
+    if (c.transport !== "websocket") return;  // WebRTC sends the track itself
     const capture = new AudioWorkletNode(c.ctx, "voxline-capture", {
       numberOfInputs: 1, numberOfOutputs: 1, outputChannelCount: [1],
       processorOptions: { rate: RATE, chunk: CHUNK_SAMPLES },
     });
     capture.port.onmessage = (e) => sendAudio(c, e.data);
-    source.connect(capture);
+    c.micSource.connect(capture);
     capture.connect(c.ctx.destination);  // outputs silence; keeps the node pulled
-    c.nodes = [source, capture];
+    c.nodes.push(capture);
   }
 
+  // Press-to-talk: the mic is live only while the button is held.
+  function micOn(c) {
+    return !pushToTalk() || c.holding || c.tailUntil > performance.now();
+  }
+
+  function applyMicGate(c) {
+    if (c.transport === "webrtc" && c.stream) {
+      c.stream.getAudioTracks().forEach((t) => { t.enabled = micOn(c); });
+    }
+  }
+
+  // ---- WebSocket transport --------------------------------------------------------------
+
   function sendAudio(c, buffer) {
-    if (c !== call) return;
+    if (c !== call || !micOn(c)) return;
     if (!c.ready) {
       c.queued.push(buffer);
       if (c.queued.length > MAX_QUEUED_CHUNKS) c.queued.shift();
@@ -213,14 +319,14 @@ registerProcessor("voxline-capture", VoxlineCapture);
     const now = c.ctx.currentTime;
     if (c.playhead < now + 0.005) c.playhead = now + PLAYBACK_MARGIN_S;
     node.start(c.playhead);
+    // The reply becomes audible when its first buffer starts playing.
+    replyAudible(c, performance.now() + (c.playhead - now) * 1000);
     c.playhead += buffer.duration;
     c.playing.add(node);
     node.onended = () => {
       stats.samplesPlayed += n;
       c.playing.delete(node);
-      if (!c.playing.size && c === call && stats.state === "speaking") {
-        setStatus("listening", "listening — speak");
-      }
+      if (!c.playing.size && c === call && stats.state === "speaking") listening();
     };
     stats.samplesScheduled += n;
   }
@@ -238,7 +344,153 @@ registerProcessor("voxline-capture", VoxlineCapture);
     return true;
   }
 
+  function connectWebSocket(c, key) {
+    const protocols = ["realtime"];
+    if (key) protocols.push(`openai-insecure-api-key.${key}`);
+    c.ws = new WebSocket(realtimeUrl(), protocols);
+    c.ws.onopen = () => {
+      c.ready = true;
+      send(c, { type: "session.update", session: sessionConfig(c) });
+      const queued = c.queued;
+      c.queued = [];
+      for (const buffer of queued) sendAudio(c, buffer);
+    };
+    c.ws.onmessage = (e) => receive(c, e.data);
+    c.ws.onclose = (e) => {
+      stats.lastClose = { code: e.code, reason: e.reason };
+      if (c !== call || c.stopping) return;
+      let why = e.reason || "no reason given";
+      if (e.code === 1013) why = `server busy or not ready: ${why} (try again shortly)`;
+      else if (e.code === 1008) why = `refused: ${why}`;
+      else if (e.code === 1006) why = "connection lost (is the server running?)";
+      dropped(c, `connection closed (${e.code}): ${why}`, `disconnected — ${why}`);
+    };
+  }
+
+  // ---- WebRTC transport -----------------------------------------------------------------
+
+  async function connectWebRTC(c, key) {
+    // No STUN/TURN: the page talks to the server it came from. The server's answer offers
+    // its own addresses, 127.0.0.1 included, so a browser on the same machine connects
+    // over loopback (whatever the browser's own candidates are, mDNS names included).
+    const pc = new RTCPeerConnection();
+    c.pc = pc;
+    const [track] = c.stream.getAudioTracks();
+    pc.addTransceiver(track, { direction: "sendrecv", streams: [c.stream] });
+    pc.ontrack = (e) => listenToReply(c, e.streams[0] || new MediaStream([e.track]));
+    pc.onconnectionstatechange = () => {
+      stats.iceState = pc.connectionState;
+      if (c !== call || c.stopping) return;
+      if (pc.connectionState === "connected") noteCandidatePair(c);
+      if (pc.connectionState === "failed") {
+        dropped(c, "WebRTC connection failed: the browser and the server could not reach "
+          + "each other (see the README on --ice-hosts / --ice-servers)", "disconnected — connection failed");
+      }
+    };
+    c.channel = pc.createDataChannel("oai-events");
+    c.channel.onopen = () => {
+      c.ready = true;
+      send(c, { type: "session.update", session: sessionConfig(c) });
+    };
+    c.channel.onmessage = (e) => receive(c, e.data);
+    c.channel.onclose = () => {
+      if (c !== call || c.stopping) return;
+      dropped(c, "the server ended the call (events channel closed)", "disconnected — the call ended");
+    };
+
+    await pc.setLocalDescription(await pc.createOffer());
+    await gatheringDone(pc, 1000);  // candidates in the offer save a round of discovery
+    const headers = { "Content-Type": "application/sdp" };
+    if (key) headers.Authorization = `Bearer ${key}`;
+    let response;
+    try {
+      response = await fetch(new URL("v1/realtime/calls?model=voxline", location.href),
+        { method: "POST", body: pc.localDescription.sdp, headers });
+    } catch (err) {
+      throw new Error("cannot reach the server (is it running?)");
+    }
+    const body = await response.text();
+    if (response.status !== 201) throw new Error(refusal(response.status, body));
+    c.callUrl = new URL(response.headers.get("Location") || "", location.href).href;
+    if (c !== call) return;
+    await pc.setRemoteDescription({ type: "answer", sdp: body });
+  }
+
+  function refusal(status, body) {
+    let message = body.slice(0, 300);
+    try {
+      const e = JSON.parse(body).error || {};
+      message = e.message || message;
+    } catch (err) { /* not JSON */ }
+    if (status === 503) return `server busy or not ready: ${message}`;
+    if (status === 401) return `refused (${status}): ${message} — set the API key`;
+    return `the server refused the call (${status}): ${message}`;
+  }
+
+  function gatheringDone(pc, timeoutMs) {
+    if (pc.iceGatheringState === "complete") return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, timeoutMs);
+      pc.addEventListener("icegatheringstatechange", () => {
+        if (pc.iceGatheringState === "complete") {
+          clearTimeout(timer);
+          resolve();
+        }
+      });
+    });
+  }
+
+  async function noteCandidatePair(c) {
+    // Which addresses the call runs on (shown to tests and in the console).
+    const report = await c.pc.getStats();
+    report.forEach((s) => {
+      if (s.type !== "transport" || !s.selectedCandidatePairId) return;
+      const pair = report.get(s.selectedCandidatePairId);
+      const local = pair && report.get(pair.localCandidateId);
+      const remote = pair && report.get(pair.remoteCandidateId);
+      if (local && remote) {
+        stats.candidatePair = { local: `${local.address}:${local.port}`, localType: local.candidateType,
+          remote: `${remote.address}:${remote.port}`, remoteType: remote.candidateType };
+      }
+    });
+  }
+
+  // Play the reply track, and meter it to know when the reply is audible.
+  function listenToReply(c, stream) {
+    if (c.remoteStream === stream) return;
+    c.remoteStream = stream;
+    remoteAudio.srcObject = stream;  // Chromium feeds a remote track to Web Audio only while an element plays it
+    remoteAudio.play().catch((err) => showError(`cannot play the reply: ${err.message}`));
+    const source = c.ctx.createMediaStreamSource(stream);
+    const meter = new AudioWorkletNode(c.ctx, "voxline-meter", { numberOfOutputs: 0 });
+    meter.port.onmessage = (e) => {
+      if (c !== call) return;
+      stats.framesReceived += 1;
+      const audible = e.data > AUDIBLE_PEAK;
+      if (!audible) return;
+      stats.audibleFrames += 1;
+      replyAudible(c, performance.now());
+      if (stats.state === "thinking" || stats.state === "listening") {
+        setStatus("speaking", "speaking — talk to interrupt");
+      }
+    };
+    source.connect(meter);
+    c.nodes.push(source, meter);
+  }
+
   // ---- conversation -------------------------------------------------------------------
+
+  function receive(c, data) {
+    if (c !== call) return;
+    let event;
+    try {
+      event = JSON.parse(data);
+    } catch (err) {
+      showError(`unreadable server message: ${String(data).slice(0, 200)}`);
+      return;
+    }
+    onEvent(c, event);
+  }
 
   function userEntry(c, itemId) {
     let li = c.users.get(itemId);
@@ -258,29 +510,35 @@ registerProcessor("voxline-capture", VoxlineCapture);
     return entry;
   }
 
+  // The reply in progress was cut off: mark it in the transcript.
+  function markInterrupted(c, wasPlaying) {
+    for (const id of c.activeResponses) c.interrupted.add(id);
+    for (const [itemId, entry] of c.replies) {
+      if (entry.live || (wasPlaying && itemId === c.lastAudioItem)) entry.li.classList.add("interrupted");
+    }
+  }
+
   function onEvent(c, event) {
     stats.eventsReceived += 1;
     switch (event.type) {
       case "session.created":
-        setStatus("listening", "listening — speak");
+        c.live = true;
+        c.retries = 0;
+        listening();
         break;
       case "session.updated":
         break;
       case "input_audio_buffer.speech_started": {
-        // Barge-in: silence the bot now. The server cancels the reply in progress and
-        // truncates it to what was played; audio of that reply still in flight is dropped.
+        // Barge-in. Over the WebSocket the page silences its own playback now; over WebRTC
+        // the server clears its track (output_audio_buffer.cleared follows).
         stats.speechStarted += 1;
-        const wasPlaying = stopPlayback(c);
-        for (const id of c.activeResponses) c.interrupted.add(id);
-        for (const [itemId, entry] of c.replies) {
-          if (entry.live || (wasPlaying && itemId === c.lastAudioItem)) {
-            entry.li.classList.add("interrupted");
-          }
-        }
+        c.turnEndedAt = null;
+        markInterrupted(c, stopPlayback(c) || c.outputPlaying);
         setStatus("hearing", "hearing you…");
         break;
       }
       case "input_audio_buffer.speech_stopped":
+        turnEnded(c);
         setStatus("thinking", "thinking…");
         break;
       case "input_audio_buffer.committed":
@@ -304,12 +562,33 @@ registerProcessor("voxline-capture", VoxlineCapture);
         stats.responsesCreated += 1;
         c.activeResponses.add(event.response.id);
         break;
-      case "response.output_audio.delta":
+      case "response.output_audio.delta":  // WebSocket only
         if (c.interrupted.has(event.response_id)) break;  // stale audio of a cut-off reply
         stats.deltasReceived += 1;
         c.lastAudioItem = event.item_id;
         playDelta(c, event.delta);
         if (c.playing.size) setStatus("speaking", "speaking — talk to interrupt");
+        break;
+      case "output_audio_buffer.started":
+        stats.outputStarted += 1;
+        c.outputPlaying = true;
+        if (event.response_id) c.lastAudioResponse = event.response_id;
+        break;
+      case "output_audio_buffer.stopped":
+        c.outputPlaying = false;
+        if (c.transport === "webrtc" && stats.state === "speaking") listening();
+        break;
+      case "output_audio_buffer.cleared":
+        // The server dropped the rest of the reply's audio (barge-in or cancel).
+        stats.outputCleared += 1;
+        if (c.transport === "webrtc" && c.outputPlaying) {
+          stats.playbackStops += 1;
+          markInterrupted(c, true);
+        }
+        c.outputPlaying = false;
+        break;
+      case "response.output_item.added":
+        if (event.item && event.item.type === "message") c.lastAudioItem = event.item.id;
         break;
       case "response.output_audio_transcript.delta":
       case "response.output_text.delta": {
@@ -340,7 +619,8 @@ registerProcessor("voxline-capture", VoxlineCapture);
           const detail = response.status_details && response.status_details.error;
           showError(`response failed: ${(detail && detail.message) || "no reason given"}`);
         }
-        if (!c.playing.size && stats.state !== "hearing") setStatus("listening", "listening — speak");
+        const busy = c.playing.size || c.outputPlaying;
+        if (!busy && stats.state !== "hearing") listening();
         break;
       }
       case "error": {
@@ -353,53 +633,70 @@ registerProcessor("voxline-capture", VoxlineCapture);
     }
   }
 
-  function connect(c, key) {
-    const protocols = ["realtime"];
-    if (key) protocols.push(`openai-insecure-api-key.${key}`);
-    c.ws = new WebSocket(realtimeUrl(), protocols);
-    stats.connects += 1;
-    c.ws.onopen = () => {
-      c.ws.send(JSON.stringify({
-        type: "session.update",
-        session: {
-          type: "realtime",
-          audio: {
-            input: {
-              format: { type: "audio/pcm", rate: RATE },
-              transcription: { model: "moonshine" },
-              turn_detection: { type: "server_vad" },
-            },
-            output: { format: { type: "audio/pcm", rate: RATE } },
-          },
-        },
-      }));
-      c.ready = true;
-      const queued = c.queued;
-      c.queued = [];
-      for (const buffer of queued) sendAudio(c, buffer);
-    };
-    c.ws.onmessage = (e) => {
-      if (c !== call) return;
-      let event;
-      try {
-        event = JSON.parse(e.data);
-      } catch (err) {
-        showError(`unreadable server message: ${String(e.data).slice(0, 200)}`);
-        return;
-      }
-      onEvent(c, event);
-    };
-    c.ws.onclose = (e) => {
-      stats.lastClose = { code: e.code, reason: e.reason };
-      if (c !== call || c.stopping) return;
-      let why = e.reason || "no reason given";
-      if (e.code === 1013) why = `server busy or not ready: ${why} (try again shortly)`;
-      else if (e.code === 1008) why = `refused: ${why}`;
-      else if (e.code === 1006) why = "connection lost (is the server running?)";
-      showError(`connection closed (${e.code}): ${why}`);
-      finish(c);
-      setStatus("closed", `disconnected — ${why}`);
-    };
+  // ---- press-to-talk ----------------------------------------------------------------------
+
+  function pressTalk() {
+    const c = call;
+    if (!c || !c.ready || !pushToTalk() || c.holding) return;
+    c.holding = true;
+    c.heldAt = performance.now();
+    holdButton.classList.add("active");
+    // Talking over the bot interrupts it, as in hands-free mode.
+    if (c.activeResponses.size || c.outputPlaying || c.playing.size) {
+      markInterrupted(c, stopPlayback(c) || c.outputPlaying);
+      if (c.activeResponses.size) send(c, { type: "response.cancel" });
+      if (c.transport === "webrtc") send(c, { type: "output_audio_buffer.clear" });
+    }
+    send(c, { type: "input_audio_buffer.clear" });  // what the muted mic sent meanwhile
+    applyMicGate(c);
+    setStatus("hearing", "hearing you… release to send");
+  }
+
+  function releaseTalk() {
+    const c = call;
+    if (!c || !c.holding) return;
+    c.holding = false;
+    holdButton.classList.remove("active");
+    if (performance.now() - c.heldAt < 200) {  // a tap, not a turn
+      applyMicGate(c);
+      send(c, { type: "input_audio_buffer.clear" });
+      listening();
+      return;
+    }
+    turnEnded(c);
+    setStatus("thinking", "thinking…");
+    // Over WebRTC the last words are still in flight on the track: keep the mic open a
+    // moment, then commit. Over the WebSocket they were sent in order before this.
+    const tail = c.transport === "webrtc" ? PTT_TAIL_MS : 0;
+    c.tailUntil = performance.now() + tail;
+    setTimeout(() => {
+      if (c !== call || c.holding) return;
+      applyMicGate(c);
+      send(c, { type: "input_audio_buffer.commit" });
+      send(c, { type: "response.create" });
+    }, tail);
+  }
+
+  // ---- lifecycle ----------------------------------------------------------------------
+
+  // A call that ends without the user asking: say why, and reconnect if it had been live.
+  function dropped(c, message, statusText) {
+    showError(message);
+    const retry = c.live && c.retries < RECONNECT_DELAYS_MS.length;
+    const retries = c.retries;
+    finish(c);
+    if (!retry) {
+      setStatus("closed", statusText);
+      return;
+    }
+    const delay = RECONNECT_DELAYS_MS[retries];
+    setStatus("closed", `${statusText} — reconnecting in ${delay / 1000} s`);
+    reconnectTimer = setTimeout(() => {
+      reconnectTimer = null;
+      stats.reconnects += 1;
+      addEntry("system", "reconnecting (a new conversation)…");
+      start(retries + 1);
+    }, delay);
   }
 
   function finish(c) {
@@ -407,46 +704,115 @@ registerProcessor("voxline-capture", VoxlineCapture);
     c.ready = false;
     stopPlayback(c);
     if (c.ws && c.ws.readyState <= WebSocket.OPEN) c.ws.close(1000, "user stopped");
+    if (c.pc) {
+      // Tell the server at once; closing the peer connection alone ends the call only
+      // when the server notices.
+      if (c.callUrl && c.live) {
+        const headers = {};
+        if (c.key) headers.Authorization = `Bearer ${c.key}`;
+        fetch(`${c.callUrl}/hangup`, { method: "POST", headers, keepalive: true }).catch(() => {});
+      }
+      c.pc.close();
+    }
     if (c.stream) c.stream.getTracks().forEach((t) => t.stop());
     if (c.nodes) c.nodes.forEach((n) => n.disconnect());
     if (c.ctx && !c.ctxClosed) {
       c.ctxClosed = true;
       c.ctx.close().catch(() => {});
     }
+    if (remoteAudio.srcObject === c.remoteStream) remoteAudio.srcObject = null;
     if (call === c) call = null;
+    holdButton.classList.remove("active");
     setButton(false);
   }
 
-  async function start() {
+  async function start(retries = 0) {
     if (call) return;
     const c = {
-      ws: null, ctx: null, stream: null, nodes: null, ready: false, stopping: false,
-      queued: [], playing: new Set(), playhead: 0, carry: null, lastAudioItem: null,
+      transport: transportSelect.value, key: keyInput.value.trim(), retries,
+      ws: null, pc: null, channel: null, callUrl: null, ctx: null, stream: null, micSource: null,
+      nodes: null, remoteStream: null, ready: false, live: false, stopping: false,
+      queued: [], playing: new Set(), playhead: 0, carry: null, lastAudioItem: null, outputPlaying: false,
       users: new Map(), replies: new Map(), activeResponses: new Set(), interrupted: new Set(),
+      holding: false, heldAt: 0, tailUntil: 0, turnEndedAt: null,
     };
     call = c;
+    stats.transport = c.transport;
+    stats.mode = modeSelect.value;
+    stats.connects += 1;
     setButton(true);
-    setStatus("connecting", "connecting…");
+    setStatus("connecting", `connecting (${c.transport === "webrtc" ? "WebRTC" : "WebSocket"})…`);
     try {
       await openMicrophone(c);
       if (c !== call) return finish(c);
-      connect(c, keyInput.value.trim());
+      applyMicGate(c);
+      if (c.transport === "webrtc") await connectWebRTC(c, c.key);
+      else connectWebSocket(c, c.key);
     } catch (err) {
+      if (c !== call) return;
       finish(c);
-      const message = err && err.name === "NotAllowedError"
-        ? "microphone permission was denied" : (err && err.message) || String(err);
+      let message = (err && err.message) || String(err);
+      if (err && err.name === "NotAllowedError") {
+        message = "microphone permission was denied (allow it in the address bar, then press Talk)";
+      } else if (err && err.name === "NotFoundError") {
+        message = "no microphone found";
+      } else if (err && err.name === "NotReadableError") {
+        message = "the microphone is in use by another program or cannot be opened";
+      }
       showError(`could not start: ${message}`);
       setStatus("error", `could not start — ${message}`);
     }
   }
 
   function stop() {
+    if (reconnectTimer) {
+      clearTimeout(reconnectTimer);
+      reconnectTimer = null;
+    }
     if (!call) return;
     finish(call);
     setStatus("idle", "idle — press Talk");
   }
 
-  talkButton.addEventListener("click", () => (call ? stop() : start()));
+  // ---- controls -------------------------------------------------------------------------
+
+  const params = new URLSearchParams(location.search);
+  if (params.get("transport") === "websocket") transportSelect.value = "websocket";
+  if (params.get("mode") === "push") modeSelect.value = "push";
+  holdButton.hidden = !pushToTalk();
+
+  talkButton.addEventListener("click", () => (call || reconnectTimer ? stop() : start()));
+  transportSelect.addEventListener("change", () => {
+    if (call) {  // a new call on the other transport
+      stop();
+      start();
+    }
+  });
+  modeSelect.addEventListener("change", () => {
+    holdButton.hidden = !pushToTalk();
+    stats.mode = modeSelect.value;
+    if (!call) return;
+    call.holding = false;
+    applyMicGate(call);
+    send(call, { type: "session.update", session: sessionConfig(call) });
+    if (call.ready) listening();
+  });
+  holdButton.addEventListener("pointerdown", pressTalk);
+  holdButton.addEventListener("pointerup", releaseTalk);
+  holdButton.addEventListener("pointerleave", releaseTalk);
+  // Space is the talk key in press-to-talk mode (not while typing the API key).
+  const isTalkKey = (e) => e.code === "Space" && pushToTalk()
+    && !["INPUT", "SELECT", "TEXTAREA"].includes(e.target.tagName);
+  window.addEventListener("keydown", (e) => {
+    if (!isTalkKey(e)) return;
+    e.preventDefault();  // nor does it press a focused button
+    if (!e.repeat) pressTalk();
+  });
+  window.addEventListener("keyup", (e) => {
+    if (!isTalkKey(e)) return;
+    e.preventDefault();
+    releaseTalk();
+  });
   window.addEventListener("pagehide", stop);
-  if (new URLSearchParams(location.search).get("autostart") === "1") start();
+  if (params.get("autostart") === "1") start();
 })();

@@ -317,6 +317,48 @@ def test_talking_over_the_reply_stops_playback(tmp_path: Path):
             or after["responsesCreated"] > stopped["responsesCreated"])
 
 
+@contextmanager
+def not_ready_server() -> Iterator[int]:
+    """A server whose engine never becomes ready; yields its port."""
+    import threading
+
+    import uvicorn
+    from live_server import free_port
+
+    app = create_app(load_settings(), InProcessEngineClient(ECHO), manage_engine=False)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           ws="websockets-sansio"))
+    thread = threading.Thread(target=server.run, name="not-ready-server")
+    thread.start()
+    try:
+        while not server.started:
+            assert thread.is_alive()
+            time.sleep(0.05)
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.mark.slow
+def test_page_shows_why_the_server_refused_a_webrtc_call():
+    """Over WebRTC the refusal is the call's 503 answer; the page says why."""
+    chromium_path()
+    state: dict[str, Any] = {}
+    with not_ready_server() as port, headless_chromium() as page:
+        page.navigate(f"http://127.0.0.1:{port}/?autostart=1")
+        deadline = time.monotonic() + 30 * TIME_FACTOR
+        while time.monotonic() < deadline:
+            state = page_state(page)
+            if state.get("stats", {}).get("state") == "error":
+                break
+            time.sleep(0.1)
+    assert state["status"].startswith("could not start") and "engine is not ready" in state["status"]
+    assert state["stats"]["transport"] == "webrtc"
+    assert [e for e in entries(state, "error") if "server busy or not ready" in e["text"]]
+
+
 @pytest.mark.slow
 def test_page_shows_why_the_server_closed():
     """An engine that is not ready closes the socket with 1013 and a reason the page shows."""

@@ -1,6 +1,7 @@
 """The browser voice-chat page: `GET /` and its script, served from `voxline.web_demo`.
 
-The page is static (no build step); it talks to `WS /v1/realtime` on the same origin.
+The page is static (no build step). It calls `POST /v1/realtime/calls` (WebRTC) on the
+same origin by default, and `WS /v1/realtime` when switched to the WebSocket.
 """
 
 from __future__ import annotations

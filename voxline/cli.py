@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="engine in a supervised child process (default) or a thread")
     serve.add_argument("--output-lead-ms", type=float, default=None,
                        help="audio sent ahead of real-time playout, <= 1000 (default: 200)")
+    serve.add_argument("--shutdown-grace", type=float, default=None,
+                       help="on SIGTERM/SIGINT: seconds replies in flight may take to finish "
+                            "before sessions close with 1001 (default: 5)")
     serve.add_argument("--tts", type=_tts_choice, default=None,
                        help="speech model: piper (shipped voice, default) or qwen3:<checkpoint dir> "
                             "(Qwen3-TTS, official layout); env VOXLINE_TTS")

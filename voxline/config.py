@@ -25,6 +25,8 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, description="TCP port of `voxline serve`")
     max_sessions: int = Field(default=16, ge=1, description="concurrent realtime sessions")
     max_session_seconds: float = Field(default=1800.0, gt=0, description="session time limit")
+    shutdown_grace: float = Field(default=5.0, ge=0, description="on SIGTERM/SIGINT: seconds "
+                                  "replies in flight may take before sessions close (1001)")
     max_event_bytes: int = Field(default=15 * 1024 * 1024, description="largest client event")
     output_lead_ms: float = Field(default=200.0, gt=0, le=1000,
                                   description="audio sent ahead of real-time playout")

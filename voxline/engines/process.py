@@ -17,6 +17,9 @@ is seen at once: `ready` turns False, every open stream ends with
 handles end), `status()` names the exit, and (with `restart=True`) a fresh child is
 started with exponential back-off between failed attempts. `close()` sends SIGTERM
 (the child stops its loop and closes its core), waits `stop_timeout`, then SIGKILLs.
+A child that stops on its own (a SIGTERM from elsewhere, a crashed loop) sends
+`EngineFailed` *before* closing its core, which can take seconds: the supervisor treats
+that message as the death, so sessions hear of it as fast as of a SIGKILL.
 The child is daemonic and also exits on its own when its parent process disappears.
 """
 
@@ -99,8 +102,10 @@ def _serve(
     stop = threading.Event()
     inbox = Inbox()
     loaded = threading.Event()
+    terminated = threading.Event()
 
     def on_sigterm(signum: int, frame: object) -> None:
+        terminated.set()
         stop.set()
         inbox.wake()
         if not loaded.is_set():
@@ -142,6 +147,14 @@ def _serve(
             target=_pump_inputs, args=(inputs, inbox, stop), name="voxline-input-pump"
         )
         pump.start()
+        def notify_then_close() -> None:
+            # Runs on the loop thread after its last emit, before the (slow) core close.
+            if terminated.is_set():
+                outputs.send(encode(EngineFailed("it received SIGTERM and is shutting down")))
+            real_close()
+
+        real_close = core.close
+        core.close = notify_then_close  # type: ignore[method-assign]
         try:
             run_engine_loop(core, inbox, emit, stop)
         except Exception as exc:
@@ -371,14 +384,35 @@ class MultiprocessEngineClient(EngineClient):
                 if not child.ready.done():
                     child.ready.set_result(msg)
             elif isinstance(msg, EngineFailed):
+                if outputs and child is self._child:  # what it sent before failing comes first
+                    self._dispatch(outputs)
+                outputs = []
                 child.failure = msg.message
-                logger.error("engine process %d failed: %s", child.process.pid, msg.message)
+                level = logging.INFO if child.stopping else logging.ERROR  # we stopped it
+                logger.log(level, "engine process %d failed: %s", child.process.pid, msg.message)
                 if not child.ready.done():
                     child.ready.set_exception(EngineError(f"engine failed to start: {msg.message}"))
+                elif child is self._child and not child.stopping:
+                    self._retire(child)
             else:
                 outputs.append(msg)
         if outputs and child is self._child:
             self._dispatch(outputs)
+
+    def _retire(self, child: _Child) -> None:
+        """The live child said it is going away: fail its streams now, not at its exit."""
+        message = f"engine process {child.process.pid} failed: {child.failure}"
+        child.stopping = True  # its exit is now expected
+        self._child = None
+        self._set_down(message)
+        logger.error("%s; failing %d open streams", message, len(self._streams))
+        self._fail_all_streams(message, ENGINE_DEAD)
+        self._track(self._stop_then_restart(child))
+
+    async def _stop_then_restart(self, child: _Child) -> None:
+        await self._stop_child(child)
+        if self._restart and not self._closed:
+            await self._restart_until_ready()
 
     # -- supervision --------------------------------------------------------------------------
 

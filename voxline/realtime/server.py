@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
+from types import FrameType
 
 import uvicorn
 
@@ -12,6 +14,7 @@ from voxline.engines.client import EngineClient, InProcessEngineClient
 from voxline.engines.factory import DEFAULT_CORE
 from voxline.engines.process import MultiprocessEngineClient
 from voxline.realtime.app import create_app
+from voxline.realtime.websocket import OpenSessions, open_sessions
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +29,30 @@ def make_engine(settings: Settings) -> EngineClient:
     return MultiprocessEngineClient(DEFAULT_CORE, kwargs, start_timeout=600)
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn, but SIGTERM/SIGINT drain: stop accepting, let replies in flight finish
+    (up to `grace` s), close sessions with 1001 and a reason, then shut down and exit 0.
+
+    Plain uvicorn closes WebSockets at once (1012) and re-raises the signal at exit.
+    """
+
+    def __init__(self, config: uvicorn.Config, sessions: OpenSessions, grace: float) -> None:
+        super().__init__(config)
+        self._sessions = sessions
+        self._grace = grace
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()  # a drained shutdown is a clean exit, not a death
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()  # stop accepting before draining
+        if not self.force_exit:
+            await self._sessions.drain(self._grace)
+        await super().shutdown(sockets)
+
+
 def serve(args: argparse.Namespace) -> int:
     settings = load_settings(
         host=args.host, port=args.port, api_key=getattr(args, "api_key", None),
@@ -36,11 +63,15 @@ def serve(args: argparse.Namespace) -> int:
         ice_hosts=getattr(args, "ice_hosts", None),
         ice_servers=getattr(args, "ice_servers", None),
         rtc_ports=getattr(args, "rtc_ports", None),
+        shutdown_grace=getattr(args, "shutdown_grace", None),
     )
     app = create_app(settings, make_engine(settings))
     logger.info("voxline listening on http://%s:%d (realtime: ws://%s:%d/v1/realtime)",
                 settings.host, settings.port, settings.host, settings.port)
-    uvicorn.run(app, host=settings.host, port=settings.port, loop="uvloop",
-                ws="websockets-sansio", log_level="info", ws_max_size=settings.max_event_bytes + 1024,
-                timeout_graceful_shutdown=5)
-    return 0
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop",
+                            ws="websockets-sansio", log_level="info",
+                            ws_max_size=settings.max_event_bytes + 1024,
+                            timeout_graceful_shutdown=5)
+    server = DrainingServer(config, open_sessions(app), settings.shutdown_grace)
+    server.run()
+    return 0 if server.started else 1

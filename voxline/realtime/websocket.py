@@ -4,6 +4,8 @@ client's dialect, and closes with a code and reason when the session ends."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -29,6 +31,77 @@ router = APIRouter()
 
 CLOSE_POLICY = 1008  # bad credentials / abuse
 CLOSE_TRY_AGAIN = 1013  # capacity
+CLOSE_GOING_AWAY = 1001  # server shutdown
+SHUTDOWN_REASON = "server is shutting down"
+
+
+class OpenSessions:
+    """The app's open `/v1/realtime` sessions, so that a shutdown can drain them.
+
+    `drain(grace)` refuses new sessions and lets each open one finish the reply it has
+    in flight (at most `grace` seconds); then each closes with 1001 and a reason.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.deadline = 0.0  # event-loop time at which draining sessions stop waiting
+        self._draining: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+
+    @property
+    def draining(self) -> bool:
+        return self._draining is not None and self._draining.is_set()
+
+    def _events(self) -> tuple[asyncio.Event, asyncio.Event]:
+        if self._draining is None or self._idle is None:  # made lazily: on the serving loop
+            self._draining, self._idle = asyncio.Event(), asyncio.Event()
+            self._idle.set()
+        return self._draining, self._idle
+
+    async def drain(self, grace: float) -> None:
+        draining, idle = self._events()
+        self.deadline = asyncio.get_running_loop().time() + grace
+        draining.set()
+        logger.info("draining %d realtime sessions (grace %.1f s)", self.count, grace)
+        with contextlib.suppress(TimeoutError):  # sessions stop waiting at the deadline
+            await asyncio.wait_for(idle.wait(), grace + 3.0)
+
+    async def serve(self, runner: SessionRunner,
+                    incoming: AsyncIterator[ClientCommand | ProtocolError]) -> None:
+        """`runner.run(incoming)`, ended by a drain (SessionEnded 1001) once it is idle."""
+        draining, idle = self._events()
+        self.count += 1
+        idle.clear()
+        loop = asyncio.get_running_loop()
+        run = asyncio.ensure_future(runner.run(incoming))
+        drain = asyncio.ensure_future(draining.wait())
+        try:
+            await asyncio.wait({run, drain}, return_when=asyncio.FIRST_COMPLETED)
+            # a reply in flight ends (response.done sent) before the session does
+            while not run.done() and runner.actor.response is not None \
+                    and loop.time() < self.deadline:
+                await asyncio.wait({run}, timeout=0.02)
+            if not run.done():
+                run.cancel()  # the runner's clean-up still delivers events already queued
+                await asyncio.gather(run, return_exceptions=True)
+                raise SessionEnded(CLOSE_GOING_AWAY, SHUTDOWN_REASON)
+            run.result()
+        finally:
+            for task in (run, drain):
+                task.cancel()
+            await asyncio.gather(run, drain, return_exceptions=True)
+            self.count -= 1
+            if self.count == 0:
+                idle.set()
+
+
+def open_sessions(app: object) -> OpenSessions:
+    """The app's session registry (made on first use)."""
+    state = app.state  # type: ignore[attr-defined]
+    if getattr(state, "realtime_sessions", None) is None:
+        state.realtime_sessions = OpenSessions()
+    sessions: OpenSessions = state.realtime_sessions
+    return sessions
 
 
 async def _client_events(ws: WebSocket, max_bytes: int) -> AsyncIterator[ClientCommand | ProtocolError]:
@@ -62,6 +135,10 @@ async def realtime(ws: WebSocket) -> None:
         await ws.close(code=CLOSE_POLICY, reason=access)
         return
     await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
+    sessions = open_sessions(ws.app)
+    if sessions.draining:
+        await ws.close(code=CLOSE_GOING_AWAY, reason=SHUTDOWN_REASON)
+        return
     if state.sessions >= settings.max_sessions:
         state.metrics.inc("voxline_sessions_refused_total", "sessions refused")
         await ws.close(code=CLOSE_TRY_AGAIN,
@@ -92,7 +169,7 @@ async def realtime(ws: WebSocket) -> None:
     logger.info("session %s opened (%s dialect)", session_id, dialect.value)
     code, reason = 1000, ""
     try:
-        await runner.run(_client_events(ws, settings.max_event_bytes))
+        await sessions.serve(runner, _client_events(ws, settings.max_event_bytes))
     except SessionEnded as end:
         code, reason = end.code, end.reason
     except WebSocketDisconnect:

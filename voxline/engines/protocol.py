@@ -45,6 +45,18 @@ class StreamConfig(msgspec.Struct, frozen=True):
     speed: float = 1.0
 
 
+class VoiceReference(msgspec.Struct, frozen=True):
+    """A voice to clone (Base checkpoints): a reference clip and, optionally, its
+    transcript (with it: in-context cloning; without: x-vector only). ``audio`` is
+    float32 little-endian mono at ``sample_rate``. A ``name`` also registers it in the
+    speech stage under that name, so a later ``voice`` of that name speaks with it."""
+
+    audio: bytes
+    sample_rate: int
+    text: str | None = None
+    name: str | None = None
+
+
 class ResponseConfig(msgspec.Struct, frozen=True):
     """Per-response overrides; None inherits the stream's config."""
 
@@ -54,6 +66,7 @@ class ResponseConfig(msgspec.Struct, frozen=True):
     max_output_tokens: int | None = None
     seed: int | None = None
     voice: str | None = None  # the TTS stage's preset voice, if it has several
+    reference: VoiceReference | None = None  # a voice to clone (Base checkpoints)
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -131,6 +144,9 @@ class Speak(msgspec.Struct, tag=True, frozen=True):
     speed: float = 1.0
     seed: int | None = None
     voice: str | None = None
+    # A voice to clone. With blank ``text`` nothing is spoken: a named reference is only
+    # registered (empty ``audio``: the name is unregistered) and the response completes.
+    reference: VoiceReference | None = None
 
 
 class CancelResponse(msgspec.Struct, tag=True, frozen=True):

@@ -155,7 +155,9 @@ class Responses:
             self._error(stream, "speak: the stream already has an active response",
                         "conversation_already_has_active_response")
             return
-        cfg = p.ResponseConfig(seed=msg.seed, voice=msg.voice)
+        if msg.reference is not None and msg.reference.name and not msg.text.strip():
+            self.tts.register_voice(msg.reference)  # registration only: nothing to speak
+        cfg = p.ResponseConfig(seed=msg.seed, voice=msg.voice, reference=msg.reference)
         run = ResponseRun(msg.response_id, "", cfg, None, new_chunker(), msg.speed,
                           emitted=msg.text, llm_done=True)
         run.tts_queue.extend(run.chunker.push(msg.text) + run.chunker.flush())
@@ -218,7 +220,7 @@ class Responses:
             if run.speech_ready:
                 run.tts_job = self.tts.add(SpeechOwner(sid, run.response_id),
                                            run.tts_queue.popleft(), run.speed, run.config.seed,
-                                           run.config.voice)
+                                           run.config.voice, run.config.reference)
 
     def on_speech(self, stream: StreamState, owner: SpeechOwner, out: SpeechOut,
                   step_ms: float) -> None:

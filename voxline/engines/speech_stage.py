@@ -17,6 +17,8 @@ from typing import Protocol
 
 import numpy as np
 
+from voxline.engines.protocol import VoiceReference
+
 
 @dataclass(frozen=True)
 class SpeechJob:
@@ -25,6 +27,7 @@ class SpeechJob:
     speed: float = 1.0
     seed: int | None = None
     voice: str | None = None  # a preset voice name; single-voice stages ignore it
+    reference: VoiceReference | None = None  # a voice to clone; stages that cannot ignore it
 
 
 @dataclass(frozen=True)

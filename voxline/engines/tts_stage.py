@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from voxline.engines.protocol import VoiceReference
 from voxline.engines.speech_stage import SpeechJob, SpeechOut, SpeechStage
 from voxline.engines.stage import StreamId
 
@@ -34,13 +35,19 @@ class TTSStage:
         self._owners: dict[int, SpeechOwner] = {}  # live jobs
         self._to_start: list[SpeechJob] = []
         self._to_cancel: list[int] = []
+        self._to_register: list[VoiceReference] = []
         self._job_ids = 0
 
+    def register_voice(self, reference: VoiceReference) -> None:
+        """Register (or, with empty audio, remove) a named voice on the model before its
+        next step; a model that cannot clone (no ``register_voice``) ignores it."""
+        self._to_register.append(reference)
+
     def add(self, owner: SpeechOwner, text: str, speed: float, seed: int | None,
-            voice: str | None) -> int:
+            voice: str | None, reference: VoiceReference | None = None) -> int:
         """Queue one text segment; it starts on the model at the next `schedule`."""
         self._job_ids += 1
-        self._to_start.append(SpeechJob(self._job_ids, text, speed, seed, voice))
+        self._to_start.append(SpeechJob(self._job_ids, text, speed, seed, voice, reference))
         self._owners[self._job_ids] = owner
         return self._job_ids
 
@@ -63,6 +70,11 @@ class TTSStage:
         for job_id in self._to_cancel:
             self.speech.cancel(job_id)
         self._to_cancel.clear()
+        register = getattr(self.speech, "register_voice", None)
+        for ref in self._to_register:
+            if register is not None:
+                register(ref)
+        self._to_register.clear()
         for job in self._to_start:
             self.speech.start(job)
         self._to_start.clear()

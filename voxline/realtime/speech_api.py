@@ -6,6 +6,10 @@ Speech (`/v1/audio/speech`, JSON body):
   shipped Piper voice speaks for every OpenAI voice name), ``instructions`` (accepted;
   the shipped voice cannot follow style instructions), ``speed`` 0.25..4.0, ``seed``
   (voxline extension: same text, speed and seed give the same samples), unknown keys 400.
+- Voice cloning (Qwen3-TTS Base checkpoints): ``ref_audio`` (a base64 audio file or a
+  ``data:audio/...;base64,`` URL) with an optional ``ref_text`` (its transcript), as
+  vllm-omni's speech API; or ``voice`` naming a voice registered with `POST /v1/voices`
+  (`voices.py`). Other TTS models answer 400 naming ``ref_audio``.
 - Audio is 24 kHz mono (OpenAI's rate), resampled from the TTS model's rate with soxr.
 - ``response_format`` as OpenAI's: ``mp3`` (the default), ``opus`` (Ogg Opus), ``aac``
   (ADTS), ``flac``, ``wav``, ``pcm`` (raw PCM16 LE). Every format is *streamed*: each
@@ -67,6 +71,7 @@ from voxline.realtime.audio_http import (
     unavailable,
 )
 from voxline.realtime.state import ServerState
+from voxline.realtime.voices import reference_from_request
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +87,7 @@ STREAM_FORMATS = ("audio", "sse")
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage",
                  "shimmer", "verse", "marin", "cedar")
 SPEECH_REQUEST_FIELDS = ("model", "input", "voice", "instructions", "response_format",
-                         "speed", "stream_format", "seed")
+                         "speed", "stream_format", "seed", "ref_audio", "ref_text")
 MAX_SEED = 2**63 - 1
 
 
@@ -135,6 +140,10 @@ class SpeechRequest(BaseModel):
     stream_format: Annotated[str, AfterValidator(_choice(STREAM_FORMATS,
                                                          "stream_format"))] = "audio"
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
+    # Voice cloning (Base checkpoints), as vllm-omni's speech API: a reference clip (base64
+    # or a data URL of any audio file) and its transcript (optional: x-vector only without).
+    ref_audio: Annotated[str, Field(min_length=1)] | None = None
+    ref_text: str | None = None
 
     @field_validator("instructions")
     @classmethod
@@ -179,6 +188,8 @@ def parse_speech_request(body: object) -> SpeechRequest:
         if kind == "string_type" and field == "voice":
             kind = "string_too_short"  # a voice that is not a string: say what a voice is
         template = _MESSAGES.get(kind)
+        if kind == "string_too_short" and field != "voice":
+            template = "'{field}' must not be empty"
         message = template.format(field=field) if template else err["msg"]
         raise bad(message, field, _CODES.get(kind, "invalid_value")) from None
 
@@ -186,9 +197,11 @@ def parse_speech_request(body: object) -> SpeechRequest:
 class SpeechSynthesis:
     """One speech request's engine stream: `Speak` in, 24 kHz float32 audio pieces out."""
 
-    def __init__(self, state: ServerState, req: SpeechRequest) -> None:
+    def __init__(self, state: ServerState, req: SpeechRequest,
+                 reference: p.VoiceReference | None = None) -> None:
         self.state = state
         self.req = req
+        self.reference = reference
         self.handle: StreamHandle | None = None
         self.started = time.perf_counter()
         self.first_audio_seconds: float | None = None
@@ -202,7 +215,8 @@ class SpeechSynthesis:
         sid = self.handle.stream_id
         try:
             self.handle.send(p.Speak(sid, f"resp_{uuid.uuid4().hex}", self.req.input,
-                                     self.req.speed, self.req.seed, self.req.voice))
+                                     self.req.speed, self.req.seed, self.req.voice,
+                                     self.reference))
         except EngineError as exc:
             await self.close()
             raise unavailable(f"the engine is not ready ({exc}); retry shortly") from exc
@@ -377,14 +391,18 @@ _SPEECH_SCHEMA = {"requestBody": {"required": True, "content": {"application/jso
         "response_format": {"enum": list(SPEECH_FORMATS), "default": "mp3"},
         "speed": {"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED, "default": 1.0},
         "stream_format": {"enum": list(STREAM_FORMATS), "default": "audio"},
-        "seed": {"type": "integer", "minimum": 0}}}}}}}
+        "seed": {"type": "integer", "minimum": 0},
+        "ref_audio": {"type": "string", "description": "voice to clone: base64 audio file"},
+        "ref_text": {"type": "string", "description": "transcript of ref_audio"}}}}}}}
 @router.post("/v1/audio/speech", response_model=None, openapi_extra=_SPEECH_SCHEMA)
 async def create_speech(request: Request) -> Response:
     """Text to speech (OpenAI `audio.speech.create`); see the module docstring."""
     try:
         state = check_request(request)
         req = parse_speech_request(await _read_json(request))
-        speech = SpeechSynthesis(state, req)
+        reference = await reference_from_request(request, state, req.voice, req.ref_audio,
+                                                 req.ref_text)
+        speech = SpeechSynthesis(state, req, reference)
         await speech.start()
     except AudioAPIError as exc:
         return exc.response()

@@ -25,7 +25,13 @@ settings, like the reference's default). Greedy decoding is ``sampling=
 TalkerSampling.greedy()`` (or ``temperature=0``), deterministic for every job.
 
 Speed: Qwen3-TTS has no speaking-rate control; ``job.speed`` is ignored (logged once).
-Voice: the stage speaks every job with one preset ``speaker`` and ``language``.
+Voice: the stage speaks every job with one preset ``speaker`` and ``language``, unless
+the job names another preset (``job.voice``) or, on a Base checkpoint, clones one: a
+``job.reference`` (clip + transcript, normalised once for both encoders) or a ``job.voice``
+naming a reference registered with :meth:`Qwen3SpeechStage.register_voice`. Encoded
+references are cached (:class:`~.reference.ReferenceCache`), so a repeated voice runs
+neither the speaker encoder nor the codec encoder again. In-context clones prime the
+job's codec decoder with the reference codes (eager decoder state, also when graphed).
 """
 
 from __future__ import annotations
@@ -41,13 +47,22 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from voxline.engines.protocol import VoiceReference
 from voxline.engines.speech_stage import SpeechJob, SpeechOut
 
 from .checkpoint import Qwen3TTSModel
 from .code2wav import Code2WavState
+from .codec_encoder import CodecEncoder
 from .generation import TalkerGenerator, TalkerSampling, TalkerStream
 from .graphs import GraphedCode2Wav, GraphedTalkerGenerator
-from .prompt import TalkerPrompt, assistant_ids, build_prompt
+from .prompt import TalkerPrompt, assistant_ids, build_prompt, ref_text_ids
+from .reference import (
+    EncodedReference,
+    ReferenceCache,
+    check_duration,
+    normalize_reference,
+    reference_key,
+)
 from .tokenizer import Qwen3TextTokenizer
 
 __all__ = ["RANDOM_WEIGHTS_KEY", "Qwen3SpeechStage"]
@@ -101,6 +116,8 @@ class Qwen3SpeechStage:
         graphs: bool | None = None,
         capture_at_load: bool = True,
         compile: bool | None = None,
+        codec_encoder: CodecEncoder | None = None,
+        reference_cache: int = 16,
     ) -> None:
         """``model``: a loaded model (then ``tokenizer`` is required) or a checkpoint
         directory in the official layout (loaded on ``device``: talker in ``dtype``,
@@ -120,12 +137,15 @@ class Qwen3SpeechStage:
         (one graph per batch bucket and chunk length). ``compile`` (default: with capture)
         compiles the decoder-layer steps inside those graphs (static shapes per bucket;
         ~2 minutes at load for 32 streams on an H200, 2.5x faster steps).
+        ``codec_encoder`` (Base checkpoints, in-context cloning) defaults to the checkpoint
+        directory's, loaded on first use; ``reference_cache`` encoded references are kept.
         """
         if initial_chunk_frames < 1 or chunk_frames < 1:
             raise ValueError("initial_chunk_frames and chunk_frames must be >= 1")
         self.random_weights = False
+        self.model_dir: Path | None = None
         if not isinstance(model, Qwen3TTSModel):
-            model_dir = Path(model)
+            model_dir = self.model_dir = Path(model)
             self.random_weights = _is_random_weights(model_dir)
             model = Qwen3TTSModel.from_pretrained(
                 model_dir, dtype=dtype, device=device, codec_dtype=codec_dtype
@@ -184,6 +204,9 @@ class Qwen3SpeechStage:
         self._jobs: dict[int, _Job] = {}  # every job not yet finished, in start order
         self._queue: deque[_Job] = deque()  # started, waiting for a talker slot
         self._warned_speed = False
+        self.codec_encoder = codec_encoder
+        self.references = ReferenceCache(reference_cache)
+        self._registered: dict[str, VoiceReference] = {}  # named, not yet encoded
 
     # ------------------------------------------------------------------ SpeechStage
 
@@ -258,7 +281,9 @@ class Qwen3SpeechStage:
             return None
         n_text = len(ids) - 8  # the template adds 8 ids around the text
         limit = min(self.max_frames, _FRAMES_BASE + _FRAMES_PER_TOKEN * n_text)
-        return (self._build(ids, self.voice_of(job)),
+        clone = self.reference_of(job)
+        speaker = None if clone is not None else self.voice_of(job)
+        return (self._build(ids, speaker, clone),
                 dataclasses.replace(self.sampling, seed=job.seed, max_frames=limit))
 
     def voice_of(self, job: SpeechJob) -> str | None:
@@ -269,11 +294,81 @@ class Qwen3SpeechStage:
                     return name
         return self.speaker
 
-    def _build(self, input_ids: list[int], speaker: str | None) -> TalkerPrompt:
+    def _build(self, input_ids: list[int], speaker: str | None,
+               clone: EncodedReference | None = None) -> TalkerPrompt:
+        if clone is None:
+            return build_prompt(self.model.talker, self.model.config, input_ids,
+                                language=self.language, speaker=speaker)
         return build_prompt(
             self.model.talker, self.model.config, input_ids, language=self.language,
-            speaker=speaker,
+            speaker_embedding=clone.speaker_embedding, ref_ids=clone.ref_ids,
+            ref_codes=clone.ref_codes,
         )
+
+    # ------------------------------------------------------------------ voice cloning
+
+    @property
+    def can_clone(self) -> bool:
+        """A Base checkpoint: it has the speaker encoder that cloning needs."""
+        return self.model.speaker_encoder is not None
+
+    def register_voice(self, reference: VoiceReference) -> None:
+        """Register ``reference`` under its name (encoded on first use); empty audio
+        removes the name. Call between steps, like :meth:`start`."""
+        if not reference.name:
+            raise ValueError("a registered voice needs a name")
+        self.references.drop_named(reference.name)
+        self._registered.pop(reference.name.lower(), None)
+        if reference.audio:
+            if not self.can_clone:
+                raise ValueError(f"{self.model.config.tts_model_type} checkpoints cannot clone "
+                                 "voices (a Base checkpoint can)")
+            self._registered[reference.name.lower()] = reference
+
+    def reference_of(self, job: SpeechJob) -> EncodedReference | None:
+        """The job's clone: its own reference, or the registered voice it names."""
+        if job.reference is not None:
+            encoded = self._encoded(job.reference)
+            if job.reference.name:
+                self.references.set_named(job.reference.name, encoded)
+            return encoded
+        if not job.voice:
+            return None
+        encoded = self.references.named(job.voice)
+        pending = self._registered.pop(job.voice.lower(), None)
+        if encoded is None and pending is not None:
+            encoded = self._encoded(pending)
+            self.references.set_named(job.voice, encoded)
+        return encoded
+
+    def _encoded(self, ref: VoiceReference) -> EncodedReference:
+        """``ref`` encoded, from the LRU when the same clip and transcript were seen."""
+        key = reference_key(ref.audio, ref.sample_rate, ref.text)
+        encoded = self.references.get(key)
+        if encoded is None:
+            encoded = self.encode_reference(ref)
+            self.references.put(key, encoded)
+        return encoded
+
+    def encode_reference(self, ref: VoiceReference) -> EncodedReference:
+        """Normalise the clip once; x-vector from the speaker encoder and, with a
+        transcript, codes from the codec encoder (in-context cloning)."""
+        if self.model.speaker_encoder is None:
+            raise ValueError(f"{self.model.config.tts_model_type} checkpoints cannot clone "
+                             "voices (a Base checkpoint can)")
+        audio = normalize_reference(np.frombuffer(ref.audio, dtype="<f4"), ref.sample_rate)
+        check_duration(audio)
+        embedding = self.model.speaker_encoder.embed(audio)
+        if not ref.text or not ref.text.strip():
+            return EncodedReference(embedding, None, None)
+        if self.codec_encoder is None:
+            if self.model_dir is None:
+                raise ValueError("in-context cloning needs a codec_encoder for a loaded model")
+            self.codec_encoder = CodecEncoder.from_pretrained(
+                self.model_dir, device=self.model.talker.device)
+        codes = self.codec_encoder.encode(audio)
+        ids = ref_text_ids(self.tokenizer.text_ids(ref.text), self.tokenizer.chat)
+        return EncodedReference(embedding, ids, codes)
 
     def _admit(self) -> None:
         """Give queued jobs free talker slots (their prompts prefill in this step)."""
@@ -283,7 +378,12 @@ class Qwen3SpeechStage:
             try:
                 prepared = self.prepare(entry.job)
                 if prepared is not None:
-                    if self.codec is not None:
+                    clone = self.reference_of(entry.job)  # cached by prepare
+                    ref_codes = clone.ref_codes if clone is not None else None
+                    if ref_codes is not None:  # in-context clone: decode after the reference
+                        entry.state = self.decoder.new_state()
+                        self.decoder.prime(entry.state, ref_codes.T.to(self.decoder.device))
+                    elif self.codec is not None:
                         entry.codec_slot = self.codec.open()
                     else:
                         entry.state = self.decoder.new_state()
@@ -310,11 +410,17 @@ class Qwen3SpeechStage:
                 due.append(entry)
         audio: dict[int, np.ndarray] = {}
         if due:
-            chunks = [torch.stack(e.pending, dim=1) for e in due]  # [G, T] on the device
-            if self.codec is not None:
-                wavs = self.codec.decode([e.codec_slot for e in due], chunks)  # type: ignore[misc]
-            else:
-                wavs = self.decoder.decode_batch([e.state for e in due], chunks)  # type: ignore[misc]
+            # Graphed slots and eager states (primed clones) decode in separate batches.
+            due.sort(key=lambda e: e.codec_slot is None)
+            graphed = [e for e in due if e.codec_slot is not None]
+            eager = due[len(graphed):]
+            wavs: list[Tensor] = []
+            if graphed:
+                wavs += self.codec.decode([e.codec_slot for e in graphed],  # type: ignore[union-attr,misc]
+                                          [torch.stack(e.pending, dim=1) for e in graphed])
+            if eager:
+                wavs += self.decoder.decode_batch([e.state for e in eager],  # type: ignore[misc]
+                                                  [torch.stack(e.pending, dim=1) for e in eager])
             host = self._to_host(torch.cat(wavs).float())  # one device -> host copy
             offset = 0
             for entry, wav in zip(due, wavs, strict=True):

@@ -1,0 +1,268 @@
+"""Cloned voices: `POST /v1/voices` registers a reference clip, `GET` lists, `DELETE` removes.
+
+Cloning needs a Qwen3-TTS *Base* checkpoint (``--tts qwen3:DIR``). A registered voice
+is usable by name as ``voice`` in `/v1/audio/speech` and as ``session.audio.output.voice``
+in `/v1/realtime` sessions. The server keeps each clip once, normalised (mono, 24 kHz,
+peak <= 1: what both of the model's encoders take), and registers it with the engine's
+speech stage, which encodes it on first use and caches the encoding; the engine never
+sees this HTTP API, only `VoiceReference` payloads. Registrations live in memory (a
+restart forgets them).
+
+`POST /v1/voices` is multipart: ``name`` (letters, digits, ``-``/``_``, up to 64),
+``audio`` (any file PyAV reads; ``file`` is accepted too) and optional ``ref_text``, the
+clip's transcript (with it the clone is in-context, closer to the speaker; without it
+x-vector only). Errors use OpenAI's error body and name the field at fault.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import functools
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import UploadFile
+
+from voxline.codecs.opus import decode_audio_file
+from voxline.config import Settings
+from voxline.engines import protocol as p
+from voxline.engines.models.qwen3_tts.reference import (
+    REFERENCE_RATE,
+    check_duration,
+    normalize_reference,
+)
+from voxline.errors import AudioFormatError, EngineError
+from voxline.realtime.audio_http import (
+    AudioAPIError,
+    bad,
+    check_request,
+    close_quietly,
+    open_stream,
+    stream_error,
+    unavailable,
+)
+from voxline.realtime.state import ServerState
+
+__all__ = ["StoredVoice", "VoiceStore", "clone_error", "reference_from_request", "router",
+           "voice_store"]
+
+router = APIRouter()
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_UPLOAD_BYTES = 20 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class StoredVoice:
+    name: str
+    audio: bytes  # float32 LE mono at REFERENCE_RATE, normalised
+    ref_text: str | None
+    seconds: float
+    created_at: int
+
+    def reference(self, *, named: bool = False) -> p.VoiceReference:
+        return p.VoiceReference(self.audio, REFERENCE_RATE, self.ref_text,
+                                self.name if named else None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.name, "object": "voice", "name": self.name, "ref_text": self.ref_text,
+                "duration_seconds": round(self.seconds, 3), "created_at": self.created_at}
+
+
+class VoiceStore:
+    """The server's registered voices, by case-insensitive name."""
+
+    def __init__(self) -> None:
+        self._voices: dict[str, StoredVoice] = {}
+        self.lock = asyncio.Lock()  # one registration change reaches the engine at a time
+
+    def get(self, name: str) -> StoredVoice | None:
+        return self._voices.get(name.lower())
+
+    def put(self, voice: StoredVoice) -> None:
+        self._voices[voice.name.lower()] = voice
+
+    def remove(self, name: str) -> StoredVoice | None:
+        return self._voices.pop(name.lower(), None)
+
+    def all(self) -> list[StoredVoice]:
+        return sorted(self._voices.values(), key=lambda v: v.created_at)
+
+
+def voice_store(request: Request) -> VoiceStore:
+    app_state = request.app.state
+    store = getattr(app_state, "voices", None)
+    if store is None:
+        store = app_state.voices = VoiceStore()
+    return store
+
+
+@functools.cache
+def _model_type(model_dir: str) -> str | None:
+    try:
+        return str(json.loads((Path(model_dir) / "config.json").read_text())["tts_model_type"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def clone_error(settings: Settings) -> str | None:
+    """Why this server's TTS cannot clone a voice, or None when it can."""
+    if not settings.tts.startswith("qwen3:"):
+        return (f"this server's TTS ({settings.tts}) cannot clone voices; serve a Qwen3-TTS "
+                "Base checkpoint (--tts qwen3:DIR)")
+    kind = _model_type(settings.tts.removeprefix("qwen3:"))
+    if kind != "base":
+        return (f"this server's Qwen3-TTS checkpoint is a {kind or 'unknown'} model, which "
+                "cannot clone voices; serve a Base checkpoint")
+    return None
+
+
+def _require_clone(settings: Settings, field: str) -> None:
+    why = clone_error(settings)
+    if why is not None:
+        raise bad(why, field, "voice_cloning_unsupported")
+
+
+async def _normalised(data: bytes, field: str) -> tuple[bytes, float]:
+    """An audio file -> normalised float32 bytes and its length; 400s name ``field``."""
+    try:
+        audio, rate = await asyncio.to_thread(decode_audio_file, data)
+        audio = normalize_reference(audio, rate)
+    except (AudioFormatError, ValueError) as exc:
+        raise bad(f"'{field}' is not readable audio: {exc}", field, "invalid_audio") from exc
+    try:
+        seconds = check_duration(audio)
+    except ValueError as exc:
+        raise bad(f"'{field}': {exc}", field, "invalid_audio_length") from exc
+    return audio.astype("<f4").tobytes(), seconds
+
+
+def _decode_base64(value: str, field: str) -> bytes:
+    """Plain base64 or a ``data:<mime>;base64,`` URL (as vllm-omni's speech API takes)."""
+    if value.startswith("data:"):
+        head, _, value = value.partition(",")
+        if not head.endswith(";base64"):
+            raise bad(f"'{field}' must be base64 audio or a base64 data URL", field)
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise bad(f"'{field}' is not valid base64: {exc}", field) from exc
+
+
+async def reference_from_request(request: Request, state: ServerState, voice: str,
+                                 ref_audio: str | None,
+                                 ref_text: str | None) -> p.VoiceReference | None:
+    """The voice to clone for a speech request: its own ``ref_audio`` (+ ``ref_text``),
+    a registered ``voice``, or None (a preset voice)."""
+    if ref_audio is None:
+        if ref_text is not None:
+            raise bad("'ref_text' needs 'ref_audio': the transcript of the reference clip",
+                      "ref_text")
+        stored = voice_store(request).get(voice)
+        if stored is not None:
+            return stored.reference()
+        if clone_error(state.settings) is None and voice.lower() not in _OPENAI_VOICES:
+            known = ", ".join(v.name for v in voice_store(request).all()) or "none"
+            raise bad(f"voice {voice!r} does not exist; register it with POST /v1/voices "
+                      f"(registered: {known})", "voice", "voice_not_found")
+        return None
+    _require_clone(state.settings, "ref_audio")
+    audio, _ = await _normalised(_decode_base64(ref_audio, "ref_audio"), "ref_audio")
+    text = ref_text.strip() if ref_text and ref_text.strip() else None
+    return p.VoiceReference(audio, REFERENCE_RATE, text)
+
+
+_OPENAI_VOICES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage",
+                  "shimmer", "verse", "marin", "cedar"}
+
+
+async def _tell_engine(state: ServerState, reference: p.VoiceReference) -> None:
+    """Register (or, with empty audio, unregister) a named reference in the speech stage."""
+    handle = await open_stream(state, "voice")
+    try:
+        handle.send(p.Speak(handle.stream_id, f"voice_{uuid.uuid4().hex}", "",
+                            reference=reference))
+        while True:
+            out = await handle.next()
+            if isinstance(out, p.ResponseDone):
+                return
+            if isinstance(out, p.StreamError):
+                raise stream_error(out)
+            if isinstance(out, p.StreamClosed):
+                raise unavailable("the engine closed the stream before the voice was registered")
+    except EngineError as exc:
+        raise unavailable(f"the engine is not ready ({exc}); retry shortly") from exc
+    finally:
+        await close_quietly(handle)
+
+
+@router.post("/v1/voices", response_model=None)
+async def create_voice(request: Request) -> Response:
+    """Register a voice to clone from an uploaded clip (see the module docstring)."""
+    try:
+        state = check_request(request)
+        form = await request.form(max_files=1)
+        name = form.get("name")
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
+            raise bad("'name' is required: 1-64 letters, digits, '-' or '_'", "name")
+        _require_clone(state.settings, "audio")
+        upload = form.get("audio", form.get("file"))
+        if not isinstance(upload, UploadFile):
+            raise bad("'audio' is required: the reference clip, as a file upload", "audio",
+                      "missing_required_parameter")
+        ref_text = form.get("ref_text")
+        if ref_text is not None and not isinstance(ref_text, str):
+            raise bad("'ref_text' must be text: the transcript of the clip", "ref_text")
+        store = voice_store(request)
+        if store.get(name) is not None:
+            raise AudioAPIError(409, f"voice {name!r} already exists; delete it first",
+                                param="name", code="voice_exists")
+        data = await upload.read()
+        if len(data) > MAX_UPLOAD_BYTES:
+            raise bad(f"'audio' is {len(data)} bytes; the maximum is {MAX_UPLOAD_BYTES}", "audio",
+                      "file_too_large")
+        audio, seconds = await _normalised(data, "audio")
+        text = ref_text.strip() if ref_text and ref_text.strip() else None
+        voice = StoredVoice(name, audio, text, seconds, int(time.time()))
+        async with store.lock:
+            await _tell_engine(state, voice.reference(named=True))
+            store.put(voice)
+    except AudioAPIError as exc:
+        return exc.response()
+    return JSONResponse(voice.to_json(), status_code=201)
+
+
+@router.get("/v1/voices", response_model=None)
+async def list_voices(request: Request) -> Response:
+    try:
+        check_request(request)
+    except AudioAPIError as exc:
+        return exc.response()
+    return JSONResponse({"object": "list",
+                         "data": [v.to_json() for v in voice_store(request).all()]})
+
+
+@router.delete("/v1/voices/{name}", response_model=None)
+async def delete_voice(request: Request, name: str) -> Response:
+    try:
+        state = check_request(request)
+        store = voice_store(request)
+        if store.get(name) is None:
+            raise AudioAPIError(404, f"voice {name!r} does not exist", param="name",
+                                code="voice_not_found")
+        async with store.lock:
+            await _tell_engine(state, p.VoiceReference(b"", REFERENCE_RATE, None, name))
+            store.remove(name)
+    except AudioAPIError as exc:
+        return exc.response()
+    return JSONResponse({"id": name, "object": "voice", "deleted": True})
+

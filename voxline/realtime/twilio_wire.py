@@ -102,6 +102,8 @@ def parse_message(text: str | bytes) -> TwilioMessage | None:
         data = json.loads(text)
     except ValueError as exc:
         raise TwilioMessageError(f"not JSON: {exc}") from None
+    except RecursionError:  # nested thousands deep: a bad message, not a dead call
+        raise TwilioMessageError("not JSON: nested too deeply") from None
     event = _get(data, "event", str, "message")
     if event == "connected":
         return Connected(str(data.get("protocol", "")), str(data.get("version", "")))

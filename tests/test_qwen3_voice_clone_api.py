@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -333,3 +334,38 @@ async def test_cloning_needs_a_base_checkpoint(engine, tmp_path, tts, needle):
         assert_error(await c.post("/v1/voices", data={"name": "v"},
                                   files={"audio": ("r.wav", clip_wav(), "audio/wav")}),
                      400, "audio", needle)
+
+
+def test_realtime_websocket_session_uses_a_registered_voice(base_dir):
+    """Over `/v1/realtime`: `session.audio.output.voice` names the registered voice."""
+    from fastapi.testclient import TestClient
+
+    engine = InProcessEngineClient(f"{__name__}:make_clone_core", {"model_dir": str(base_dir)})
+    app = create_app(Settings(tts=f"qwen3:{base_dir}"), engine)
+    with TestClient(app) as client:
+        for _ in range(400):  # the app starts its engine in the background
+            if client.get("/health").status_code == 200:
+                break
+            time.sleep(0.05)
+        r = client.post("/v1/voices", data={"name": "ws-voice", "ref_text": REF_TEXT},
+                        files={"audio": ("ref.wav", clip_wav(seed=3), "audio/wav")})
+        assert r.status_code == 201, r.text
+        stage = CLONE_STAGE["stage"]
+        spk = Counted(stage.model.speaker_encoder, "embed")
+        with client.websocket_connect("/v1/realtime") as ws:
+            assert ws.receive_json()["type"] == "session.created"
+            ws.send_json({"type": "session.update", "session": {
+                "type": "realtime", "audio": {"output": {"voice": "ws-voice"}}}})
+            ws.send_json({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": "hello"}]}})
+            ws.send_json({"type": "response.create"})
+            deltas = 0
+            while True:
+                event = ws.receive_json()
+                assert event["type"] != "error", event
+                deltas += event["type"] == "response.output_audio.delta"
+                if event["type"] == "response.done":
+                    break
+        assert event["response"]["status"] == "completed" and deltas > 0
+        assert spk.calls == 1  # the registered clip, encoded on first use

@@ -66,6 +66,49 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--tts", type=_tts_choice, default="piper",
                      help="piper (default) or qwen3:<checkpoint dir>")
     say.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    bench = sub.add_parser(
+        "bench", help="load a running server (realtime turns or streamed speech) and measure it",
+        description="Drive a RUNNING voxline server over /v1/realtime or /v1/audio/speech: "
+                    "a concurrency sweep or a Poisson arrival rate; time to first audio, end of "
+                    "speech -> first audio, RTF, audio-seconds per second, playout underruns "
+                    "(gaps > 100 ms), errors by type, as mean/p50/p90/p95/p99. Loopback only "
+                    "unless --allow-remote. Exit 1 when a gate fails, 2 on a usage error. "
+                    "--plot needs matplotlib, which voxline does not install.")
+    bench.add_argument("--url", default="http://127.0.0.1:8000",
+                       help="server base URL (default: %(default)s)")
+    bench.add_argument("--allow-remote", action="store_true",
+                       help="allow a --url host other than 127.0.0.1/localhost")
+    bench.add_argument("--mode", choices=["realtime", "speech"], default="realtime",
+                       help="realtime: spoken turns over /v1/realtime; speech: /v1/audio/speech "
+                            "pcm streaming (default: %(default)s)")
+    bench.add_argument("--turn-detection", choices=["server_vad", "manual"], default="server_vad",
+                       help="realtime: end turns by server VAD or by commit + response.create")
+    bench.add_argument("--concurrency", default="1",
+                       help="closed-loop sweep, comma-separated (default: %(default)s)")
+    bench.add_argument("--rate", type=float, default=None,
+                       help="open-loop Poisson arrivals per second instead of the sweep")
+    bench.add_argument("--requests", type=int, default=4,
+                       help="requests per level (default: %(default)s)")
+    bench.add_argument("--timeout", type=float, default=60.0,
+                       help="seconds per request before it counts as a timeout (default: %(default)s)")
+    bench.add_argument("--max-seconds", type=float, default=600.0,
+                       help="no new request starts after this many seconds of a level "
+                            "(default: %(default)s)")
+    bench.add_argument("--audio-dir", default=None,
+                       help="realtime: question WAVs (default: generated with espeak-ng, "
+                            "else the shipped Piper voice)")
+    bench.add_argument("--voice", default="alloy", help="speech: voice (default: %(default)s)")
+    bench.add_argument("--api-key", default=None, help="sent as Authorization: Bearer")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals")
+    bench.add_argument("--json", default=None, help="write the full report to this JSON file")
+    bench.add_argument("--plot", default=None,
+                       help="PNG of latency percentiles and underruns against concurrency "
+                            "(only if matplotlib is importable; not a voxline dependency)")
+    bench.add_argument("--gates", default=None,
+                       help="TOML ([[gate]]) or JSON gates: level, metric, stat, max/min")
+    bench.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), default=None,
+                       help="print B/A ratios of two reports and exit (runs nothing)")
+    bench.add_argument("--quiet", action="store_true", help="no progress line")
     return parser
 
 

@@ -141,8 +141,15 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(args)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from voxline.bench import main
+
+    return main(args)
+
+
 def run(args: argparse.Namespace) -> int:
-    handlers = {"converse": lambda a: asyncio.run(_converse(a)), "say": _say, "serve": _serve}
+    handlers = {"bench": _bench, "converse": lambda a: asyncio.run(_converse(a)), "say": _say,
+                "serve": _serve}
     try:
         return handlers[args.command](args)
     except VoxlineError as exc:

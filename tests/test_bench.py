@@ -1,0 +1,167 @@
+"""`voxline bench` against live loopback servers without models: the echo core (its
+replies are text only, and it ignores speech requests) and bench_core (echo core + an
+energy VAD and tone replies), so behaviour is asserted, not timings."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+
+from voxline.bench import simulate_playout
+from voxline.cli import main
+from voxline.codecs.wav import write_wav
+from voxline.config import load_settings
+from voxline.engines.client import InProcessEngineClient
+from voxline.realtime.app import create_app
+
+
+@contextmanager
+def serve(core: str) -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = create_app(load_settings(), InProcessEngineClient(core))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           ws="websockets-sansio", timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, name="bench-server")
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def bench_url() -> Iterator[str]:
+    with serve("bench_core:make_bench_core") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def echo_url() -> Iterator[str]:
+    with serve("echo_core:make_echo_core") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def questions(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("questions")
+    t = np.arange(9600) / 24000  # 0.4 s: short turns keep the test fast
+    write_wav(d / "q.wav", (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), 24000)
+    return d
+
+
+def run_bench(*args: str) -> int:
+    return main(["bench", "--quiet", *args])
+
+
+def check_levels(report: dict, labels: list[str]) -> None:
+    assert [lv["label"] for lv in report["levels"]] == labels
+    for lv in report["levels"]:
+        assert lv["ok"] == lv["requests"] and lv["errors"] == {}
+        assert lv["throughput"] > 0
+        for metric in ("ttfa_s", "rtf", "audio_s", "underruns", "underrun_s"):
+            m = lv["metrics"][metric]
+            assert set(m) >= {"mean", "p50", "p90", "p95", "p99", "n"}
+            assert m["p50"] <= m["p90"] <= m["p95"] <= m["p99"]
+        for r in lv["results"]:
+            assert r["ok"] and r["ttfa_s"] > 0 and r["audio_s"] > 0 and r["underruns"] >= 0
+
+
+def test_speech_sweep_json_gates_and_compare(bench_url: str, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "speech.json"
+    passing = tmp_path / "ok.toml"
+    passing.write_text('[[gate]]\nname = "median TTFP at c=1"\nlevel = "c=1"\nmetric = "ttfa_s"\n'
+                       'stat = "p50"\nmax = 30.0\n\n[[gate]]\nlevel = "c=2"\n'
+                       'metric = "throughput"\nmin = 0.01\n')
+    assert run_bench("--url", bench_url, "--mode", "speech", "--concurrency", "1,2",
+                     "--requests", "3", "--json", str(out), "--gates", str(passing)) == 0
+    printed = capsys.readouterr().out
+    assert "c=2" in printed and printed.count("PASS") == 2 and "FAIL" not in printed
+    report = json.loads(out.read_text())
+    assert report["mode"] == "speech"
+    check_levels(report, ["c=1", "c=2"])
+    for r in report["levels"][0]["results"]:
+        assert abs(r["audio_s"] - 0.5) < 0.01  # bench_core speaks 0.5 s, pcm16 at 24 kHz
+
+    failing = tmp_path / "fail.json"
+    failing.write_text(json.dumps({"gates": [
+        {"level": "c=1", "metric": "rtf", "stat": "p50", "max": 0.0},
+        {"level": "c=8", "metric": "throughput", "min": 1.0}]}))  # c=8 was not measured
+    assert run_bench("--url", bench_url, "--mode", "speech", "--requests", "2",
+                     "--gates", str(failing)) == 1
+    printed = capsys.readouterr().out
+    assert printed.count("FAIL") == 2 and "not measured" in printed
+
+    assert run_bench("--compare", str(out), str(out)) == 0
+    printed = capsys.readouterr().out
+    assert "B/A" in printed and "throughput" in printed and "1.00" in printed
+
+
+def test_realtime_turns_over_server_vad_and_poisson(bench_url: str, questions: Path,
+                                                    tmp_path: Path) -> None:
+    out = tmp_path / "rt.json"
+    assert run_bench("--url", bench_url, "--mode", "realtime", "--audio-dir", str(questions),
+                     "--concurrency", "1,2", "--requests", "2", "--timeout", "15",
+                     "--json", str(out)) == 0
+    report = json.loads(out.read_text())
+    check_levels(report, ["c=1", "c=2"])
+    eos = report["levels"][0]["metrics"]["eos_to_first_audio_s"]
+    assert eos["n"] == 2 and eos["p50"] <= eos["p95"] <= eos["p99"]
+
+    assert run_bench("--url", bench_url, "--mode", "realtime", "--audio-dir", str(questions),
+                     "--rate", "4", "--requests", "2", "--timeout", "15",
+                     "--turn-detection", "manual", "--json", str(out)) == 0
+    check_levels(json.loads(out.read_text()), ["rate=4"])
+
+
+def test_echo_core_failures_are_counted_by_type(echo_url: str, questions: Path,
+                                                tmp_path: Path) -> None:
+    out = tmp_path / "echo.json"
+    # the echo core ignores speech requests: every request times out
+    assert run_bench("--url", echo_url, "--mode", "speech", "--requests", "2", "--timeout", "0.5",
+                     "--json", str(out)) == 0
+    lv = json.loads(out.read_text())["levels"][0]
+    assert lv["ok"] == 0 and lv["errors"] == {"timeout": 2} and lv["error_rate"] == 1.0
+    assert lv["metrics"]["ttfa_s"]["p50"] is None
+    # its realtime replies are text only
+    assert run_bench("--url", echo_url, "--mode", "realtime", "--audio-dir", str(questions),
+                     "--turn-detection", "manual", "--requests", "1", "--timeout", "5",
+                     "--json", str(out)) == 0
+    assert json.loads(out.read_text())["levels"][0]["errors"] == {"no_audio": 1}
+
+
+@pytest.mark.parametrize("url", ["http://10.1.2.3:8000", "http://example.com",
+                                 "http://0.0.0.0:8000"])
+def test_non_loopback_url_is_refused(url: str, capsys) -> None:
+    assert run_bench("--url", url, "--mode", "speech") == 2
+    assert "--allow-remote" in capsys.readouterr().err
+
+
+def test_playout_simulation_counts_gaps_over_100_ms() -> None:
+    assert simulate_playout([]) == (0, 0.0)
+    steady = [(0.1 * i, 0.1) for i in range(10)]
+    assert simulate_playout(steady) == (0, 0.0)
+    count, total = simulate_playout([(0.0, 0.2), (0.25, 0.1), (0.6, 0.1)])  # 50 ms, 250 ms late
+    assert count == 1 and total == pytest.approx(0.25)

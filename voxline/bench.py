@@ -1,0 +1,520 @@
+"""`voxline bench`: load a running voxline server over its real protocols and measure it.
+
+A client tool on top of the stack (nothing imports it). Modes:
+
+- ``realtime``: spoken questions streamed at real time over ``/v1/realtime`` (server VAD,
+  or ``manual`` commit), the reply's ``response.output_audio.delta`` timed;
+- ``speech``: ``POST /v1/audio/speech`` with ``response_format=pcm``, the body streamed.
+
+Load shapes: a closed-loop concurrency sweep, or an open-loop Poisson arrival rate (the
+arrivals do not wait for replies, so a slow server shows as queueing, not as fewer
+requests). Everything is bounded: ``--requests`` per level, ``--timeout`` per request,
+``--max-seconds`` per level. Only loopback URLs unless ``--allow-remote``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import logging
+import math
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+
+from voxline.codecs.pcm import float_to_pcm16
+from voxline.codecs.resample import resample
+from voxline.codecs.wav import read_wav
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+WIRE_RATE = 24000  # GA default pcm16 in and out, and /v1/audio/speech pcm
+CHUNK_MS = 20
+TRAILING_SILENCE_S = 1.0  # server VAD needs silence after the question to end the turn
+UNDERRUN_GAP_S = 0.1
+STATS = ("mean", "p50", "p90", "p95", "p99")
+METRICS = ("ttfa_s", "eos_to_first_audio_s", "rtf", "audio_s", "underruns", "underrun_s")
+QUESTIONS = (
+    "What is the capital of France?",
+    "How many legs does a spider have?",
+    "Tell me a short fact about the moon.",
+    "What colour is the sky on a clear day?",
+)
+ESPEAK_VOICES = (("en-us", 160), ("en-gb", 140), ("en-us+f3", 180))
+
+
+class BenchError(Exception):
+    """A usage problem (bad URL, gates file, missing audio): exit 2 with the message."""
+
+
+@dataclass
+class RequestResult:
+    ok: bool = False
+    error: str | None = None
+    ttfa_s: float | None = None  # request start -> first audio byte
+    eos_to_first_audio_s: float | None = None  # speech_stopped (or commit) -> first audio
+    rtf: float | None = None  # generation time / audio seconds (< 1: faster than real time)
+    audio_s: float = 0.0
+    wall_s: float = 0.0
+    underruns: int = 0
+    underrun_s: float = 0.0
+    arrivals: list[tuple[float, float]] = field(default_factory=list, repr=False)
+
+    def finish_audio(self, reference: float | None) -> None:
+        """Derive RTF and underruns from the (arrival time, seconds) of each audio piece."""
+        self.audio_s = sum(d for _, d in self.arrivals)
+        if self.arrivals and reference is not None and self.audio_s > 0:
+            self.rtf = (self.arrivals[-1][0] - reference) / self.audio_s
+        self.underruns, self.underrun_s = simulate_playout(self.arrivals)
+
+
+def simulate_playout(arrivals: list[tuple[float, float]]) -> tuple[int, float]:
+    """A player that starts at the first piece and plays at real time: count gaps > 100 ms.
+
+    Returns (number of gaps, their total seconds); shorter gaps still delay the playhead.
+    """
+    if not arrivals:
+        return 0, 0.0
+    playhead, count, total = arrivals[0][0], 0, 0.0
+    for at, seconds in arrivals:
+        if at > playhead:
+            gap = at - playhead
+            if gap > UNDERRUN_GAP_S:
+                count, total = count + 1, total + gap
+            playhead = at
+        playhead += seconds
+    return count, total
+
+
+def check_url(url: str, allow_remote: bool) -> str:
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise BenchError(f"--url must be http(s)://host:port, got {url!r}")
+    if parsed.hostname not in LOOPBACK and not allow_remote:
+        raise BenchError(f"refusing non-loopback host {parsed.hostname!r}: benchmarks target "
+                         "127.0.0.1 only (pass --allow-remote to override)")
+    return url.rstrip("/")
+
+
+# ---------------------------------------------------------------------------- questions
+
+
+def load_questions(audio_dir: str | None, workdir: Path) -> list[np.ndarray]:
+    """Question audio at the wire rate: --audio-dir WAVs, else espeak-ng, else Piper."""
+    if audio_dir:
+        files = sorted(Path(audio_dir).glob("*.wav"))
+        if not files:
+            raise BenchError(f"no .wav files in {audio_dir}")
+        return [_to_wire(*read_wav(f)) for f in files]
+    if shutil.which("espeak-ng"):
+        out = []
+        for i, text in enumerate(QUESTIONS):
+            voice, wpm = ESPEAK_VOICES[i % len(ESPEAK_VOICES)]
+            path = workdir / f"q{i}.wav"
+            subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(path), text],
+                           check=True, capture_output=True)
+            out.append(_to_wire(*read_wav(path)))
+        return out
+    from voxline.engines.models.piper_tts import PiperTTS  # slow import: only as a fallback
+
+    tts = PiperTTS.load()
+    return [_to_wire(tts.synthesize_all(t), tts.sample_rate) for t in QUESTIONS]
+
+
+def _to_wire(audio: np.ndarray, rate: int) -> np.ndarray:
+    return resample(audio, rate, WIRE_RATE) if rate != WIRE_RATE else audio.astype(np.float32)
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def speech_request(base: str, text: str, opts: argparse.Namespace) -> RequestResult:
+    import httpx
+
+    res = RequestResult()
+    start = time.perf_counter()
+    body = {"model": "voxline", "input": text, "voice": opts.voice, "response_format": "pcm"}
+    try:
+        async with asyncio.timeout(opts.timeout), httpx.AsyncClient(timeout=opts.timeout) as http:
+            async with http.stream("POST", base + "/v1/audio/speech", json=body,
+                                   headers=_headers(opts.api_key)) as resp:
+                if resp.status_code != 200:
+                    await resp.aread()
+                    res.error = f"http_{resp.status_code}"
+                    return res
+                odd = b""  # a PCM16 sample may straddle two body chunks
+                async for chunk in resp.aiter_bytes():
+                    now = time.perf_counter()
+                    data, odd = odd + chunk, b""
+                    if len(data) % 2:
+                        data, odd = data[:-1], data[-1:]
+                    if not data:
+                        continue
+                    if res.ttfa_s is None:
+                        res.ttfa_s = now - start
+                    res.arrivals.append((now, len(data) / 2 / WIRE_RATE))
+        res.ok = bool(res.arrivals)
+        res.error = None if res.ok else "no_audio"
+    except TimeoutError:
+        res.error = "timeout"
+    except httpx.HTTPError as exc:
+        res.error = f"http_{type(exc).__name__}"
+    finally:
+        res.wall_s = time.perf_counter() - start
+        res.finish_audio(start)
+    return res
+
+
+async def realtime_request(base: str, audio: np.ndarray, opts: argparse.Namespace) -> RequestResult:
+    import websockets
+
+    res = RequestResult()
+    start = time.perf_counter()
+    url = "ws" + base[len("http"):] + "/v1/realtime"
+    eos: float | None = None
+    sender: asyncio.Task[None] | None = None
+    turn_detection: dict[str, Any] | None = (
+        {"type": "server_vad"} if opts.turn_detection == "server_vad" else None)
+    try:
+        async with asyncio.timeout(opts.timeout), websockets.connect(
+                url, additional_headers=_headers(opts.api_key), max_size=None) as ws:
+            first = json.loads(await ws.recv())
+            if first.get("type") != "session.created":
+                res.error = f"unexpected_{first.get('type')}"
+                return res
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "type": "realtime", "audio": {"input": {"turn_detection": turn_detection}}}}))
+
+            async def send_audio() -> None:
+                nonlocal eos
+                pcm = np.concatenate([audio, np.zeros(int(TRAILING_SILENCE_S * WIRE_RATE),
+                                                      np.float32)])
+                step = WIRE_RATE * CHUNK_MS // 1000
+                t0 = time.perf_counter()
+                for n, i in enumerate(range(0, len(pcm), step)):
+                    piece = base64.b64encode(float_to_pcm16(pcm[i:i + step])).decode()
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                              "audio": piece}))
+                    # pace against the clock, not per sleep, so drift does not accumulate
+                    await asyncio.sleep(max(0.0, t0 + (n + 1) * CHUNK_MS / 1000
+                                            - time.perf_counter()))
+                if turn_detection is None:
+                    await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                    eos = time.perf_counter()
+                    await ws.send(json.dumps({"type": "response.create"}))
+
+            sender = asyncio.create_task(send_audio())
+            async for raw in ws:
+                now = time.perf_counter()
+                event = json.loads(raw)
+                kind = event.get("type")
+                if kind == "input_audio_buffer.speech_stopped" and eos is None:
+                    eos = now
+                elif kind in ("response.output_audio.delta", "response.audio.delta"):
+                    n_bytes = len(base64.b64decode(event.get("delta", "")))
+                    if n_bytes:
+                        if res.ttfa_s is None:
+                            res.ttfa_s = now - start
+                            if eos is not None:
+                                res.eos_to_first_audio_s = now - eos
+                        res.arrivals.append((now, n_bytes / 2 / WIRE_RATE))
+                elif kind == "error":
+                    res.error = f"server_{event.get('error', {}).get('code') or 'error'}"
+                    break
+                elif kind == "response.done":
+                    status = event.get("response", {}).get("status")
+                    if status != "completed":
+                        res.error = f"response_{status}"
+                    elif not res.arrivals:
+                        res.error = "no_audio"
+                    break
+        res.ok = res.error is None and bool(res.arrivals)
+    except TimeoutError:
+        res.error = "timeout"
+    except websockets.ConnectionClosed as exc:
+        res.error = f"closed_{exc.rcvd.code if exc.rcvd else 'abnormal'}"
+    except (OSError, websockets.InvalidHandshake) as exc:
+        res.error = f"connect_{type(exc).__name__}"
+    finally:
+        if sender is not None:
+            sender.cancel()
+        res.wall_s = time.perf_counter() - start
+        res.finish_audio(eos)
+    return res
+
+
+# ---------------------------------------------------------------------------- load shapes
+
+
+class Progress:
+    def __init__(self, label: str, total: int, quiet: bool) -> None:
+        self.label, self.total, self.quiet = label, total, quiet
+        self.done = self.errors = 0
+        self.start = time.perf_counter()
+
+    def update(self, res: RequestResult) -> None:
+        self.done += 1
+        self.errors += not res.ok
+        if not self.quiet:
+            print(f"\r[{self.label}] {self.done}/{self.total} done, {self.errors} errors, "
+                  f"{time.perf_counter() - self.start:.1f} s", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if not self.quiet:
+            print(file=sys.stderr, flush=True)
+
+
+async def run_level(base: str, opts: argparse.Namespace, questions: list[np.ndarray],
+                    concurrency: int | None, rate: float | None) -> dict[str, Any]:
+    label = f"c={concurrency}" if concurrency is not None else f"rate={rate:g}"
+    progress = Progress(label, opts.requests, opts.quiet)
+    deadline = time.perf_counter() + opts.max_seconds
+    results: list[RequestResult] = []
+
+    async def one(i: int) -> None:
+        if opts.mode == "speech":
+            res = await speech_request(base, QUESTIONS[i % len(QUESTIONS)], opts)
+        else:
+            res = await realtime_request(base, questions[i % len(questions)], opts)
+        results.append(res)
+        progress.update(res)
+
+    start = time.perf_counter()
+    if concurrency is not None:
+        counter = iter(range(opts.requests))
+
+        async def worker() -> None:
+            for i in counter:  # shared iterator: each request index is taken once
+                if time.perf_counter() > deadline:
+                    return
+                await one(i)
+
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, opts.requests))))
+    else:
+        assert rate is not None
+        rng, tasks = random.Random(opts.seed), []
+        for i in range(opts.requests):
+            if time.perf_counter() > deadline:
+                break
+            tasks.append(asyncio.create_task(one(i)))
+            await asyncio.sleep(rng.expovariate(rate))  # Poisson arrivals: exponential gaps
+        await asyncio.gather(*tasks)
+    wall = time.perf_counter() - start
+    progress.close()
+    return summarize(label, concurrency, rate, results, wall)
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {s: None for s in STATS} | {"n": 0}
+    arr = np.asarray(values, dtype=np.float64)
+    out: dict[str, float | None] = {"mean": float(arr.mean())}
+    for q in (50, 90, 95, 99):
+        out[f"p{q}"] = float(np.percentile(arr, q))
+    return out | {"n": len(values)}
+
+
+def summarize(label: str, concurrency: int | None, rate: float | None,
+              results: list[RequestResult], wall: float) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    metrics = {m: percentiles([v for r in ok if (v := getattr(r, m)) is not None])
+               for m in METRICS}
+    audio = sum(r.audio_s for r in ok)
+    return {
+        "label": label, "concurrency": concurrency, "rate": rate,
+        "requests": len(results), "ok": len(ok),
+        "errors": dict(Counter(r.error or "unknown" for r in results if not r.ok)),
+        "error_rate": (len(results) - len(ok)) / len(results) if results else 1.0,
+        "wall_s": wall,
+        "throughput": audio / wall if wall > 0 else 0.0,  # audio-seconds per wall-second
+        "metrics": metrics,
+        "results": [{k: v for k, v in asdict(r).items() if k != "arrivals"} for r in results],
+    }
+
+
+# ---------------------------------------------------------------------------- output
+
+
+def _fmt(v: float | None, scale: float = 1.0) -> str:
+    return "-" if v is None else f"{v * scale:.0f}" if scale != 1.0 else f"{v:.2f}"
+
+
+def table(report: dict[str, Any]) -> str:
+    head = (f"{'level':>10} {'ok/n':>7} {'TTFA p50/p95/p99 ms':>21} {'EOS->audio p50/p95 ms':>22}"
+            f" {'RTF p50':>8} {'audio s/s':>9} {'underruns':>9} errors")
+    lines = [f"voxline bench: {report['mode']} @ {report['url']}", head]
+    for lv in report["levels"]:
+        m = lv["metrics"]
+        ttfa = "/".join(_fmt(m["ttfa_s"][s], 1000) for s in ("p50", "p95", "p99"))
+        eos = "/".join(_fmt(m["eos_to_first_audio_s"][s], 1000) for s in ("p50", "p95"))
+        under = sum(r["underruns"] for r in lv["results"])
+        errors = ", ".join(f"{k}: {v}" for k, v in lv["errors"].items()) or "-"
+        lines.append(f"{lv['label']:>10} {lv['ok']:>3}/{lv['requests']:<3} {ttfa:>21} {eos:>22}"
+                     f" {_fmt(m['rtf']['p50']):>8} {lv['throughput']:>9.2f} {under:>9} {errors}")
+    return "\n".join(lines)
+
+
+def level_value(level: dict[str, Any], metric: str, stat: str) -> float | None:
+    if metric in ("throughput", "error_rate", "ok", "requests", "wall_s"):
+        return float(level[metric])
+    if metric not in level["metrics"]:
+        raise BenchError(f"unknown metric {metric!r}")
+    return level["metrics"][metric].get(stat)
+
+
+def load_gates(path: str) -> list[dict[str, Any]]:
+    text = Path(path).read_text()
+    if path.endswith(".toml"):
+        import tomllib
+
+        data: Any = tomllib.loads(text)
+    else:
+        data = json.loads(text)
+    gates = data.get("gate", data.get("gates")) if isinstance(data, dict) else data
+    if not isinstance(gates, list) or not gates:
+        raise BenchError(f"{path}: expected a list of gates ([[gate]] in TOML, "
+                         "{\"gates\": [...]} or a list in JSON)")
+    for g in gates:
+        if "level" not in g or "metric" not in g or ("max" not in g and "min" not in g):
+            raise BenchError(f"{path}: each gate needs level, metric and max or min: {g}")
+    return gates
+
+
+def check_gates(report: dict[str, Any], gates: list[dict[str, Any]]) -> tuple[list[str], bool]:
+    """One PASS/FAIL line per gate; a gate on an unmeasured level or value fails."""
+    levels = {lv["label"]: lv for lv in report["levels"]}
+    lines, ok = [], True
+    for g in gates:
+        stat = g.get("stat", "p50")
+        name = g.get("name") or f"{g['metric']} {stat} at {g['level']}"
+        level = levels.get(g["level"])
+        value = level_value(level, g["metric"], stat) if level else None
+        passed = value is not None and not math.isnan(value)
+        if passed and "max" in g:
+            passed = value <= g["max"]  # type: ignore[operator]
+        if passed and "min" in g:
+            passed = value >= g["min"]  # type: ignore[operator]
+        bound = " ".join(f"{k} {g[k]}" for k in ("min", "max") if k in g)
+        shown = "not measured" if value is None else f"{value:.3f}"
+        lines.append(f"{'PASS' if passed else 'FAIL'}  {name}: {shown} ({bound})")
+        ok &= passed
+    return lines, ok
+
+
+def compare(a_path: str, b_path: str) -> str:
+    a, b = (json.loads(Path(p).read_text()) for p in (a_path, b_path))
+    b_levels = {lv["label"]: lv for lv in b["levels"]}
+    lines = [f"{'level':>10} {'value':<28} {'A':>10} {'B':>10} {'B/A':>7}"]
+    for la in a["levels"]:
+        lb = b_levels.get(la["label"])
+        if lb is None:
+            continue
+        rows = [("throughput", "", "throughput"), ("error_rate", "", "error_rate")]
+        rows += [(m, s, f"{m} {s}") for m in ("ttfa_s", "eos_to_first_audio_s", "rtf")
+                 for s in ("p50", "p95")]
+        for metric, stat, name in rows:
+            va, vb = level_value(la, metric, stat), level_value(lb, metric, stat)
+            if va is None and vb is None:
+                continue
+            ratio = f"{vb / va:.2f}" if va and vb is not None else "-"
+            lines.append(f"{la['label']:>10} {name:<28} {_fmt(va):>10} {_fmt(vb):>10} {ratio:>7}")
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: str) -> bool:
+    """Latency percentiles and underruns against concurrency; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    levels = [lv for lv in report["levels"] if lv["concurrency"] is not None]
+    if not levels:
+        return False
+    xs = [lv["concurrency"] for lv in levels]
+    metric = "eos_to_first_audio_s" if report["mode"] == "realtime" else "ttfa_s"
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for stat in ("p50", "p95", "p99"):
+        ys = [lv["metrics"][metric][stat] for lv in levels]
+        ax.plot(xs, [math.nan if y is None else y * 1000 for y in ys], marker="o", label=stat)
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel(f"{metric} (ms)")
+    ax2 = ax.twinx()
+    ax2.bar(xs, [sum(r["underruns"] for r in lv["results"]) for lv in levels], alpha=0.2,
+            color="red", label="underruns")
+    ax2.set_ylabel("underruns")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+# ---------------------------------------------------------------------------- entry point
+
+
+def _levels(opts: argparse.Namespace) -> list[tuple[int | None, float | None]]:
+    if opts.rate is not None:
+        if opts.rate <= 0:
+            raise BenchError("--rate must be > 0")
+        return [(None, opts.rate)]
+    try:
+        cs = [int(c) for c in opts.concurrency.split(",") if c.strip()]
+    except ValueError as exc:
+        raise BenchError(f"--concurrency: expected e.g. 1,2,4, got {opts.concurrency!r}") from exc
+    if not cs or min(cs) < 1:
+        raise BenchError("--concurrency needs positive integers")
+    return [(c, None) for c in cs]
+
+
+async def bench(opts: argparse.Namespace) -> dict[str, Any]:
+    base = check_url(opts.url, opts.allow_remote)
+    with tempfile.TemporaryDirectory(prefix="voxline-bench-") as tmp:
+        questions = load_questions(opts.audio_dir, Path(tmp)) if opts.mode == "realtime" else []
+    levels = [await run_level(base, opts, questions, c, r) for c, r in _levels(opts)]
+    return {"version": 1, "mode": opts.mode, "url": base, "turn_detection": opts.turn_detection,
+            "requests_per_level": opts.requests, "timeout_s": opts.timeout,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "levels": levels}
+
+
+def main(opts: argparse.Namespace) -> int:
+    """Run (or compare); 0 on success, 1 when a gate fails, 2 on a usage error."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request drowns the table
+    try:
+        if opts.compare:
+            print(compare(*opts.compare))
+            return 0
+        gates = load_gates(opts.gates) if opts.gates else []
+        report = asyncio.run(bench(opts))
+        print(table(report))
+        if opts.json:
+            Path(opts.json).write_text(json.dumps(report, indent=2))
+            print(f"wrote {opts.json}")
+        if opts.plot:
+            print(f"wrote {opts.plot}" if plot(report, opts.plot)
+                  else "no plot: matplotlib is not installed (or no concurrency levels)")
+        if gates:
+            lines, passed = check_gates(report, gates)
+            print("\n".join(lines))
+            return 0 if passed else 1
+        return 0
+    except (BenchError, OSError, ValueError) as exc:
+        print(f"voxline bench: error: {exc}", file=sys.stderr)
+        return 2

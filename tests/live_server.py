@@ -23,17 +23,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def live_server(startup_timeout: float = 300.0, **overrides: object) -> Iterator[str]:
-    """Serve until the block ends; yields the base URL (http://127.0.0.1:PORT)."""
-    overrides.setdefault("engine", "inprocess")
-    settings = load_settings(host="127.0.0.1", port=free_port(), **overrides)
-    app = create_app(settings, make_engine(settings))
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                            ws="websockets-sansio", ws_max_size=settings.max_event_bytes + 1024)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="live-server")
+def serve_app(app: object, port: int, *, startup_timeout: float = 60.0, name: str = "server",
+              **config: object) -> Iterator[str]:
+    """Run `app` with uvicorn on 127.0.0.1:`port` in a thread until the block ends, once
+    `/health` answers 200; yields the base URL. The one home of the tests' server loop."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", ws="websockets-sansio",
+                                           **config))
+    thread = threading.Thread(target=server.run, name=name)
     thread.start()
-    base = f"http://{settings.host}:{settings.port}"
+    base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + startup_timeout
     try:
         while True:
@@ -43,9 +42,20 @@ def live_server(startup_timeout: float = 300.0, **overrides: object) -> Iterator
             except httpx.HTTPError:
                 pass
             if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("voxline server did not become healthy")
-            time.sleep(0.2)
+                raise RuntimeError(f"{name} did not become healthy")
+            time.sleep(0.1)
         yield base
     finally:
         server.should_exit = True
         thread.join(60)
+
+
+@contextmanager
+def live_server(startup_timeout: float = 300.0, **overrides: object) -> Iterator[str]:
+    """The real app with the shipped models until the block ends; yields the base URL."""
+    overrides.setdefault("engine", "inprocess")
+    settings = load_settings(host="127.0.0.1", port=free_port(), **overrides)
+    app = create_app(settings, make_engine(settings))
+    with serve_app(app, settings.port, startup_timeout=startup_timeout, name="live-server",
+                   ws_max_size=settings.max_event_bytes + 1024) as base:
+        yield base

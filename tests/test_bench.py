@@ -5,17 +5,13 @@ energy VAD and tone replies), so behaviour is asserted, not timings."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
-import uvicorn
+from live_server import free_port, serve_app
 
 from voxline.bench import simulate_playout
 from voxline.cli import main
@@ -27,29 +23,10 @@ from voxline.realtime.app import create_app
 
 @contextmanager
 def serve(core: str) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     app = create_app(load_settings(), InProcessEngineClient(core))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           ws="websockets-sansio", timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, name="bench-server")
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.05)
+    # a speech request the echo core never answers must not hold up teardown
+    with serve_app(app, free_port(), name="bench-server", timeout_graceful_shutdown=1) as base:
         yield base
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 @pytest.fixture(scope="module")

@@ -90,6 +90,25 @@ class TalkerFrame:
     finish: FinishReason | None
 
 
+def triage(streams: Sequence[TalkerStream], eos: int
+           ) -> tuple[list[TalkerStream], dict[int, TalkerFrame], list[TalkerStream]]:
+    """A step's start, shared by the eager and the graphed generators: the unfinished
+    streams, the EOS frames of those whose pending code was EOS (now finished), and those
+    whose pending code completes a frame this step."""
+    live = [s for s in streams if not s.finished]
+    results: dict[int, TalkerFrame] = {}
+    completing = []
+    for s in live:
+        if s.pending is None:
+            continue
+        if s.pending == eos:
+            s.finish = FinishReason.EOS
+            results[id(s)] = TalkerFrame(s, None, s.finish)
+        else:
+            completing.append(s)
+    return live, results, completing
+
+
 class TalkerGenerator:
     """Steps many talker streams together over a slot cache allocated once."""
 
@@ -142,17 +161,7 @@ class TalkerGenerator:
     @torch.inference_mode()
     def step(self, streams: Sequence[TalkerStream]) -> list[TalkerFrame]:
         """Advance each unfinished stream by one frame; one result per unfinished stream."""
-        live = [s for s in streams if not s.finished]
-        results: dict[int, TalkerFrame] = {}
-        completing = []
-        for s in live:
-            if s.pending is None:
-                continue
-            if s.pending == self.eos:
-                s.finish = FinishReason.EOS
-                results[id(s)] = TalkerFrame(s, None, s.finish)
-            else:
-                completing.append(s)
+        live, results, completing = triage(streams, self.eos)
 
         frames = None
         if completing:

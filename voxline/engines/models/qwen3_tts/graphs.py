@@ -55,7 +55,14 @@ from voxline.kernels.fused import compiled_kernels, rms_norm_eager
 from voxline.kernels.sampling import sample_rows
 
 from .code2wav import Code2WavDecoder, Code2WavState
-from .generation import FinishReason, TalkerFrame, TalkerGenerator, TalkerSampling, TalkerStream
+from .generation import (
+    FinishReason,
+    TalkerFrame,
+    TalkerGenerator,
+    TalkerSampling,
+    TalkerStream,
+    triage,
+)
 from .layers import DecoderLayer
 from .prompt import TalkerPrompt
 from .talker import Talker, _window_masks
@@ -161,17 +168,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
     @torch.inference_mode()
     def step(self, streams: Sequence[TalkerStream]) -> list[TalkerFrame]:
         """As :meth:`TalkerGenerator.step`: one frame per unfinished stream."""
-        live = [s for s in streams if not s.finished]
-        results: dict[int, TalkerFrame] = {}
-        completing = []
-        for s in live:
-            if s.pending is None:
-                continue
-            if s.pending == self.eos:
-                s.finish = FinishReason.EOS
-                results[id(s)] = TalkerFrame(s, None, s.finish)
-            else:
-                completing.append(s)
+        live, results, completing = triage(streams, self.eos)
 
         decode: list[TalkerStream] = []
         inputs: list[Tensor] = []

@@ -279,7 +279,7 @@ def test_settings_the_server_would_ignore_are_refused():
         0.0)
     assert names(actor.take_events()) == ["SessionUpdated"]
     update, = actor.take_commands()
-    assert update.config.turn_detection.silence_duration_ms == 300  # eagerness: high
+    assert update.config.turn_detection.eagerness == "high"  # judged by the words
     actor.receive(parse_command({"type": "response.create", "event_id": "r", "response": {
         "tools": [{"type": "function", "name": "f"}]}}), 0.0)
     err, = actor.take_events()

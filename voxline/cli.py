@@ -30,7 +30,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="require this key (Authorization: Bearer, or the browser "
                             "subprotocol openai-insecure-api-key.<key>); env VOXLINE_API_KEY")
     serve.add_argument("--max-sessions", type=int, default=None,
-                       help="concurrent /v1/realtime sessions (default: 16)")
+                       help="concurrent voice sessions: /v1/realtime WebSockets, WebRTC calls and "
+                            "Twilio streams together; each holds an LLM cache slot, sized to this. "
+                            "Past it: close 1013 / HTTP 503 + Retry-After (default: 8)")
+    serve.add_argument("--max-responses", type=int, default=None,
+                       help="replies and /v1/audio/speech requests the engine generates at once; "
+                            "past it a reply fails with error code server_busy and speech gets "
+                            "HTTP 503 + Retry-After (default: 8)")
+    serve.add_argument("--send-buffer-kb", type=int, default=None,
+                       help="KiB of events queued for a client that stopped reading before its "
+                            "connection is dropped; other sessions are unaffected (default: 1024)")
+    serve.add_argument("--speculate-after-ms", type=float, default=None,
+                       help="a pause this long in a user's turn starts its transcript and reply "
+                            "speculatively, so the reply is ready when the turn ends; dropped "
+                            "unsent if the user goes on (0: off; default: 160)")
     serve.add_argument("--engine", choices=["process", "inprocess"], default=None,
                        help="engine in a supervised child process (default) or a thread")
     serve.add_argument("--output-lead-ms", type=float, default=None,
@@ -41,6 +54,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tts", type=_tts_choice, default=None,
                        help="speech model: piper (shipped voice, default) or qwen3:<checkpoint dir> "
                             "(Qwen3-TTS, official layout); env VOXLINE_TTS")
+    serve.add_argument("--llm", default=None, metavar="embedded|openai:URL",
+                       help="reply model: embedded (shipped SmolLM2, default) or openai:<server "
+                            "url> for any OpenAI-compatible /v1/chat/completions server (vLLM, "
+                            "SGLang, llama.cpp, Ollama), e.g. openai:http://127.0.0.1:8080/v1; "
+                            "env VOXLINE_LLM")
+    serve.add_argument("--llm-model", default=None,
+                       help="model name sent to the remote server (required with --llm openai:)")
+    serve.add_argument("--llm-api-key", default=None,
+                       help="bearer key for the remote server; env VOXLINE_LLM_API_KEY")
+    serve.add_argument("--llm-timeout", type=float, default=None,
+                       help="remote server: seconds to connect and to wait for each streamed "
+                            "chunk (default: 30)")
+    serve.add_argument("--llm-retries", type=int, default=None,
+                       help="remote server: retries of a request that failed before its first "
+                            "token (default: 2)")
     serve.add_argument("--ice-hosts", default=None,
                        help="WebRTC: comma-separated host addresses offered as ICE candidates "
                             "(default: 127.0.0.1 and every interface address); env "

@@ -23,7 +23,19 @@ class Settings(BaseSettings):
     threads: int = Field(default=0, description="torch/onnxruntime intra-op threads (0 = auto)")
     host: str = Field(default="127.0.0.1", description="bind address of `voxline serve`")
     port: int = Field(default=8000, description="TCP port of `voxline serve`")
-    max_sessions: int = Field(default=16, ge=1, description="concurrent realtime sessions")
+    # Capacity: each conversation holds one LLM KV-cache slot (the engine sizes its cache to
+    # max_sessions), and the engine generates at most max_responses replies at once; past
+    # either, clients are refused with a reason (close 1013, HTTP 503 + Retry-After).
+    max_sessions: int = Field(default=8, ge=1, description="concurrent voice sessions "
+                              "(/v1/realtime WebSocket, WebRTC calls, Twilio streams)")
+    max_responses: int = Field(default=8, ge=1, description="replies (and /v1/audio/speech "
+                               "requests) the engine generates at once")
+    send_buffer_kb: int = Field(default=1024, ge=16, description="KiB of server events queued "
+                                "for a connection whose client stopped reading before it is "
+                                "disconnected")
+    speculate_after_ms: float = Field(default=160.0, ge=0, description="a pause this long in a "
+                                      "server-VAD turn starts its transcript and reply "
+                                      "speculatively, released if the turn ends (0: off)")
     max_session_seconds: float = Field(default=1800.0, gt=0, description="session time limit")
     shutdown_grace: float = Field(default=5.0, ge=0, description="on SIGTERM/SIGINT: seconds "
                                   "replies in flight may take before sessions close (1001)")
@@ -39,6 +51,18 @@ class Settings(BaseSettings):
     tts_speaker: str | None = Field(default=None, description="Qwen3-TTS preset voice "
                                     "(default: the checkpoint's first)")
     tts_language: str = Field(default="auto", description="Qwen3-TTS language, or auto")
+    llm: str = Field(default="embedded", pattern=r"^(embedded|openai:https?://.+)$",
+                     description="reply model: 'embedded' (shipped SmolLM2, in the engine) or "
+                                 "'openai:<server url>' (any OpenAI-compatible "
+                                 "/v1/chat/completions server: vLLM, SGLang, llama.cpp, Ollama)")
+    llm_model: str | None = Field(default=None, description="model name sent to a remote "
+                                  "server (required with llm=openai:...)")
+    llm_api_key: str | None = Field(default=None, description="bearer key for a remote server")
+    llm_timeout: float = Field(default=30.0, gt=0, description="remote server: seconds to "
+                               "connect and to wait for each streamed chunk")
+    llm_retries: int = Field(default=2, ge=0, description="remote server: retries of a request "
+                             "that failed before its first token (connection error, timeout, "
+                             "429/5xx)")
     twilio_auth_token: str | None = Field(default=None, description="validate "
                                           "X-Twilio-Signature on /v1/telephony/twilio* if set")
     ice_hosts: str = Field(default="", description="comma-separated host addresses offered as "
@@ -50,6 +74,11 @@ class Settings(BaseSettings):
     rtc_ports: str = Field(default="", pattern=r"^(\d+-\d+)?$",
                            description="UDP port range for WebRTC media, e.g. 40000-40199 "
                                        "(empty: any free port)")
+
+    @property
+    def remote_llm(self) -> bool:
+        """The reply model runs on a remote server (which can call tools)."""
+        return self.llm != "embedded"
 
     def ice_host_list(self) -> list[str]:
         return [h.strip() for h in self.ice_hosts.split(",") if h.strip()]

@@ -1,7 +1,8 @@
 """The ASR stage: one utterance transcribed at a time, final transcripts ahead of partials.
 
-A final transcript gates the reply (a response waits for it), so a final job jumps
-ahead of every queued partial; a partial is only a progress report.
+A final transcript gates the reply (a response waits for it), and so does a pause
+transcript (a speculative reply starts from it), so both jump ahead of every queued
+partial; a partial is only a progress report.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
+from voxline.engines.input_audio import Utterance
 from voxline.engines.stage import StreamId
 
 
@@ -21,10 +23,15 @@ class ASRModel(Protocol):
 
 @dataclass
 class ASRJob:
+    """`final`: the turn's transcript. `pause`: the turn so far, transcribed at a pause
+    (made in the utterance's `generation`); it becomes the final one if no speech follows."""
+
     stream_id: StreamId
     item_id: str
     audio: np.ndarray
     final: bool
+    pause: Utterance | None = None
+    generation: int = 0
 
 
 class ASRStage:
@@ -35,7 +42,7 @@ class ASRStage:
         self._jobs: deque[ASRJob] = deque()
 
     def add(self, job: ASRJob) -> None:
-        if job.final:
+        if job.final or job.pause is not None:
             self._jobs.appendleft(job)
         else:
             self._jobs.append(job)

@@ -29,11 +29,14 @@ from voxline.engines.input_audio import (
     MAX_UTTERANCE_MS,
     InputAudio,
     PartialDue,
+    TurnPaused,
+    TurnResumed,
     TurnStarted,
     TurnStopped,
 )
 from voxline.engines.llm_stage import ChatModel, FinishReason, LLMStage
 from voxline.engines.prompt_cache import Conversation
+from voxline.engines.remote_llm import RemoteChat, RemoteLLMStage
 from voxline.engines.responses import Responses
 from voxline.engines.speech_stage import SpeechStage
 from voxline.engines.stage import RequestRefused, StageWorker
@@ -42,6 +45,13 @@ from voxline.engines.tts_stage import TTSStage
 from voxline.engines.vad_stage import MAX_BACKLOG_MS, ROUNDS_PER_STEP, VADModel, VADStage
 
 logger = logging.getLogger(__name__)
+
+# A pause this long in a turn is transcribed and a reply started speculatively: long
+# enough that the gaps between words rarely reach it, short enough that transcript,
+# first clause and first audio are mostly ready when a 500 ms silence window closes.
+DEFAULT_SPECULATE_AFTER_MS = 160.0
+# With speculation off, semantic turn detection still transcribes pauses this long.
+SEMANTIC_PAUSE_MS = 160.0
 
 
 @dataclass
@@ -57,17 +67,26 @@ class EngineCore:
 
     `max_input_backlog_ms` bounds each stream's audio waiting for VAD,
     `max_utterance_ms` each manual-commit buffer; appends past them are refused.
+    `max_responses` bounds the responses (replies and speech) in progress engine-wide.
+    `speculate_after_ms` (0: off): a pause this long in a server-VAD turn starts the
+    turn's transcript and reply speculatively (see `Responses.speculate`).
     """
 
     def __init__(self, models: Models, wake: Callable[[], None], max_streams: int = 64,
                  max_input_backlog_ms: float = MAX_BACKLOG_MS,
-                 max_utterance_ms: float = MAX_UTTERANCE_MS) -> None:
+                 max_utterance_ms: float = MAX_UTTERANCE_MS, max_responses: int = 8,
+                 speculate_after_ms: float = DEFAULT_SPECULATE_AFTER_MS) -> None:
         self.models = models
+        self.speculate_after_ms = speculate_after_ms
+        self.max_responses = max_responses
         self.max_utterance_ms = max_utterance_ms
         self.registry = StreamRegistry(max_streams)
         self.vad = VADStage(models.vad, max_input_backlog_ms)
         self.asr = ASRStage(models.asr)
-        self.llm = LLMStage(models.llm)
+        # The reply model: embedded (batched forward passes here) or a remote server.
+        self.llm: LLMStage | RemoteLLMStage = (
+            RemoteLLMStage(models.llm, wake) if isinstance(models.llm, RemoteChat)
+            else LLMStage(models.llm))
         self.tts = TTSStage(models.tts)
         self._vad_worker = StageWorker(self.vad, wake, thread_name=None)
         self._asr_worker = StageWorker(self.asr, wake, "voxline-asr")
@@ -115,6 +134,8 @@ class EngineCore:
             self._close_stream(external_id, announce=False)
         for worker in (self._asr_worker, self._tts_worker, self._llm_worker):
             worker.close()
+        if isinstance(self.llm, RemoteLLMStage):
+            self.llm.close()
         self._release_closed(force=True)
 
     def add_input(self, msg: p.EngineInput) -> None:
@@ -140,7 +161,9 @@ class EngineCore:
         responses = self.responses
         match msg:
             case p.UpdateStream():
+                responses.discard_speculation(stream)  # it answered with the old settings
                 stream.config = msg.config
+                stream.input.pause_ms = self._pause_ms(msg.config)
                 stream.input.configure(msg.config.turn_detection)
                 self.vad.enable(stream.internal_id, stream.input.detector is not None)
             case p.AppendAudio():
@@ -153,6 +176,7 @@ class EngineCore:
                 utt = stream.input.commit()
                 self._queue_final(stream, msg.item_id, utt.audio())
             case p.ClearAudio():
+                responses.discard_speculation(stream)
                 self.vad.clear(stream.internal_id)
                 stream.input.clear()
             case p.AddItem():
@@ -166,6 +190,8 @@ class EngineCore:
                     responses.conversation_changed(stream)
             case p.TruncateItem():
                 responses.truncate(stream, msg)
+            case p.CreateResponse() | p.Speak() if self._refuse_response(stream, msg):
+                pass
             case p.CreateResponse():
                 responses.create(stream, msg)
             case p.Speak():
@@ -177,7 +203,8 @@ class EngineCore:
 
     def _open_stream(self, msg: p.OpenStream) -> None:
         internal_id = self.registry.new_id(msg.stream_id)
-        audio_in = InputAudio(msg.config.turn_detection, self.max_utterance_ms)
+        audio_in = InputAudio(msg.config.turn_detection, self.max_utterance_ms,
+                              self._pause_ms(msg.config))
         stream = StreamState(internal_id, msg.stream_id, msg.config,
                              Conversation(self.models.llm.render_message), audio_in)
         self.vad.add_stream(internal_id, enabled=audio_in.detector is not None)
@@ -204,6 +231,18 @@ class EngineCore:
                 self.models.llm.free_slot(stream.slot.index)
                 stream.slot = None
             self.registry.release(stream)
+
+    def _refuse_response(self, stream: StreamState, msg: p.CreateResponse | p.Speak) -> bool:
+        """Admission by capacity: past `max_responses` in progress, a new response fails at
+        once (an error naming the limit, then its `ResponseDone`), so its caller never waits
+        on a reply that will not come and the running ones keep their pace."""
+        if self.responses.in_progress() < self.max_responses:
+            return False
+        self._error(stream.external_id, f"the engine is generating its limit of "
+                    f"{self.max_responses} responses at once; try again shortly", "server_busy")
+        self._outputs.append(p.ResponseDone(stream.external_id, msg.response_id,
+                                            p.ResponseStatus.FAILED, ""))
+        return True
 
     def _error(self, stream_id: str, message: str, code: str, fatal: bool = False) -> None:
         self._outputs.append(p.StreamError(stream_id, message, code, fatal))
@@ -237,15 +276,39 @@ class EngineCore:
         sid = stream.external_id
         match turn:
             case TurnStarted():
+                self.responses.discard_speculation(stream)  # (a lingering one: never asked for)
                 self._outputs.append(p.SpeechStarted(sid, int(turn.audio_start_ms),
                                                      turn.utterance.item_id))
             case TurnStopped():
                 utt = turn.utterance
                 self._outputs.append(p.SpeechStopped(sid, int(turn.audio_end_ms), utt.item_id))
-                self._queue_final(stream, utt.item_id, utt.audio())
+                if utt.pause_text is not None:  # no speech since the pause: it is the final
+                    self._final_transcript(stream, utt.item_id, utt.pause_text, utt.pause_asr_ms)
+                elif utt.pause_asr:  # the pause transcript becomes the final when it lands
+                    utt.ended = True
+                    stream.pending_finals += 1
+                else:
+                    self._queue_final(stream, utt.item_id, utt.audio())
+            case TurnPaused():
+                utt = turn.utterance
+                utt.pause_asr = True
+                self.asr.add(ASRJob(stream.internal_id, utt.item_id, utt.audio(), final=False,
+                                    pause=utt, generation=utt.generation))
+            case TurnResumed():
+                self.responses.discard_speculation(stream)
             case PartialDue():
                 utt = turn.utterance
                 self.asr.add(ASRJob(stream.internal_id, utt.item_id, utt.audio(), final=False))
+
+    def _pause_ms(self, config: p.StreamConfig) -> float:
+        """How long a pause in a turn must last before it is transcribed: to speculate, or
+        for semantic turn detection to judge the words (0: never)."""
+        td = config.turn_detection
+        if td is None:
+            return 0.0
+        if self.speculate_after_ms > 0:
+            return self.speculate_after_ms
+        return SEMANTIC_PAUSE_MS if td.eagerness is not None else 0.0
 
     def _queue_final(self, stream: StreamState, item_id: str, audio: np.ndarray) -> None:
         stream.pending_finals += 1
@@ -259,6 +322,9 @@ class EngineCore:
         stream = self.registry.live(job.stream_id)
         if stream is None:
             return  # closed meanwhile
+        if job.pause is not None:
+            self._pause_transcribed(stream, job, done.result, done.error, done.seconds)
+            return
         if done.error is not None:
             logger.error("ASR failed", exc_info=done.error)
             self._error(stream.external_id, f"transcription failed: {done.error}", "asr_error")
@@ -274,12 +340,44 @@ class EngineCore:
                 if text:
                     self._outputs.append(p.TranscriptPartial(stream.external_id, job.item_id, text))
             return
-        if text:
-            self.responses.conversation_changed(stream)
-            stream.conversation.add(job.item_id, "user", text)
-        self._outputs.append(p.TranscriptFinal(stream.external_id, job.item_id, text,
-                                               done.seconds * 1000))
+        self._final_transcript(stream, job.item_id, text, done.seconds * 1000)
         self.responses.transcript_landed(stream)
+
+    def _final_transcript(self, stream: StreamState, item_id: str, text: str,
+                          asr_ms: float) -> None:
+        """The user item joins the conversation (a speculation may have added it already)."""
+        if text and not stream.conversation.has(item_id):
+            self.responses.conversation_changed(stream)
+            stream.conversation.add(item_id, "user", text)
+        self.responses.turn_ended(stream, item_id)
+        self._outputs.append(p.TranscriptFinal(stream.external_id, item_id, text, asr_ms))
+
+    def _pause_transcribed(self, stream: StreamState, job: ASRJob, result: str | None,
+                           error: BaseException | None, seconds: float) -> None:
+        """A pause transcript landed: the final one if the turn ended meanwhile; else the
+        words semantic turn detection judges and a speculative reply starts from."""
+        utt = job.pause
+        assert utt is not None
+        if job.generation != utt.generation:
+            return  # speech resumed after the pause: void
+        utt.pause_asr = False
+        if error is not None:
+            logger.error("ASR failed", exc_info=error)
+            if utt.ended:  # no other transcript is coming: the turn's final failed
+                self._error(stream.external_id, f"transcription failed: {error}", "asr_error")
+                self.responses.transcript_landed(stream)
+            return  # a failed pause transcript just means no speculation
+        assert result is not None
+        text = self.asr.update(job, result)
+        if utt.ended:
+            self._final_transcript(stream, job.item_id, text, seconds * 1000)
+            self.responses.transcript_landed(stream)
+            return
+        utt.pause_text, utt.pause_asr_ms = text, seconds * 1000
+        if stream.input.utterance is utt and stream.input.detector is not None:
+            stream.input.detector.judge(text)
+        if self.speculate_after_ms > 0:
+            self.responses.speculate(stream, job.item_id, text)
 
     # -------------------------------------------------------------------------- LLM
 

@@ -11,6 +11,8 @@ import torch
 
 from voxline.config import Settings, load_settings
 from voxline.engines.core import EngineCore, Models
+from voxline.engines.llm_stage import ChatModel
+from voxline.engines.remote_llm import RemoteChat, RemoteLLMConfig, parse_llm_spec
 from voxline.engines.speech_stage import SentenceSpeechStage, SpeechStage
 
 logger = logging.getLogger(__name__)
@@ -28,10 +30,8 @@ def model_threads(settings: Settings) -> int:
 def load_models(settings: Settings | None = None, *, llm_path: str | None = None,
                 max_slots: int = 8, max_len: int = 2048) -> Models:
     """Load VAD, ASR, LLM and TTS (shipped weights unless `llm_path` names a checkpoint)."""
-    from voxline.engines.models.chat_llm import ChatLLM
     from voxline.engines.models.moonshine_asr import MoonshineASR
     from voxline.engines.models.silero_vad import SileroVAD
-    from voxline.engines.models.smollm2 import load_llm
 
     settings = settings or load_settings()
     threads = model_threads(settings)
@@ -39,8 +39,7 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     t0 = time.perf_counter()
     vad = SileroVAD.load(threads=1)
     asr = MoonshineASR.load(threads=threads)
-    llm = ChatLLM(load_llm(llm_path, settings.llm_dtype, cache=settings.cache),
-                  max_slots=max_slots, max_len=max_len)
+    llm = load_reply_model(settings, llm_path, max_slots, max_len)
     tts = load_tts(settings)
     logger.info("all models loaded in %.2f s", time.perf_counter() - t0)
     models = Models(vad=vad, asr=asr, llm=llm, tts=tts)
@@ -57,7 +56,7 @@ def warm_up(models: Models) -> None:
     t0 = time.perf_counter()
     models.vad.process(np.zeros((1, 512), np.float32), [models.vad.new_state()])
     models.asr.transcribe((np.random.default_rng(0).standard_normal(16000) * 0.01).astype(np.float32))
-    slot = models.llm.alloc_slot()
+    slot = models.llm.alloc_slot() if not isinstance(models.llm, RemoteChat) else None
     if slot is not None:
         models.llm.forward([slot], [models.llm.render_message("user", "Hello.")])
         models.llm.free_slot(slot)
@@ -65,6 +64,22 @@ def warm_up(models: Models) -> None:
     while models.tts.has_work():
         models.tts.step()
     logger.info("models warmed up in %.2f s", time.perf_counter() - t0)
+
+
+def load_reply_model(settings: Settings, llm_path: str | None, max_slots: int,
+                     max_len: int) -> ChatModel:
+    """The embedded SmolLM2 (or `llm_path`), or a remote server when `settings.llm` says so."""
+    if settings.remote_llm:
+        config = RemoteLLMConfig(parse_llm_spec(settings.llm), settings.llm_model or "",
+                                 settings.llm_api_key, settings.llm_timeout, settings.llm_retries)
+        remote = RemoteChat(config)
+        logger.info("reply model: %s at %s (%s)", config.model, config.url, remote.check())
+        return remote  # type: ignore[return-value]
+    from voxline.engines.models.chat_llm import ChatLLM
+    from voxline.engines.models.smollm2 import load_llm
+
+    return ChatLLM(load_llm(llm_path, settings.llm_dtype, cache=settings.cache),
+                   max_slots=max_slots, max_len=max_len)
 
 
 def load_tts(settings: Settings) -> SpeechStage:
@@ -91,8 +106,12 @@ def make_engine_core(wake: Callable[[], None], **kwargs: object) -> EngineCore:
     llm_path = kwargs.pop("llm_path", None)
     max_streams = int(kwargs.pop("max_streams", 64))  # type: ignore[arg-type]
     settings = load_settings(**kwargs)
-    models = load_models(settings, llm_path=llm_path)  # type: ignore[arg-type]
-    return EngineCore(models, wake, max_streams=max_streams)
+    # one KV-cache slot per conversation: the server admits at most max_sessions of them
+    models = load_models(settings, llm_path=llm_path,  # type: ignore[arg-type]
+                         max_slots=settings.max_sessions)
+    return EngineCore(models, wake, max_streams=max_streams,
+                      max_responses=settings.max_responses,
+                      speculate_after_ms=settings.speculate_after_ms)
 
 
 DEFAULT_CORE = "voxline.engines.factory:make_engine_core"

@@ -39,6 +39,13 @@ class Utterance:
     samples: int = 0
     last_partial_samples: int = 0
     partial_queued: bool = False
+    # Speculation: each resumed pause starts a new `generation`; a pause transcript
+    # (`pause_text`) is only valid for the generation it was made in.
+    generation: int = 0
+    pause_asr: bool = False  # a pause transcript of this generation is being made
+    pause_text: str | None = None
+    pause_asr_ms: float = 0.0
+    ended: bool = False  # the turn ended while its pause transcript was being made
 
     def add(self, audio: np.ndarray) -> None:
         self.chunks.append(audio)
@@ -61,27 +68,46 @@ class TurnStopped:
 
 
 @dataclass
+class TurnPaused:
+    """The turn paused long enough that it may be ending: transcribe it so far."""
+
+    utterance: Utterance
+
+
+@dataclass
+class TurnResumed:
+    """Speech again after `TurnPaused`: the turn goes on (anything made of the pause is void)."""
+
+    utterance: Utterance
+
+
+@dataclass
 class PartialDue:
     """The turn has grown by a partial interval: transcribe what it holds so far."""
 
     utterance: Utterance
 
 
-TurnUpdate = TurnStarted | TurnStopped | PartialDue
+TurnUpdate = TurnStarted | TurnStopped | TurnPaused | TurnResumed | PartialDue
 
 
 class InputAudio:
     def __init__(self, turn_detection: TurnDetection | None,
-                 max_utterance_ms: float = MAX_UTTERANCE_MS) -> None:
-        self.detector = TurnDetector(turn_detection) if turn_detection else None
+                 max_utterance_ms: float = MAX_UTTERANCE_MS, pause_ms: float = 0.0) -> None:
+        """`pause_ms`: report `TurnPaused` after a pause this long within a turn (0: never)."""
+        self.pause_ms = pause_ms
+        self.detector = self._detector(turn_detection)
         self.max_utterance_samples = int(max_utterance_ms * INPUT_RATE / 1000)
         self.audio_ms = 0.0  # input clock: ms of audio framed (or buffered) so far
         self.history: deque[np.ndarray] = deque(maxlen=64)  # recent frames (prefix padding)
         self.utterance: Utterance | None = None
 
+    def _detector(self, params: TurnDetection | None) -> TurnDetector | None:
+        return TurnDetector(params, self.pause_ms) if params else None
+
     def configure(self, turn_detection: TurnDetection | None) -> None:
         if self.detector is None or turn_detection != self.detector.params:
-            self.detector = TurnDetector(turn_detection) if turn_detection else None
+            self.detector = self._detector(turn_detection)
 
     def append_manual(self, audio: np.ndarray) -> None:
         """Add to the manual-commit buffer; raises `RequestRefused` (nothing kept) past the bound."""
@@ -139,6 +165,13 @@ class InputAudio:
         if event == TurnEvent.STOPPED:
             self.utterance = None
             return TurnStopped(utt, det.last_voice_ms)
+        if event == TurnEvent.PAUSED:
+            return TurnPaused(utt)
+        if event == TurnEvent.RESUMED:
+            utt.generation += 1
+            utt.pause_asr = False
+            utt.pause_text = None
+            return TurnResumed(utt)
         interval = partial_interval_ms * INPUT_RATE // 1000
         # Partials only on voiced frames: one started in the pause before the end of a
         # turn would still be running when the final transcript is needed.

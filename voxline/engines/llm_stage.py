@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -81,6 +81,17 @@ class Slot:
 
     index: int
     tokens: list[int] = field(default_factory=list)
+    stale: bool = False  # the cache may hold more than `tokens` (see `LLMStage.roll_back`)
+
+
+@dataclass
+class ToolCall:
+    """A function call as the model writes it; `unsent` is argument text not yet emitted."""
+
+    call_id: str
+    name: str
+    arguments: str = ""
+    unsent: str = ""
 
 
 @dataclass
@@ -97,6 +108,13 @@ class GenerationRequest:
     prompt_tokens: int = 0
     cached_tokens: int = -1  # prompt tokens found in the cache at first schedule
     stream_id: StreamId = 0  # the engine-internal stream the request serves
+    # Set by a backend that supports tools (remote); the embedded stage has none.
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] = "auto"
+    calls: list[ToolCall] = field(default_factory=list)  # function calls the model made
+    error: str | None = None  # why the backend failed it (FinishReason.ERROR), if it says
+    first_token_ms: float | None = None  # remote backend: request sent -> first token
+    reported_output_tokens: int | None = None  # the backend's count, where known
 
     def target(self) -> list[int]:
         return self.prompt() + self.generated
@@ -130,6 +148,7 @@ class LLMStage:
         self.model = model
         self.token_budget = token_budget
         self.running: dict[str, GenerationRequest] = {}
+        self._in_flight: set[int] = set()  # slots of the step scheduled and not yet updated
 
     def add(self, request: GenerationRequest) -> None:
         self.running[request.request_id] = request
@@ -142,11 +161,22 @@ class LLMStage:
             req.epoch += 1
         return req
 
+    def roll_back(self, slot: Slot, length: int) -> None:
+        """Forget every token of `slot` after the first `length`. If a step in flight may
+        still be writing the slot, only the mirror changes now: the cache is cut when that
+        step lands (`update` rolls it back) or before the slot's next step."""
+        del slot.tokens[length:]
+        if slot.index in self._in_flight:
+            slot.stale = True
+        else:
+            self.model.truncate(slot.index, length)
+
     def has_work(self) -> bool:
         return bool(self.running)
 
     def schedule(self) -> StepPlan | None:
         """Pick each running request's next tokens under the step's token budget."""
+        self._in_flight.clear()  # (called only when no step is running)
         entries: list[PlanEntry] = []
         budget = self.token_budget
         # Decodes first (1 token each, latency-critical), then prefills share the rest.
@@ -161,9 +191,10 @@ class LLMStage:
             keep = common_prefix(req.slot.tokens, target)
             if keep == len(target):  # fully cached: re-feed the last token to get logits
                 keep -= 1
-            if keep < len(req.slot.tokens):
+            if keep < len(req.slot.tokens) or req.slot.stale:
                 self.model.truncate(req.slot.index, keep)
                 del req.slot.tokens[keep:]
+                req.slot.stale = False
             if req.cached_tokens < 0:
                 req.cached_tokens = keep
                 req.prompt_tokens = len(target)
@@ -171,7 +202,10 @@ class LLMStage:
             chunk = todo[:budget]
             budget -= len(chunk)
             entries.append(PlanEntry(req, chunk, req.epoch, samples=len(chunk) == len(todo)))
-        return StepPlan(entries) if entries else None
+        plan = StepPlan(entries) if entries else None
+        if plan is not None:
+            self._in_flight.update(plan.slots)
+        return plan
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """Run the model on the plan (safe to call from a worker thread)."""
@@ -182,6 +216,7 @@ class LLMStage:
 
         Finished requests (EOS, length, context error) leave the batch here.
         """
+        self._in_flight.clear()
         sampled_rows: list[int] = []
         for row, entry in enumerate(plan.entries):
             req = entry.request

@@ -13,6 +13,7 @@ happens at the edges (sessions / transports), never here.
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import msgspec
 
@@ -26,23 +27,18 @@ DEFAULT_INSTRUCTIONS = (
 
 
 class TurnDetection(msgspec.Struct, frozen=True):
-    """Server-VAD parameters (OpenAI Realtime defaults)."""
+    """Server-VAD parameters (OpenAI Realtime defaults).
+
+    With `eagerness` set (``low``, ``medium``, ``high`` or ``auto``) the turn is detected
+    semantically: how long a pause must last depends on the words said so far (a complete
+    sentence ends the turn sooner, a trailing "and ..." waits longer), and
+    `silence_duration_ms` is not used.
+    """
 
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
-
-
-class StreamConfig(msgspec.Struct, frozen=True):
-    """How a stream runs. `turn_detection=None` means the client commits audio itself."""
-
-    instructions: str = DEFAULT_INSTRUCTIONS
-    turn_detection: TurnDetection | None = TurnDetection()
-    transcribe_partials: bool = True
-    partial_interval_ms: int = 1000
-    temperature: float = 0.0
-    max_output_tokens: int = 256
-    speed: float = 1.0
+    eagerness: str | None = None
 
 
 class VoiceReference(msgspec.Struct, frozen=True):
@@ -67,6 +63,28 @@ class ResponseConfig(msgspec.Struct, frozen=True):
     seed: int | None = None
     voice: str | None = None  # the TTS stage's preset voice, if it has several
     reference: VoiceReference | None = None  # a voice to clone (Base checkpoints)
+    tools: tuple[dict[str, Any], ...] | None = None  # None: the stream's tools
+    tool_choice: str | dict[str, Any] | None = None
+
+
+class StreamConfig(msgspec.Struct, frozen=True):
+    """How a stream runs. `turn_detection=None` means the client commits audio itself."""
+
+    instructions: str = DEFAULT_INSTRUCTIONS
+    turn_detection: TurnDetection | None = TurnDetection()
+    transcribe_partials: bool = True
+    partial_interval_ms: int = 1000
+    temperature: float = 0.0
+    max_output_tokens: int = 256
+    speed: float = 1.0
+    # The response the caller will ask for when a server-VAD turn ends (what its
+    # `CreateResponse` will carry), or None if it will not ask. With it, the engine may
+    # start that reply speculatively during a pause and release it when the turn ends.
+    auto_response: ResponseConfig | None = None
+    # Function tools (OpenAI Chat Completions shape) offered to the reply model, and how it
+    # may use them; only a backend that supports tools (a remote one) accepts any.
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] = "auto"
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -106,7 +124,11 @@ class ClearAudio(msgspec.Struct, tag=True, frozen=True):
 
 
 class AddItem(msgspec.Struct, tag=True, frozen=True):
-    """Insert a message into the conversation after `previous_item_id` (None = at the end)."""
+    """Insert a message into the conversation after `previous_item_id` (None = at the end).
+
+    Besides the chat roles, `role` may be `function_call` (text: JSON with `call_id`,
+    `name`, `arguments`) or `function_call_output` (text: JSON with `call_id`, `output`),
+    for a backend that supports tools."""
 
     stream_id: str
     item_id: str
@@ -212,6 +234,35 @@ class TextDelta(msgspec.Struct, tag=True, frozen=True):
     text: str
 
 
+class FunctionCallDelta(msgspec.Struct, tag=True, frozen=True):
+    """More of a function call's arguments (JSON text) as the model writes them.
+
+    `item_id` is the call's conversation item (the engine derives it from the response's
+    `item_id`); `index` orders the response's calls."""
+
+    stream_id: str
+    response_id: str
+    item_id: str
+    index: int
+    call_id: str
+    name: str
+    delta: str
+
+
+class FunctionCallDone(msgspec.Struct, tag=True, frozen=True):
+    """A function call is complete (sent before the response's `ResponseDone`); when the
+    response completed, the call is in the conversation as a `function_call` item."""
+
+    stream_id: str
+    response_id: str
+    item_id: str
+    index: int
+    call_id: str
+    name: str
+    arguments: str
+    completed: bool  # False: the response was cut off (cancelled, failed) mid-call
+
+
 class AudioChunk(msgspec.Struct, tag=True, frozen=True):
     """float32 LE mono at `sample_rate`; `text` is the span of the reply this audio speaks."""
 
@@ -241,6 +292,7 @@ class ResponseDone(msgspec.Struct, tag=True, frozen=True):
     cached_tokens: int = 0
     llm_ms: float = 0.0  # wall time of the batched LLM steps this response took part in
     tts_ms: float = 0.0  # time the TTS model spent on this response
+    first_token_ms: float | None = None  # remote backend: request sent -> first streamed token
 
 
 class ItemTruncated(msgspec.Struct, tag=True, frozen=True):
@@ -248,6 +300,16 @@ class ItemTruncated(msgspec.Struct, tag=True, frozen=True):
     item_id: str
     audio_end_ms: int
     text: str
+
+
+class Speculation(msgspec.Struct, tag=True, frozen=True):
+    """A speculative turn (a reply started during a pause) `started`, was `committed`
+    (the turn ended and the caller asked for that reply) or `discarded` (the user went
+    on speaking, or the caller asked for something else). For metrics only: nothing of a
+    discarded speculation was ever sent."""
+
+    stream_id: str
+    outcome: str
 
 
 class StreamError(msgspec.Struct, tag=True, frozen=True):
@@ -269,9 +331,12 @@ EngineOutput = (
     | TranscriptPartial
     | TranscriptFinal
     | TextDelta
+    | FunctionCallDelta
+    | FunctionCallDone
     | AudioChunk
     | ResponseDone
     | ItemTruncated
+    | Speculation
     | StreamError
     | StreamClosed
 )

@@ -3,11 +3,22 @@ truncate, done.
 
 A response is one `ResponseRun` on a stream: an LLM `GenerationRequest` (none for
 `Speak`), a text chunker that closes speakable segments as text arrives, and the
-segments waiting for (or being spoken by) the TTS stage, one at a time in order.
+segments waiting for (or being spoken by) the TTS stage, one at a time in order; a
+stage that takes streaming text speaks the whole reply as one job, each segment appended
+to it as it closes (one talker stream per reply, no fresh prefill per clause).
 It ends with exactly one `ResponseDone`, when the LLM has finished and the last
 segment has been spoken, or at once when cancelled; after that nothing of it is sent.
 A reply that produced tokens joins the conversation with the exact tokens sampled and
 the audio spans that spoke them, which is what `truncate` cuts.
+
+A response may also start *speculatively* (`speculate`), from the transcript of a pause
+in the user's turn, before the turn has ended: it runs the LLM and speaks its first
+segment, but everything it would send is held. When the caller then asks for exactly
+that response (the stream's `auto_response`), it is committed: the held text and audio
+go out at once under the caller's ids and the response goes on as any other. Anything
+else (speech resumes, the conversation changes, another response is asked for) discards
+it: the tentative user item leaves the conversation and the KV slot is rolled back to
+the tokens it held before, as if the speculation had never run.
 """
 
 from __future__ import annotations
@@ -16,12 +27,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 import torch
 
 from voxline.engines import protocol as p
 from voxline.engines.llm_stage import ChatModel, FinishReason, GenerationRequest, LLMStage, Slot
 from voxline.engines.prompt_cache import AudioSpan, ItemNotFound, cut_spans
+from voxline.engines.remote_llm import function_call_text
 from voxline.engines.speech_stage import SpeechOut
 from voxline.engines.stage import StreamId
 from voxline.engines.streams import StreamState
@@ -41,8 +54,22 @@ _STATUS = {
 }
 
 
+def call_item_id(item_id: str, index: int) -> str:
+    """The conversation item of a response's `index`-th function call."""
+    return f"{item_id}_call{index}"
+
+
 def new_chunker() -> TextChunker:
     return TextChunker(first_clause_chars=FIRST_CLAUSE_CHARS, first_max_chars=FIRST_MAX_CHARS)
+
+
+@dataclass
+class Speculative:
+    """What a speculative response holds until it is committed or discarded."""
+
+    user_item: str | None  # the tentative user item it answers (None: the turn ended)
+    slot_tokens: int  # KV tokens the slot held before it ran
+    held: list[p.EngineOutput] = field(default_factory=list)
 
 
 @dataclass
@@ -56,15 +83,27 @@ class ResponseRun:
     emitted: str = ""
     tts_queue: deque[str] = field(default_factory=deque)
     tts_job: int | None = None  # the segment being spoken (segments are spoken in order)
+    tts_open: bool = False  # tts_job is a streaming job that takes the next segments
+    segments: int = 0  # segments handed to the TTS stage so far
+    key: str = ""  # names the run's TTS jobs (the response id, which a speculation lacks)
+    speculative: Speculative | None = None
     spans: list[AudioSpan] = field(default_factory=list)
     audio_ms: float = 0.0
     llm_done: bool = False
     llm_ms: float = 0.0
     tts_ms: float = 0.0
 
+    def __post_init__(self) -> None:
+        self.key = self.key or self.response_id
+
     @property
     def speech_ready(self) -> bool:
-        """A segment waits and none is being spoken."""
+        """A segment waits and none is being spoken (or the streaming job takes it), or
+        the streaming job's text has ended. A speculation speaks only its first segment."""
+        if self.speculative is not None and self.segments:
+            return False
+        if self.tts_open:
+            return bool(self.tts_queue) or self.llm_done
         return bool(self.tts_queue) and self.tts_job is None
 
     @property
@@ -95,12 +134,25 @@ class Responses:
     def active(self, stream: StreamState) -> ResponseRun | None:
         return self._runs.get(stream.internal_id)
 
+    def in_progress(self) -> int:
+        """Responses running or waiting for their transcript, across all streams."""
+        return (sum(run.speculative is None for run in self._runs.values())
+                + len(self._deferred))
+
     def speech_ready(self) -> bool:
         """Some response has a segment for the TTS stage."""
         return any(run.speech_ready for run in self._runs.values())
 
-    def _error(self, stream: StreamState, message: str, code: str) -> None:
-        self._emit(p.StreamError(stream.external_id, message, code))
+    def _error(self, stream: StreamState, message: str, code: str,
+               run: ResponseRun | None = None) -> None:
+        self._send(run, p.StreamError(stream.external_id, message, code))
+
+    def _send(self, run: ResponseRun | None, out: p.EngineOutput) -> None:
+        """Emit `out` for `run`, or hold it while the run is speculative."""
+        if run is not None and run.speculative is not None:
+            run.speculative.held.append(out)
+        else:
+            self._emit(out)
 
     # ------------------------------------------------------------------------ start
 
@@ -108,6 +160,12 @@ class Responses:
         """Start a response; one asked for while a user turn is still being transcribed
         waits for that transcript, so the reply always answers what was said."""
         sid = stream.internal_id
+        run = self._runs.get(sid)
+        if run is not None and run.speculative is not None:
+            if msg.config == stream.config.auto_response and stream.pending_finals == 0:
+                self._commit(stream, run, msg)
+                return
+            self.discard_speculation(stream)
         active = self._runs.get(sid) or self._deferred.get(sid)
         if active is not None:
             self._error(stream, "response: the conversation already has an active "
@@ -116,15 +174,23 @@ class Responses:
         if stream.pending_finals > 0:
             self._deferred[sid] = msg
             return
+        run = self._new_run(stream, msg.config, msg.response_id, msg.item_id)
+        if run is not None:
+            self._runs[sid] = run
+            assert run.request is not None
+            self.llm.add(run.request)
+
+    def _new_run(self, stream: StreamState, cfg: p.ResponseConfig, response_id: str,
+                 item_id: str) -> ResponseRun | None:
+        """A response generating from the conversation as it stands (None: no free slot)."""
         llm = self.model
         if stream.slot is None:
             index = llm.alloc_slot()
             if index is None:
                 self._error(stream, "response: no free LLM slot (engine at capacity), try "
                             "again later", "capacity")
-                return
+                return None
             stream.slot = Slot(index)
-        cfg = msg.config
         system = llm.render_message("system", cfg.instructions or stream.config.instructions)
         header = llm.generation_header()
         conversation = stream.conversation
@@ -136,6 +202,13 @@ class Responses:
         if cfg.seed is not None:
             generator = torch.Generator().manual_seed(cfg.seed)
         stream.responses += 1
+        tools = stream.config.tools if cfg.tools is None else cfg.tools
+        tool_choice = stream.config.tool_choice if cfg.tool_choice is None else cfg.tool_choice
+        if tools and not getattr(llm, "supports_tools", False):
+            self._error(stream, "response: tools need a reply model that can call functions "
+                        "(a remote OpenAI-compatible server); the embedded model has none",
+                        "invalid_value")
+            return None
         request = GenerationRequest(
             request_id=f"{stream.internal_id}/{stream.responses}",
             slot=stream.slot,
@@ -144,13 +217,71 @@ class Responses:
             temperature=temperature,
             generator=generator,
             stream_id=stream.internal_id,
+            tools=tuple(tools),
+            tool_choice=tool_choice,
         )
-        self._runs[sid] = ResponseRun(msg.response_id, msg.item_id, cfg, request, new_chunker(),
-                                      stream.config.speed)
-        self.llm.add(request)
+        return ResponseRun(response_id, item_id, cfg, request, new_chunker(), stream.config.speed)
+
+    # ---------------------------------------------------------------- speculation
+
+    def speculate(self, stream: StreamState, item_id: str, text: str) -> None:
+        """Start the stream's `auto_response` to the user's turn so far (`text`, the turn
+        `item_id` paused on), holding its output; nothing if a response is under way."""
+        sid = stream.internal_id
+        cfg = stream.config.auto_response
+        if (cfg is None or not text or sid in self._runs or sid in self._deferred
+                or stream.pending_finals or stream.conversation.has(item_id)
+                or stream.config.tools or cfg.tools):  # a function call is not held back
+            return
+        before = len(stream.slot.tokens) if stream.slot is not None else 0
+        stream.conversation.add(item_id, "user", text)
+        run = self._new_run(stream, cfg, "", "")
+        if run is None:
+            stream.conversation.delete(item_id)
+            return
+        run.key = f"speculation-{stream.responses}"
+        run.speculative = Speculative(item_id, before)
+        self._runs[sid] = run
+        assert run.request is not None
+        self.llm.add(run.request)
+        self._emit(p.Speculation(stream.external_id, "started"))
+
+    def turn_ended(self, stream: StreamState, item_id: str) -> None:
+        """The user turn `item_id` is final: a speculation no longer owns its user item."""
+        run = self._runs.get(stream.internal_id)
+        if run is not None and run.speculative is not None and run.speculative.user_item == item_id:
+            run.speculative.user_item = None
+
+    def _commit(self, stream: StreamState, run: ResponseRun, msg: p.CreateResponse) -> None:
+        """The caller asked for the speculated response: release what it holds."""
+        spec = run.speculative
+        assert spec is not None
+        run.speculative = None
+        run.response_id, run.item_id = msg.response_id, msg.item_id
+        self._emit(p.Speculation(stream.external_id, "committed"))
+        for out in spec.held:
+            if isinstance(out, p.TextDelta | p.AudioChunk):
+                out = msgspec.structs.replace(out, response_id=msg.response_id)
+            self._emit(out)
+        self.finish_if_done(stream)
+
+    def discard_speculation(self, stream: StreamState) -> None:
+        """Drop the stream's speculative response, if any, leaving no trace of it."""
+        run = self._runs.get(stream.internal_id)
+        if run is None or run.speculative is None:
+            return
+        spec = run.speculative
+        del self._runs[stream.internal_id]
+        self._stop(run)
+        if spec.user_item is not None and stream.conversation.has(spec.user_item):
+            stream.conversation.delete(spec.user_item)
+        if stream.slot is not None:
+            self.llm.roll_back(stream.slot, spec.slot_tokens)
+        self._emit(p.Speculation(stream.external_id, "discarded"))
 
     def speak(self, stream: StreamState, msg: p.Speak) -> None:
         sid = stream.internal_id
+        self.discard_speculation(stream)
         if sid in self._runs or sid in self._deferred:
             self._error(stream, "speak: the stream already has an active response",
                         "conversation_already_has_active_response")
@@ -174,9 +305,12 @@ class Responses:
     # ---------------------------------------------------------------------- advance
 
     def conversation_changed(self, stream: StreamState) -> None:
-        """A running generation re-reads the conversation; an in-flight step is discarded."""
+        """A running generation re-reads the conversation; an in-flight step is discarded.
+        A speculation answered the conversation as it was: it is discarded."""
         run = self._runs.get(stream.internal_id)
-        if run is not None and run.request is not None:
+        if run is not None and run.speculative is not None:
+            self.discard_speculation(stream)
+        elif run is not None and run.request is not None:
             run.request.epoch += 1
 
     def of(self, stream: StreamState, req: GenerationRequest) -> ResponseRun | None:
@@ -195,9 +329,15 @@ class Responses:
             delta = text[len(response.emitted):]
             if delta:
                 response.emitted = text
-                self._emit(p.TextDelta(stream.external_id, response.response_id, delta))
+                self._send(response, p.TextDelta(stream.external_id, response.response_id, delta))
                 if response.config.audio:
                     response.tts_queue.extend(response.chunker.push(delta))
+        for index, call in enumerate(req.calls):
+            if call.unsent:
+                self._emit(p.FunctionCallDelta(stream.external_id, response.response_id,
+                                               call_item_id(response.item_id, index), index,
+                                               call.call_id, call.name, call.unsent))
+                call.unsent = ""
         if req.finish is not None:
             self.llm_finished(stream, req)
 
@@ -208,28 +348,47 @@ class Responses:
             return
         response.llm_done = True
         if req.finish == FinishReason.ERROR:
-            self._error(stream, error or "the conversation no longer fits the model's context "
-                        "window; delete items or start a new session", "context_length_exceeded")
+            if error or req.error:
+                self._error(stream, error or req.error or "", "llm_backend_error", response)
+            else:
+                self._error(stream, "the conversation no longer fits the model's context "
+                            "window; delete items or start a new session",
+                            "context_length_exceeded", response)
         if response.config.audio:
             response.tts_queue.extend(response.chunker.flush())
         self.finish_if_done(stream)
 
     def start_speech(self) -> None:
-        """Hand every response its next segment for the TTS stage if none is being spoken."""
+        """Hand every response its next segment for the TTS stage if none is being spoken;
+        a streaming stage gets every segment of a reply in one job, then its end."""
+        streaming = self.tts.streams_text
         for sid, run in self._runs.items():
-            if run.speech_ready:
-                run.tts_job = self.tts.add(SpeechOwner(sid, run.response_id),
+            if not run.speech_ready:
+                continue
+            if run.tts_job is None:
+                run.segments += 1
+                run.tts_job = self.tts.add(SpeechOwner(sid, run.key),
                                            run.tts_queue.popleft(), run.speed, run.config.seed,
-                                           run.config.voice, run.config.reference)
+                                           run.config.voice, run.config.reference,
+                                           more_text=streaming)
+                run.tts_open = streaming
+            if run.tts_open:
+                while run.tts_queue:
+                    self.tts.append_text(run.tts_job, run.tts_queue.popleft())
+                if run.llm_done:
+                    self.tts.end_text(run.tts_job)
+                    run.tts_open = False
 
     def on_speech(self, stream: StreamState, owner: SpeechOwner, out: SpeechOut,
                   step_ms: float) -> None:
         response = self._runs.get(stream.internal_id)
-        if response is None or response.response_id != owner.response_id:
+        if response is None or response.key != owner.response_id:
             if not out.finished:  # stale: the response was cancelled or replaced
                 self.tts.cancel(out.job_id)
             return
         response.tts_ms += step_ms
+        if out.text and not len(out.audio) and response.spans:  # its audio was in earlier chunks
+            response.spans[-1].text = f"{response.spans[-1].text} {out.text}"
         if len(out.audio):
             audio = np.asarray(out.audio, dtype=np.float32)
             ms = len(audio) * 1000 / out.sample_rate
@@ -237,18 +396,21 @@ class Responses:
                 response.spans.append(AudioSpan(response.audio_ms, response.audio_ms, out.text))
             response.spans[-1].end_ms += ms  # a continuation extends the open span
             response.audio_ms += ms
-            self._emit(p.AudioChunk(stream.external_id, owner.response_id, audio.tobytes(),
-                                    out.sample_rate, ms, out.text))
+            self._send(response, p.AudioChunk(stream.external_id, response.response_id,
+                                              audio.tobytes(), out.sample_rate, ms, out.text))
         if out.finished:
             response.tts_job = None
             self.finish_if_done(stream)
 
     def speech_failed(self, stream: StreamState, owner: SpeechOwner, error: Exception) -> None:
         """The TTS step speaking the response's segment failed; the job is already dropped."""
-        self._error(stream, f"speech synthesis failed: {error}", "tts_error")
         response = self._runs.get(stream.internal_id)
-        if response is not None and response.response_id == owner.response_id:
+        if response is None or response.key != owner.response_id:
+            self._error(stream, f"speech synthesis failed: {error}", "tts_error")
+        else:
+            self._error(stream, f"speech synthesis failed: {error}", "tts_error", response)
             response.tts_job = None
+            response.tts_open = False
             self.finish_if_done(stream)
 
     # -------------------------------------------------------------------------- end
@@ -260,13 +422,14 @@ class Responses:
                                       p.ResponseStatus.CANCELLED, ""))
             return
         response = self._runs.get(stream.internal_id)
-        if response is None:
+        if response is None or response.speculative is not None:
             return  # nothing to cancel is not an error (OpenAI: no-op)
         self._stop(response)
         self.finish_if_done(stream, p.ResponseStatus.CANCELLED)
 
     def abort(self, stream: StreamState) -> None:
         """The stream is closing: stop its response without a `ResponseDone`."""
+        self.discard_speculation(stream)
         run = self._runs.pop(stream.internal_id, None)
         if run is not None:
             self._stop(run)
@@ -279,12 +442,13 @@ class Responses:
         if response.tts_job is not None:
             self.tts.cancel(response.tts_job)
             response.tts_job = None
+            response.tts_open = False
 
     def finish_if_done(self, stream: StreamState, status: p.ResponseStatus | None = None) -> None:
         """End the response with `status`, or (None) once its text and audio are all out."""
         response = self._runs.get(stream.internal_id)
-        if response is None:
-            return
+        if response is None or response.speculative is not None:
+            return  # a speculation ends only when committed or discarded
         if status is None:
             if not response.finished:
                 return
@@ -300,11 +464,21 @@ class Responses:
             stream.conversation.add_generated(response.item_id, self.model.generation_header(),
                                               req.generated, text, self.model.message_footer(),
                                               response.spans)
+        for index, call in enumerate(req.calls):
+            item_id = call_item_id(response.item_id, index)
+            if status == p.ResponseStatus.COMPLETED:  # a cut-off call is no call
+                stream.conversation.add(item_id, "function_call", function_call_text(
+                    call.call_id, call.name, call.arguments))
+            self._emit(p.FunctionCallDone(stream.external_id, response.response_id, item_id,
+                                          index, call.call_id, call.name, call.arguments,
+                                          status == p.ResponseStatus.COMPLETED))
+        output_tokens = req.reported_output_tokens
         self._emit(p.ResponseDone(
             stream.external_id, response.response_id, status, text,
-            input_tokens=req.prompt_tokens, output_tokens=len(req.generated),
+            input_tokens=req.prompt_tokens,
+            output_tokens=len(req.generated) if output_tokens is None else output_tokens,
             cached_tokens=max(req.cached_tokens, 0), llm_ms=response.llm_ms,
-            tts_ms=response.tts_ms))
+            tts_ms=response.tts_ms, first_token_ms=req.first_token_ms))
 
     def truncate(self, stream: StreamState, msg: p.TruncateItem) -> None:
         """Cut an assistant item to its first `audio_end_ms` of audio (clamped to its length).

@@ -1,4 +1,4 @@
-"""Server-VAD turn detection as a pure state machine over speech probabilities.
+"""Turn detection (server VAD, or semantic with `end_of_turn`) as a pure state machine over speech probabilities.
 
 Time is the stream's own audio clock (milliseconds of input audio received), passed in
 with every frame, so the detector is deterministic and needs no wall clock.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from voxline.engines import end_of_turn
 from voxline.engines.protocol import TurnDetection
 
 # Hysteresis: once speaking, a frame only counts as silence below threshold - margin
@@ -27,20 +28,47 @@ class TurnState(enum.IntEnum):
 class TurnEvent(enum.IntEnum):
     STARTED = 1
     STOPPED = 2
+    PAUSED = 3  # a pause of `pause_ms` within a turn: the turn may be about to end
+    RESUMED = 4  # speech again after PAUSED: the turn goes on
 
 
 @dataclass
 class TurnDetector:
+    """`pause_ms` (0: never) reports PAUSED once a pause in a turn lasts that long, and
+    RESUMED if speech follows before the turn ends. `silence_ms` is how long a pause
+    ends the turn: `silence_duration_ms` for server VAD; set per pause by the semantic
+    turn detector (`end_of_turn`) from the words said."""
+
     params: TurnDetection
+    pause_ms: float = 0.0
     state: TurnState = TurnState.SILENCE
     speech_start_ms: float = 0.0
     last_voice_ms: float = 0.0
+    paused: bool = False
+    silence_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.silence_ms = self.base_silence_ms()
+
+    def base_silence_ms(self) -> float:
+        """The pause that ends a turn before anything is known of its words."""
+        if self.params.eagerness is None:
+            return float(self.params.silence_duration_ms)
+        return float(end_of_turn.silence_ms(self.params.eagerness, end_of_turn.Ending.NEUTRAL))
+
+    def judge(self, transcript: str) -> None:
+        """Semantic turn detection: the current pause ends the turn after a silence that
+        depends on how `transcript` (the turn so far) ends. Server VAD ignores it."""
+        if self.params.eagerness is not None and self.paused:
+            end = end_of_turn.ending(transcript)
+            self.silence_ms = float(end_of_turn.silence_ms(self.params.eagerness, end))
 
     def update(self, prob: float, frame_start_ms: float, frame_ms: float) -> TurnEvent | None:
-        """Feed one frame's speech probability; returns an event when a turn starts or ends.
+        """Feed one frame's speech probability; returns an event when a turn starts, pauses,
+        resumes or ends.
 
         STARTED is reported once speech has lasted `_MIN_SPEECH_MS` (its start time is
-        `speech_start_ms`); STOPPED after `silence_duration_ms` of silence (the turn ended
+        `speech_start_ms`); STOPPED after `silence_ms` of silence (the turn ended
         at `last_voice_ms`).
         """
         end_ms = frame_start_ms + frame_ms
@@ -63,11 +91,24 @@ class TurnDetector:
         # SPEECH
         if prob >= self.params.threshold - _NEG_MARGIN:
             self.last_voice_ms = end_ms
+            if self.paused and voiced:  # a breath below threshold does not resume a turn
+                self._end_pause()
+                return TurnEvent.RESUMED
             return None
-        if end_ms - self.last_voice_ms >= self.params.silence_duration_ms:
+        silent_ms = end_ms - self.last_voice_ms
+        if silent_ms >= self.silence_ms:
             self.state = TurnState.SILENCE
+            self._end_pause()
             return TurnEvent.STOPPED
+        if self.pause_ms and not self.paused and silent_ms >= self.pause_ms:
+            self.paused = True
+            return TurnEvent.PAUSED
         return None
+
+    def _end_pause(self) -> None:
+        self.paused = False
+        self.silence_ms = self.base_silence_ms()
 
     def reset(self) -> None:
         self.state = TurnState.SILENCE
+        self._end_pause()

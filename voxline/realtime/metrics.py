@@ -16,6 +16,18 @@ HISTOGRAMS = {
         "time from end of user speech (or response.create) to the first audio delta",
     "voxline_response_seconds": "duration of responses until response.done",
     "voxline_speech_request_seconds": "time to first audio of /v1/audio/speech",
+    "voxline_llm_first_token_seconds":
+        "remote reply model (--llm openai:...): request sent to first streamed token",
+}
+# Counters the sessions report through `observe` (each observation adds its value).
+OBSERVED_COUNTERS = {
+    "voxline_speculation_started_total":
+        "speculative turns started: a reply begun during a pause, before the turn ended",
+    "voxline_speculation_committed_total":
+        "speculative turns released: the turn ended and the reply was the one asked for",
+    "voxline_speculation_discarded_total":
+        "speculative turns dropped unsent: the user went on speaking, or another reply was "
+        "asked for",
 }
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -44,7 +56,10 @@ class Metrics:
         gauge.set(value)
 
     def observe(self, name: str, value: float) -> None:
-        self._histograms[name].observe(value)
+        if name in OBSERVED_COUNTERS:
+            self.inc(name, OBSERVED_COUNTERS[name], value)
+        else:
+            self._histograms[name].observe(value)
 
     def value(self, sample: str) -> float | None:
         """One sample's current value (e.g. ``voxline_sessions_total``), None if absent."""

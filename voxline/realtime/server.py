@@ -13,6 +13,7 @@ from voxline.config import Settings, load_settings
 from voxline.engines.client import EngineClient, InProcessEngineClient
 from voxline.engines.factory import DEFAULT_CORE
 from voxline.engines.process import MultiprocessEngineClient
+from voxline.errors import VoxlineError
 from voxline.realtime.app import create_app
 from voxline.realtime.websocket import OpenSessions, open_sessions
 
@@ -20,10 +21,18 @@ logger = logging.getLogger(__name__)
 
 
 def make_engine(settings: Settings) -> EngineClient:
+    if settings.remote_llm and not settings.llm_model:
+        raise VoxlineError(f"--llm {settings.llm} needs --llm-model (the model name the server "
+                           "serves; its /v1/models lists them)")
     kwargs = {"llm_dtype": settings.llm_dtype, "threads": settings.threads,
               "cache": str(settings.cache), "tts": settings.tts,
+              "speculate_after_ms": settings.speculate_after_ms,
               "tts_device": settings.tts_device, "tts_speaker": settings.tts_speaker,
-              "tts_language": settings.tts_language}
+              "llm": settings.llm, "llm_model": settings.llm_model,
+              "llm_api_key": settings.llm_api_key, "llm_timeout": settings.llm_timeout,
+              "llm_retries": settings.llm_retries,
+              "tts_language": settings.tts_language, "max_sessions": settings.max_sessions,
+              "max_responses": settings.max_responses}
     if settings.engine == "inprocess":
         return InProcessEngineClient(DEFAULT_CORE, kwargs)
     return MultiprocessEngineClient(DEFAULT_CORE, kwargs, start_timeout=600)
@@ -57,6 +66,8 @@ def serve(args: argparse.Namespace) -> int:
     settings = load_settings(
         host=args.host, port=args.port, api_key=getattr(args, "api_key", None),
         max_sessions=getattr(args, "max_sessions", None),
+        max_responses=getattr(args, "max_responses", None),
+        send_buffer_kb=getattr(args, "send_buffer_kb", None),
         engine=getattr(args, "engine", None),
         output_lead_ms=getattr(args, "output_lead_ms", None),
         tts=getattr(args, "tts", None),
@@ -64,6 +75,11 @@ def serve(args: argparse.Namespace) -> int:
         ice_servers=getattr(args, "ice_servers", None),
         rtc_ports=getattr(args, "rtc_ports", None),
         shutdown_grace=getattr(args, "shutdown_grace", None),
+        speculate_after_ms=getattr(args, "speculate_after_ms", None),
+        llm=getattr(args, "llm", None), llm_model=getattr(args, "llm_model", None),
+        llm_api_key=getattr(args, "llm_api_key", None),
+        llm_timeout=getattr(args, "llm_timeout", None),
+        llm_retries=getattr(args, "llm_retries", None),
     )
     app = create_app(settings, make_engine(settings))
     logger.info("voxline listening on http://%s:%d (realtime: ws://%s:%d/v1/realtime)",

@@ -29,12 +29,19 @@ import numpy as np
 
 from voxline.engines import protocol as ep
 from voxline.engines.input_audio import MIN_COMMIT_MS
+from voxline.engines.remote_llm import function_call_text, function_output_text
 from voxline.errors import AudioFormatError, ProtocolError
+from voxline.sessions import capabilities
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
 from voxline.sessions import items as it
 from voxline.sessions.audio import InputConverter, OutputEncoder
-from voxline.sessions.capabilities import check_overrides, check_supported, stream_config
+from voxline.sessions.capabilities import (
+    check_overrides,
+    check_supported,
+    response_config,
+    stream_config,
+)
 from voxline.sessions.ids import new_id
 from voxline.sessions.pacing import OutFrame, OutputBufferFull, OutputPacer
 from voxline.sessions.records import ActiveResponse, ItemRecord, log_trace
@@ -53,6 +60,20 @@ _STATUS = {
 MEDIA_FRAME_MS = 20  # one RTP packet of Opus: barge-in stops a track within one frame
 
 
+def _role(item: it.ConversationItem) -> str:
+    """A message's role, else the item's type (``function_call``...)."""
+    return item.role if isinstance(item, it.MessageItem) else item.type
+
+
+def engine_message(item: it.ConversationItem) -> tuple[str, str]:
+    """The (role, text) of a client-created item in the engine's conversation."""
+    if isinstance(item, it.FunctionCallItem):
+        return "function_call", function_call_text(item.call_id, item.name, item.arguments)
+    if isinstance(item, it.FunctionCallOutputItem):
+        return "function_call_output", function_output_text(item.call_id, item.output)
+    return item.role, item.text
+
+
 @dataclass
 class SessionActor:
     session_id: str
@@ -64,6 +85,8 @@ class SessionActor:
     # The transport learns what the listener heard (e.g. Twilio's mark echoes) and sends
     # TruncateItem itself; the actor then never truncates from its own playout clock.
     transport_reports_playout: bool = False
+    # The reply model can call functions (a remote backend): session.tools are accepted.
+    tools_supported: bool = False
 
     def __post_init__(self) -> None:
         self.events: list[ev.ServerEvent] = []
@@ -154,7 +177,8 @@ class SessionActor:
     def _session_update(self, e: cmd.UpdateSession, now: float) -> None:
         old = self.settings
         new = old.apply(e.changes)
-        check_supported(new)  # refused: the session keeps its settings
+        # refused: the session keeps its settings
+        check_supported(new, tools_supported=self.tools_supported)
         self.settings = new
         if self.media_format is None and self.settings.input_format != old.input_format:
             self.input = self._new_input()
@@ -228,9 +252,8 @@ class SessionActor:
     def _item_create(self, e: cmd.CreateItem, now: float) -> None:
         item = e.item
         if not isinstance(item, it.MessageItem):
-            raise ProtocolError(f"conversation.item.create: {item.type} items are not supported "
-                                "(no tools are configured)", code="invalid_value", param="item.type")
-        for i, part in enumerate(item.content):
+            self._check_tool_item(item)
+        for i, part in enumerate(item.content if isinstance(item, it.MessageItem) else ()):
             if part.type == "input_audio" and part.transcript is None:
                 raise ProtocolError("conversation.item.create: audio content is not supported; "
                                     "send audio with input_audio_buffer.append or give a "
@@ -248,10 +271,22 @@ class SessionActor:
         if previous is not None:
             self._find(previous, "conversation.item.create")
         self._add_record(ItemRecord(item), previous)
-        self.commands.append(ep.AddItem(self.stream_id, item.id, item.role, item.text, previous))
+        self.commands.append(ep.AddItem(self.stream_id, item.id, *engine_message(item), previous))
         prev = previous or (self.order[-2] if len(self.order) > 1 else None)
         self._emit(ev.ItemAdded(item=item, previous_item_id=prev))
         self._emit(ev.ItemDone(item=item, previous_item_id=prev))
+
+    def _check_tool_item(self, item: it.FunctionCallItem | it.FunctionCallOutputItem) -> None:
+        if not self.tools_supported:
+            raise ProtocolError(f"conversation.item.create: {item.type} items are not supported "
+                                "(the embedded model calls no tools)", code="invalid_value",
+                                param="item.type")
+        if isinstance(item, it.FunctionCallOutputItem) and not any(
+                isinstance(r.item, it.FunctionCallItem) and r.item.call_id == item.call_id
+                for r in self.items.values()):
+            raise ProtocolError(f"conversation.item.create: no function_call item with call_id "
+                                f"{item.call_id!r} in the conversation", code="invalid_value",
+                                param="item.call_id")
 
     def _item_retrieve(self, e: cmd.RetrieveItem, now: float) -> None:
         self._emit(ev.ItemRetrieved(item=self._find(e.item_id, "conversation.item.retrieve").item))
@@ -268,9 +303,9 @@ class SessionActor:
 
     def _item_truncate(self, e: cmd.TruncateItem, now: float) -> None:
         record = self._find(e.item_id, "conversation.item.truncate")
-        if record.item.role != "assistant":
+        if _role(record.item) != "assistant":
             raise ProtocolError(f"conversation.item.truncate: item {e.item_id!r} is a "
-                                f"{record.item.role} message; only assistant audio can be "
+                                f"{_role(record.item)} item; only assistant audio can be "
                                 "truncated", code="invalid_value", param="item_id")
         if e.content_index != 0:
             raise ProtocolError("conversation.item.truncate: the item has one content part; "
@@ -301,7 +336,8 @@ class SessionActor:
             raise ProtocolError("response.create: a custom input list is not supported",
                                 code="invalid_value", param="response.input")
         if params is not None:
-            check_overrides(params)
+            check_overrides(params, session_tools=self.settings.tools,
+                            tools_supported=self.tools_supported)
         settings = params.apply_to(self.settings) if params is not None else self.settings
         self._start_response(settings, now, trigger=now, metadata=params.metadata if params else None)
 
@@ -354,10 +390,8 @@ class SessionActor:
         part = it.ContentPart(type=part_type, transcript="" if r.audio else None,
                               text=None if r.audio else "")
         self._emit(ev.ContentPartAdded(response_id=response.id, item_id=item_id, part=part))
-        cfg = ep.ResponseConfig(
-            instructions=settings.instructions if settings.instructions != self.settings.instructions else None,
-            audio=r.audio, temperature=settings.temperature,
-            max_output_tokens=settings.max_output_tokens, voice=settings.voice)
+        cfg = response_config(settings, self.settings)
+        cfg = capabilities.with_tool_overrides(cfg, settings, self.settings)
         self.commands.append(ep.CreateResponse(self.stream_id, response.id, item_id, cfg))
 
     def _cancel(self, now: float, reason: str, *, interrupt: bool) -> None:
@@ -414,7 +448,8 @@ class SessionActor:
             input_token_details=it.InputTokenDetails(cached_tokens=done.cached_tokens,
                                                      text_tokens=done.input_tokens),
             output_token_details=it.OutputTokenDetails(text_tokens=done.output_tokens))
-        final = r.response.model_copy(update={"output": [item]}).finished(
+        calls = [self.items[c].item for c in r.calls if c in self.items]
+        final = r.response.model_copy(update={"output": [item, *calls]}).finished(
             status, reason=reason, usage=usage)  # type: ignore[arg-type]
         self._emit(ev.ResponseDone(response=final))
         self.observations.append(("voxline_response_seconds", now - r.started))
@@ -449,6 +484,10 @@ class SessionActor:
                 self._transcript_final(out)
             case ep.TextDelta():
                 self._text_delta(out)
+            case ep.FunctionCallDelta():
+                self._call_delta(out)
+            case ep.FunctionCallDone():
+                self._call_done(out)
             case ep.AudioChunk():
                 self._audio_chunk(out, now)
             case ep.ResponseDone():
@@ -457,6 +496,8 @@ class SessionActor:
                 self._item_truncated(out)
             case ep.StreamError():
                 self._engine_error(out)
+            case ep.Speculation():
+                self.observations.append((f"voxline_speculation_{out.outcome}_total", 1.0))
             case ep.StreamClosed():
                 pass
         self.tick(now)
@@ -474,7 +515,7 @@ class SessionActor:
         elif self.pacer.buffered_ms(now) > 0:
             # the reply finished generating but was still playing: cut it where it stopped
             last = next((i for i in reversed(self.order)
-                         if self.items[i].item.role == "assistant"), None)
+                         if _role(self.items[i].item) == "assistant"), None)
             heard = self.pacer.heard_ms(last, now) if last else 0.0
             self.pacer.interrupt(now)
             self._buffer_cleared()
@@ -535,6 +576,48 @@ class SessionActor:
         else:
             self._emit(ev.TextDelta(response_id=r.response.id, item_id=r.item_id, delta=out.text))
 
+    def _call_record(self, r: ActiveResponse, out: ep.FunctionCallDelta | ep.FunctionCallDone
+                     ) -> tuple[ItemRecord, int]:
+        """The function_call item `out` adds to (made, and announced, on first sight) and its
+        output index (the reply's message is output 0)."""
+        if out.item_id not in r.calls:
+            item = it.FunctionCallItem(id=out.item_id, call_id=out.call_id, name=out.name,
+                                       arguments="", status="in_progress")
+            previous = self.order[-1] if self.order else None
+            self._add_record(ItemRecord(item))
+            r.calls.append(out.item_id)
+            self._emit(ev.OutputItemAdded(response_id=r.response.id, output_index=len(r.calls),
+                                          item=item))
+            self._emit(ev.ItemAdded(item=item, previous_item_id=previous))
+        return self.items[out.item_id], r.calls.index(out.item_id) + 1
+
+    def _call_delta(self, out: ep.FunctionCallDelta) -> None:
+        r = self._current(out.response_id)
+        if r is None or r.cancel_reason is not None:
+            return
+        record, index = self._call_record(r, out)
+        assert isinstance(record.item, it.FunctionCallItem)
+        record.item = record.item.model_copy(
+            update={"arguments": record.item.arguments + out.delta})
+        self._emit(ev.FunctionCallArgumentsDelta(response_id=r.response.id, item_id=out.item_id,
+                                                 output_index=index, call_id=out.call_id,
+                                                 delta=out.delta))
+
+    def _call_done(self, out: ep.FunctionCallDone) -> None:
+        r = self._current(out.response_id)
+        if r is None or (out.item_id not in r.calls and not out.completed):
+            return  # a call cut off before anything of it was sent
+        record, index = self._call_record(r, out)
+        item = it.FunctionCallItem(id=out.item_id, call_id=out.call_id, name=out.name,
+                                   arguments=out.arguments,
+                                   status="completed" if out.completed else "incomplete")
+        record.item = item
+        self._emit(ev.FunctionCallArgumentsDone(response_id=r.response.id, item_id=out.item_id,
+                                                output_index=index, call_id=out.call_id,
+                                                name=out.name, arguments=out.arguments))
+        self._emit(ev.OutputItemDone(response_id=r.response.id, output_index=index, item=item))
+        self._emit(ev.ItemDone(item=item, previous_item_id=self._previous(out.item_id)))
+
     def _audio_chunk(self, out: ep.AudioChunk, now: float) -> None:
         r = self._current(out.response_id)
         if r is None or r.cancel_reason is not None or r.encoder is None:
@@ -554,6 +637,9 @@ class SessionActor:
         if r is None:
             return
         r.engine_done = out
+        if out.first_token_ms is not None:
+            self.observations.append(("voxline_llm_first_token_seconds",
+                                      out.first_token_ms / 1000))
         if r.encoder is not None and r.cancel_reason is None:
             for payload, ms in r.encoder.flush():
                 self.pacer.push(OutFrame(r.response.id, r.item_id, payload, ms))
@@ -574,8 +660,9 @@ class SessionActor:
             self.closed = it.ErrorDetail(type="server_error", code=out.code, message=out.message)
             self._emit(ev.ErrorEvent(error=self.closed))
             return
+        server_side = out.code.endswith("_error") or out.code in ("server_busy", "capacity")
         self._error(out.message, code=out.code, type="server_error"
-                    if out.code.endswith("_error") else "invalid_request_error")
+                    if server_side else "invalid_request_error")
 
     # ---------------------------------------------------------------------- the clock
 

@@ -8,18 +8,31 @@ Parameters in errors use the settings-document path (OpenAI GA nesting, e.g.
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
+import msgspec
+
 from voxline.engines import protocol as ep
 from voxline.errors import ProtocolError
 from voxline.sessions.commands import ResponseOverrides
 from voxline.sessions.settings import SessionSettings
 
-# semantic_vad: until the turn detector reads the words (the latency issue), the end of a
-# turn is decided by silence alone, with `eagerness` choosing how long a pause must last.
-SEMANTIC_VAD_SILENCE_MS = {"low": 1200, "medium": 600, "auto": 600, "high": 300}
 # The shipped ASR (Moonshine base-en) transcribes English only and takes no prompt.
 TRANSCRIPTION_LANGUAGES = ("en",)
 # With no tool-capable model, only "no tools" choices can be honoured.
 TOOL_CHOICES_WITHOUT_TOOLS = ("auto", "none")
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # what Chat Completions servers accept
+
+
+def response_config(settings: SessionSettings, session: SessionSettings) -> ep.ResponseConfig:
+    """The engine's view of a response run with `settings` (the session's own, or with a
+    response.create's overrides applied) in a session whose settings are `session`."""
+    return ep.ResponseConfig(
+        instructions=settings.instructions if settings.instructions != session.instructions
+        else None,
+        audio=settings.audio_output, temperature=settings.temperature,
+        max_output_tokens=settings.max_output_tokens, voice=settings.voice)
 
 
 def stream_config(settings: SessionSettings) -> ep.StreamConfig:
@@ -27,9 +40,11 @@ def stream_config(settings: SessionSettings) -> ep.StreamConfig:
     td = settings.turn_detection
     vad = None
     if td is not None and td.type == "semantic_vad":
-        vad = ep.TurnDetection(silence_duration_ms=SEMANTIC_VAD_SILENCE_MS[td.eagerness])
+        vad = ep.TurnDetection(eagerness=td.eagerness)
     elif td is not None:
         vad = ep.TurnDetection(td.threshold, td.prefix_padding_ms, td.silence_duration_ms)
+    # what the session will ask for when a turn ends: the engine may start it early
+    auto = response_config(settings, settings) if td is not None and td.create_response else None
     return ep.StreamConfig(
         instructions=settings.instructions,
         turn_detection=vad,
@@ -37,6 +52,9 @@ def stream_config(settings: SessionSettings) -> ep.StreamConfig:
         temperature=settings.temperature,
         max_output_tokens=settings.max_output_tokens or 4096,
         speed=settings.speed,
+        tools=chat_tools(settings.tools),
+        tool_choice=chat_tool_choice(settings.tool_choice),
+        auto_response=auto,
     )
 
 
@@ -45,7 +63,8 @@ def _refuse(event: str, param: str, what: str) -> ProtocolError:
                          param=param)
 
 
-def check_supported(settings: SessionSettings, event: str = "session.update") -> None:
+def check_supported(settings: SessionSettings, event: str = "session.update", *,
+                    tools_supported: bool = False) -> None:
     """Raise ProtocolError naming the first setting this server would have to ignore."""
     if settings.noise_reduction is not None:
         raise _refuse(event, "session.audio.input.noise_reduction",
@@ -60,17 +79,77 @@ def check_supported(settings: SessionSettings, event: str = "session.update") ->
     if tr is not None and tr.prompt:
         raise _refuse(event, "session.audio.input.transcription.prompt",
                       "a transcription prompt")
-    _check_tools(event, "session", settings.tools, settings.tool_choice)
+    _check_tools(event, "session", settings.tools, settings.tool_choice, tools_supported)
 
 
-def check_overrides(overrides: ResponseOverrides) -> None:
-    """The same for one response's overrides."""
-    _check_tools("response.create", "response", overrides.tools or (), overrides.tool_choice)
+def check_overrides(overrides: ResponseOverrides, *, session_tools: tuple[dict, ...] = (),
+                    tools_supported: bool = False) -> None:
+    """The same for one response's overrides (a tool_choice may name a session tool)."""
+    tools = overrides.tools if overrides.tools is not None else session_tools
+    _check_tools("response.create", "response", tools, overrides.tool_choice, tools_supported)
 
 
 def _check_tools(event: str, root: str, tools: tuple[dict, ...] | list[dict],
-                 tool_choice: object) -> None:
-    if tools:
-        raise _refuse(event, f"{root}.tools", "function calling with the embedded model")
-    if tool_choice is not None and tool_choice not in TOOL_CHOICES_WITHOUT_TOOLS:
+                 tool_choice: object, supported: bool) -> None:
+    if tools and not supported:
+        raise _refuse(event, f"{root}.tools", "function calling with the embedded model (start "
+                      "the server with --llm openai:<url> for a model that calls tools)")
+    names = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+            raise _refuse(event, f"{root}.tools[{i}].type", f"a tool of type {kind!r} (only "
+                          "'function' tools)")
+        name = tool.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.match(name):
+            raise ProtocolError(f"{event}: tools[{i}].name must be 1-64 letters, digits, _ or -, "
+                                f"got {name!r}", code="invalid_value", param=f"{root}.tools[{i}].name")
+        if not isinstance(tool.get("parameters", {}), dict):
+            raise ProtocolError(f"{event}: tools[{i}].parameters must be a JSON schema object",
+                                code="invalid_value", param=f"{root}.tools[{i}].parameters")
+        names.append(name)
+    if tool_choice is None or tool_choice in TOOL_CHOICES_WITHOUT_TOOLS:
+        return
+    if tool_choice == "required" and names:
+        return
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        if tool_choice.get("name") in names:
+            return
+        raise ProtocolError(f"{event}: tool_choice names function {tool_choice.get('name')!r}, "
+                            f"which is not among the tools ({', '.join(names) or 'none'})",
+                            code="invalid_value", param=f"{root}.tool_choice.name")
+    if not supported:
         raise _refuse(event, f"{root}.tool_choice", f"tool_choice {tool_choice!r} without tools")
+    raise ProtocolError(f"{event}: tool_choice {tool_choice!r} needs tools (or is not one of "
+                        "'auto', 'none', 'required', {'type': 'function', 'name': ...})",
+                        code="invalid_value", param=f"{root}.tool_choice")
+
+
+def chat_tools(tools: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> tuple[dict, ...]:
+    """Realtime function tools (flat: name, description, parameters) in the Chat Completions
+    shape a reply model's server takes (nested under `function`)."""
+    out = []
+    for tool in tools:
+        fn: dict[str, Any] = {"name": tool["name"]}
+        if tool.get("description"):
+            fn["description"] = tool["description"]
+        fn["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
+        out.append({"type": "function", "function": fn})
+    return tuple(out)
+
+
+def chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    """A Realtime `tool_choice` in the Chat Completions shape."""
+    if isinstance(choice, dict):
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+def with_tool_overrides(cfg: ep.ResponseConfig, settings: SessionSettings,
+                        session: SessionSettings) -> ep.ResponseConfig:
+    """`cfg` with the response's own tools / tool_choice where they differ from the session's
+    (the engine holds the session's)."""
+    if settings.tools == session.tools and settings.tool_choice == session.tool_choice:
+        return cfg
+    return msgspec.structs.replace(cfg, tools=chat_tools(settings.tools),
+                                   tool_choice=chat_tool_choice(settings.tool_choice))

@@ -13,9 +13,11 @@ from voxline.realtime.app import create_app
 
 
 @contextmanager
-def fake_server(**settings: object) -> Iterator[tuple[str, InProcessEngineClient]]:
+def fake_server(core_options: dict[str, object] | None = None,
+                **settings: object) -> Iterator[tuple[str, InProcessEngineClient]]:
     """The real app on loopback over the engine with tests/fakes.py's models."""
     conf = load_settings(host="127.0.0.1", port=free_port(), engine="inprocess", **settings)
-    engine = InProcessEngineClient("fakes:make_fake_core", {"stop_after": 60})
+    engine = InProcessEngineClient("fakes:make_fake_core", {"stop_after": 60,
+                                                            **(core_options or {})})
     with serve_app(create_app(conf, engine), conf.port, name="fake-server") as base:
         yield base, engine

@@ -125,11 +125,12 @@ def tone(seconds: float, rate: int = 16000, level: float = 0.3) -> np.ndarray:
 
 
 def make_fake_core(wake, stop_after: int = 12, step_seconds: float = 0.0,
-                   asr_text: str = "hello there friend"):
+                   asr_text: str = "hello there friend", max_responses: int = 8,
+                   max_slots: int = 4):
     """A real EngineCore over these stand-ins (core spec ``"fakes:make_fake_core"``)."""
     from voxline.engines.core import EngineCore, Models
     from voxline.engines.speech_stage import SentenceSpeechStage
 
-    lm = CountingLM(stop_after=stop_after, step_seconds=step_seconds)
+    lm = CountingLM(max_slots=max_slots, stop_after=stop_after, step_seconds=step_seconds)
     return EngineCore(Models(EnergyVAD(), FixedASR(asr_text), lm,
-                             SentenceSpeechStage(ToneTTS())), wake)
+                             SentenceSpeechStage(ToneTTS())), wake, max_responses=max_responses)

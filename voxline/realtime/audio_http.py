@@ -27,6 +27,9 @@ from voxline.realtime.state import ServerState, get_state
 logger = logging.getLogger(__name__)
 
 
+RETRY_AFTER_S = 1
+
+
 class AudioAPIError(Exception):
     """An HTTP error with OpenAI's error body."""
 
@@ -44,7 +47,9 @@ class AudioAPIError(Exception):
                           "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        # 503 is temporary (engine starting or restarting, at capacity): say when to retry
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if self.status == 503 else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
 def bad(message: str, param: str | None, code: str = "invalid_value") -> AudioAPIError:
@@ -61,6 +66,8 @@ def stream_error(err: p.StreamError) -> AudioAPIError:
         return unavailable(f"the engine stopped while serving the request: {err.message}")
     if err.code == "capacity":
         return unavailable(err.message, code="engine_at_capacity")
+    if err.code == "server_busy":
+        return unavailable(err.message, code="server_busy")
     return AudioAPIError(500, err.message, code=err.code, type="server_error")
 
 

@@ -29,9 +29,10 @@ MIN_SECONDS, MAX_SECONDS = 10, 7200
 
 def error_response(status: int, message: str, *, code: str | None = None,
                    param: str | None = None, type: str = "invalid_request_error") -> JSONResponse:
-    """OpenAI's HTTP error shape."""
+    """OpenAI's HTTP error shape; a 503 (busy, starting) says when to retry."""
+    headers = {"Retry-After": "1"} if status == 503 else None
     return JSONResponse({"error": {"message": message, "type": type, "param": param,
-                                   "code": code}}, status_code=status)
+                                   "code": code}}, status_code=status, headers=headers)
 
 
 def settings_from_session(doc: Any, base: SessionSettings | None = None) -> SessionSettings:

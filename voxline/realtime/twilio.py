@@ -14,7 +14,6 @@ its own clock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import uuid
@@ -27,7 +26,9 @@ from fastapi import APIRouter, Request, Response, WebSocket, WebSocketDisconnect
 
 from voxline.errors import ProtocolError
 from voxline.realtime import twilio_wire as tw
+from voxline.realtime.outbox import Outbox, SlowClient, close_after
 from voxline.realtime.state import get_state
+from voxline.realtime.websocket import CLOSE_GOING_AWAY, SHUTDOWN_REASON, open_sessions
 from voxline.realtime.wire_session import validate_session
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
@@ -232,9 +233,17 @@ async def twilio_stream(ws: WebSocket) -> None:
         await ws.close(code=CLOSE_POLICY, reason="invalid X-Twilio-Signature")
         return
     await ws.accept()
-    if state.sessions >= settings.max_sessions or not state.engine.ready:
+    sessions = open_sessions(ws.app)
+    refusal = None
+    if sessions.draining:
+        refusal = (CLOSE_GOING_AWAY, SHUTDOWN_REASON)
+    elif state.sessions >= settings.max_sessions:
+        refusal = (CLOSE_TRY_AGAIN, f"server is at its limit of {settings.max_sessions} sessions")
+    elif not state.engine.ready:
+        refusal = (CLOSE_TRY_AGAIN, "engine is not ready, try again shortly")
+    if refusal is not None:
         state.metrics.inc("voxline_sessions_refused_total", "sessions refused")
-        await ws.close(code=CLOSE_TRY_AGAIN, reason="server is busy or starting; try again")
+        await ws.close(code=refusal[0], reason=refusal[1])
         return
     session_id = new_id("sess")
     actor = SessionActor(session_id, f"{session_id}-{uuid.uuid4().hex[:6]}",
@@ -244,9 +253,11 @@ async def twilio_stream(ws: WebSocket) -> None:
     inbox: asyncio.Queue[cmd.ClientCommand | None] = asyncio.Queue(COMMAND_LIMIT)
 
     async def send(event: ev.ServerEvent) -> None:
+    outbox = Outbox(ws.send_text, settings.send_buffer_kb * 1024)
+
         out, commands = bridge.on_event(event)
-        for message in out:
-            await ws.send_text(json.dumps(message, separators=(",", ":")))
+        for message in out:  # never waits on Twilio; raises SlowClient past the bound
+            outbox.put(json.dumps(message, separators=(",", ":")))
         for command in commands:
             await inbox.put(command)  # one per barge-in
 
@@ -256,24 +267,25 @@ async def twilio_stream(ws: WebSocket) -> None:
     state.sessions += 1
     state.metrics.inc("voxline_sessions_total", "realtime sessions opened")
     logger.info("twilio session %s opened", session_id)
-    code, reason = 1000, ""
-    try:
-        await runner.run(_commands(inbox))
-    except SessionEnded as end:
-        code, reason = end.code, end.reason
-    except WebSocketDisconnect:
-        pass
-    except Exception:
-        if reader.done():  # the caller hung up while a reply frame was being sent
-            logger.info("%s: the socket closed mid-reply", bridge.ids)
-        else:
-            logger.exception("%s: twilio session %s failed", bridge.ids, session_id)
-            state.metrics.inc("voxline_session_errors_total", "sessions ended by a server error")
-            code, reason = 1011, "internal server error"
-    finally:
-        state.sessions -= 1
-        reader.cancel()
-        await asyncio.gather(reader, return_exceptions=True)
-        logger.info("%s: twilio session %s closed", bridge.ids, session_id)
-    with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-        await ws.close(code=code, reason=reason)
+    with sessions.track():  # a drain waits for this call's close
+        code, reason = 1000, ""
+        outbox.start()
+        try:
+            await sessions.serve(runner, _commands(inbox))  # SIGTERM: the reply ends, then 1001
+        except (SessionEnded, SlowClient) as end:
+            code, reason = end.code, end.reason
+        except WebSocketDisconnect:
+            pass
+        except Exception:
+            if reader.done():  # the caller hung up while a reply frame was being sent
+                logger.info("%s: the socket closed mid-reply", bridge.ids)
+            else:
+                logger.exception("%s: twilio session %s failed", bridge.ids, session_id)
+                state.metrics.inc("voxline_session_errors_total", "sessions ended by a server error")
+                code, reason = 1011, "internal server error"
+        finally:
+            state.sessions -= 1
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            logger.info("%s: twilio session %s closed", bridge.ids, session_id)
+        await close_after(ws, outbox, code, reason, state.metrics)

@@ -44,7 +44,9 @@ from voxline.realtime.auth import Access, authenticate
 from voxline.realtime.client_secrets import error_response, settings_from_session
 from voxline.realtime.dialect import Dialect
 from voxline.realtime.ice import default_hosts, restrict_gathering, rtc_configuration
+from voxline.realtime.outbox import SlowClient
 from voxline.realtime.state import ServerState, get_state
+from voxline.realtime.websocket import SHUTDOWN_REASON, OpenSessions, open_sessions
 from voxline.realtime.wire_client import parse_command
 from voxline.realtime.wire_server import render_json
 from voxline.sessions import commands as cmd
@@ -128,8 +130,9 @@ class Call:
     """One WebRTC call: a peer connection around a session runner."""
 
     def __init__(self, call_id: str, pc: RTCPeerConnection, state: ServerState,
-                 settings: SessionSettings) -> None:
+                 settings: SessionSettings, sessions: OpenSessions | None = None) -> None:
         self.id = call_id
+        self.sessions = sessions or OpenSessions()  # the app's, so a shutdown drains calls too
         self.pc = pc
         self.state = state
         self.track = PacedAudioTrack()
@@ -167,6 +170,9 @@ class Call:
         if channel is not None and channel.readyState == "open":
             channel.send(wire)
         elif len(self._pending) < PENDING_EVENTS_LIMIT:
+            limit = self.state.settings.send_buffer_kb * 1024
+            if channel.bufferedAmount > limit:  # the peer stopped reading its events
+                raise SlowClient(channel.bufferedAmount, limit)
             self._pending.append(wire)
         else:
             logger.warning("call %s: data channel not open, dropped %s", self.id,
@@ -254,17 +260,18 @@ class Call:
             self.hangup()
 
     async def _run(self) -> None:
-        try:
-            await self.runner.run(self._commands())
-        except SessionEnded as end:
-            logger.info("call %s: session ended: %s", self.id, end.reason)
-        except Exception:
-            logger.exception("call %s failed", self.id)
-            self.state.metrics.inc("voxline_session_errors_total",
-                                   "sessions ended by a server error")
-        finally:
-            self._flush_pending()
-            await self.close()
+        with self.sessions.track():
+            try:
+                await self.sessions.serve(self.runner, self._commands())
+            except (SessionEnded, SlowClient) as end:
+                logger.info("call %s: session ended: %s", self.id, end.reason)
+            except Exception:
+                logger.exception("call %s failed", self.id)
+                self.state.metrics.inc("voxline_session_errors_total",
+                                       "sessions ended by a server error")
+            finally:
+                self._flush_pending()
+                await self.close()
 
     def hangup(self) -> None:
         """End the call: the session stops reading, then everything closes."""
@@ -361,6 +368,10 @@ async def create_call(request: Request) -> Response:
         state.metrics.inc("voxline_sessions_refused_total", "sessions refused")
         return error_response(401, access, code="invalid_api_key")
     if state.sessions >= config.max_sessions:
+    sessions = open_sessions(request.app)
+    if sessions.draining:
+        return error_response(503, SHUTDOWN_REASON, code="server_shutting_down",
+                              type="server_error")
         state.metrics.inc("voxline_sessions_refused_total", "sessions refused")
         return error_response(503, f"server is at its limit of {config.max_sessions} sessions",
                               code="server_busy", type="server_error")
@@ -379,7 +390,7 @@ async def create_call(request: Request) -> Response:
     pc = RTCPeerConnection(rtc_configuration(config.ice_server_list(), config.turn_username,
                                              config.turn_credential))
     call_id = new_id("rtc")
-    call = Call(call_id, pc, state, settings)
+    call = Call(call_id, pc, state, settings, sessions)
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         pc.addTrack(call.track)

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -16,6 +16,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from voxline.errors import ProtocolError
 from voxline.realtime.auth import Access, authenticate, offered_subprotocols
 from voxline.realtime.dialect import detect_dialect
+from voxline.realtime.outbox import Outbox, SlowClient, close_after
 from voxline.realtime.state import get_state
 from voxline.realtime.wire_client import parse_command
 from voxline.realtime.wire_server import render_json
@@ -66,12 +67,24 @@ class OpenSessions:
         with contextlib.suppress(TimeoutError):  # sessions stop waiting at the deadline
             await asyncio.wait_for(idle.wait(), grace + 3.0)
 
+    @contextlib.contextmanager
+    def track(self) -> Iterator[None]:
+        """Count a connection as open for the whole block: a drain waits until its close
+        frame is out, not just until its session ended."""
+        _, idle = self._events()
+        self.count += 1
+        idle.clear()
+        try:
+            yield
+        finally:
+            self.count -= 1
+            if self.count == 0:
+                idle.set()
+
     async def serve(self, runner: SessionRunner,
                     incoming: AsyncIterator[ClientCommand | ProtocolError]) -> None:
         """`runner.run(incoming)`, ended by a drain (SessionEnded 1001) once it is idle."""
-        draining, idle = self._events()
-        self.count += 1
-        idle.clear()
+        draining, _ = self._events()
         loop = asyncio.get_running_loop()
         run = asyncio.ensure_future(runner.run(incoming))
         drain = asyncio.ensure_future(draining.wait())
@@ -90,9 +103,6 @@ class OpenSessions:
             for task in (run, drain):
                 task.cancel()
             await asyncio.gather(run, drain, return_exceptions=True)
-            self.count -= 1
-            if self.count == 0:
-                idle.set()
 
 
 def open_sessions(app: object) -> OpenSessions:
@@ -160,28 +170,27 @@ async def realtime(ws: WebSocket) -> None:
     async def send(event: ServerEvent) -> None:
         wire = render_json(event, dialect)
         if wire is not None:
-            await ws.send_text(wire)
+            outbox.put(wire)  # never waits on the client; raises SlowClient past the bound
 
     runner = SessionRunner(actor, state.engine, send, max_seconds=settings.max_session_seconds,
                            observe=state.metrics.observe)
     state.sessions += 1
     state.metrics.inc("voxline_sessions_total", "realtime sessions opened")
     logger.info("session %s opened (%s dialect)", session_id, dialect.value)
-    code, reason = 1000, ""
-    try:
-        await sessions.serve(runner, _client_events(ws, settings.max_event_bytes))
-    except SessionEnded as end:
-        code, reason = end.code, end.reason
-    except WebSocketDisconnect:
-        pass
-    except Exception:
-        logger.exception("session %s failed", session_id)
-        state.metrics.inc("voxline_session_errors_total", "sessions ended by a server error")
-        code, reason = 1011, "internal server error"
-    finally:
-        state.sessions -= 1
-        logger.info("session %s closed", session_id)
-    try:
-        await ws.close(code=code, reason=reason)
-    except (RuntimeError, WebSocketDisconnect):
-        pass  # the client already went away
+    with sessions.track():
+        code, reason = 1000, ""
+        outbox.start()
+        try:
+            await sessions.serve(runner, _client_events(ws, settings.max_event_bytes))
+        except (SessionEnded, SlowClient) as end:
+            code, reason = end.code, end.reason
+        except WebSocketDisconnect:
+            pass
+        except Exception:
+            logger.exception("session %s failed", session_id)
+            state.metrics.inc("voxline_session_errors_total", "sessions ended by a server error")
+            code, reason = 1011, "internal server error"
+        finally:
+            state.sessions -= 1
+            logger.info("session %s closed%s", session_id, f": {reason}" if reason else "")
+        await close_after(ws, outbox, code, reason, state.metrics)

@@ -1,0 +1,110 @@
+"""A connection's outgoing messages, bounded in bytes, written to the socket by one task.
+
+A session never waits on its client's socket: `put` queues and returns, the writer task
+sends. A client that stops reading fills the OS buffers, then the transport's, then this
+queue; once the queue passes its bound, `put` raises `SlowClient` and the transport drops
+the connection. Nothing here blocks the event loop, so other sessions keep their pace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+from fastapi import WebSocket, WebSocketDisconnect
+
+from voxline.realtime.metrics import Metrics
+
+CLOSE_POLICY = 1008
+CLOSE_FLUSH_S = 2.0  # how long queued events may take to leave before the close
+
+
+class SlowClient(Exception):
+    """The client stopped reading: more than the bound is waiting to be sent to it."""
+
+    def __init__(self, pending: int, limit: int) -> None:
+        super().__init__(f"client is not reading: {pending // 1024} KiB of events unsent "
+                         f"(limit {limit // 1024} KiB)")
+        self.code = CLOSE_POLICY
+        self.reason = str(self)
+
+
+class Outbox:
+    def __init__(self, write: Callable[[str], Awaitable[None]], limit_bytes: int) -> None:
+        self._write = write
+        self.limit_bytes = limit_bytes
+        self.pending_bytes = 0
+        self._queue: deque[str] = deque()
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.overflowed = False
+
+    def put(self, text: str) -> None:
+        """Queue one message; raises `SlowClient` once the unsent bytes pass the bound."""
+        self.pending_bytes += len(text)
+        self._queue.append(text)
+        self._ready.set()
+        if self.pending_bytes > self.limit_bytes:
+            self.overflowed = True
+            raise SlowClient(self.pending_bytes, self.limit_bytes)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="outbox-writer")
+
+    async def _run(self) -> None:
+        while True:
+            await self._ready.wait()
+            while self._queue:
+                text = self._queue[0]
+                await self._write(text)
+                self._queue.popleft()
+                self.pending_bytes -= len(text)
+            self._ready.clear()
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait until everything queued was handed to the socket (or the socket is gone);
+        False if that took longer than `timeout` s: the client is not reading."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._queue and self._task is not None and not self._task.done():
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+
+
+async def close_after(ws: WebSocket, outbox: Outbox, code: int, reason: str,
+                      metrics: Metrics) -> None:
+    """Close once the queued events are out; a client that stopped reading (its outbox
+    overflowed, or it will not take them within a few seconds) is dropped at once: no
+    close frame can pass a full pipe, and its socket must not outlive the session."""
+    if outbox.overflowed or not await outbox.flush(CLOSE_FLUSH_S):
+        metrics.inc("voxline_slow_clients_dropped_total", "connections dropped because the "
+                    "client stopped reading")
+        await outbox.stop()
+        abort_connection(ws)
+        return
+    await outbox.stop()
+    try:
+        await asyncio.wait_for(ws.close(code=code, reason=reason), CLOSE_FLUSH_S)
+    except TimeoutError:
+        abort_connection(ws)
+    except (RuntimeError, WebSocketDisconnect):
+        pass  # the client already went away
+
+
+def abort_connection(ws: WebSocket) -> None:
+    """Drop a WebSocket's TCP connection now. ASGI has no abort; uvicorn's protocol (whose
+    bound `send` the app was handed) holds the transport. Elsewhere the server closes the
+    connection once the app returns."""
+    transport = getattr(getattr(ws._send, "__self__", None), "transport", None)
+    if transport is not None:
+        transport.abort()

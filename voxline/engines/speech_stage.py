@@ -6,6 +6,12 @@ them a bounded amount per `step()`, which the core runs on its TTS worker thread
 ready: a sentence-at-a-time model (Piper) returns whole sentences, an autoregressive
 codec model returns a chunk every few frames for every stream at once. `text` on an
 output names the span a new sentence starts with ("" continues the previous span).
+
+A stage that can take streaming text (`TextStreamingStage`, e.g. Qwen3-TTS) speaks a
+whole reply as one job: it starts with the first segment and `more_text=True`, later
+segments are appended as the LLM writes them, and `end_text` closes it. Such a job's
+outputs may carry several segments' text at once (joined with a space), and its last
+output may carry text with no audio (text whose audio ended up in earlier chunks).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class SpeechJob:
     seed: int | None = None
     voice: str | None = None  # a preset voice name; single-voice stages ignore it
     reference: VoiceReference | None = None  # a voice to clone; stages that cannot ignore it
+    more_text: bool = False  # streaming text: append_text/end_text follow (TextStreamingStage)
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,23 @@ class SpeechStage(Protocol):
     def has_work(self) -> bool: ...
 
     def step(self) -> list[SpeechOut]: ...
+
+
+class TextStreamingStage(SpeechStage, Protocol):
+    """A speech stage that speaks a job's text as it is written (one stream per reply)."""
+
+    def append_text(self, job_id: int, text: str) -> None:
+        """More text for a `more_text` job (a segment; joined to the last with a space)."""
+        ...
+
+    def end_text(self, job_id: int) -> None:
+        """The job's text is complete; it finishes once all of it is spoken."""
+        ...
+
+
+def streams_text(stage: SpeechStage) -> bool:
+    """The stage takes streaming text (`TextStreamingStage`)."""
+    return callable(getattr(stage, "append_text", None)) and callable(getattr(stage, "end_text", None))
 
 
 class SentenceChunk(Protocol):

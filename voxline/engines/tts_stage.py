@@ -4,7 +4,8 @@ The model side is a `SpeechStage` (`speech_stage`): it holds jobs and advances t
 all a bounded amount per `step()`. This stage adds what the engine needs around it:
 which stream and response own each job, and cancels that reach the model only between
 steps (a step in flight is never mutated). Output of a job cancelled while its step
-was running is dropped here, so a stale chunk never reaches a stream.
+was running is dropped here, so a stale chunk never reaches a stream. Text appended to a
+streaming job (`streams_text`) reaches the model between steps too, in order.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from voxline.engines.protocol import VoiceReference
-from voxline.engines.speech_stage import SpeechJob, SpeechOut, SpeechStage
+from voxline.engines.speech_stage import SpeechJob, SpeechOut, SpeechStage, streams_text
 from voxline.engines.stage import StreamId
 
 
@@ -36,7 +37,9 @@ class TTSStage:
         self._to_start: list[SpeechJob] = []
         self._to_cancel: list[int] = []
         self._to_register: list[VoiceReference] = []
+        self._to_feed: list[tuple[int, str | None]] = []  # appended text; None ends a job's text
         self._job_ids = 0
+        self.streams_text = streams_text(speech)  # one job per reply, fed as text is written
 
     def register_voice(self, reference: VoiceReference) -> None:
         """Register (or, with empty audio, remove) a named voice on the model before its
@@ -44,16 +47,32 @@ class TTSStage:
         self._to_register.append(reference)
 
     def add(self, owner: SpeechOwner, text: str, speed: float, seed: int | None,
-            voice: str | None, reference: VoiceReference | None = None) -> int:
-        """Queue one text segment; it starts on the model at the next `schedule`."""
+            voice: str | None, reference: VoiceReference | None = None,
+            more_text: bool = False) -> int:
+        """Queue one text segment; it starts on the model at the next `schedule`.
+        ``more_text`` (only when `streams_text`): `append_text`/`end_text` follow."""
+        if more_text and not self.streams_text:
+            raise ValueError("this speech model takes no streaming text (more_text)")
         self._job_ids += 1
-        self._to_start.append(SpeechJob(self._job_ids, text, speed, seed, voice, reference))
+        self._to_start.append(SpeechJob(self._job_ids, text, speed, seed, voice, reference,
+                                        more_text))
         self._owners[self._job_ids] = owner
         return self._job_ids
+
+    def append_text(self, job_id: int, text: str) -> None:
+        """More text for a `more_text` job; reaches the model at the next `schedule`."""
+        if job_id in self._owners:
+            self._to_feed.append((job_id, text))
+
+    def end_text(self, job_id: int) -> None:
+        """The `more_text` job's text is complete."""
+        if job_id in self._owners:
+            self._to_feed.append((job_id, None))
 
     def cancel(self, job_id: int) -> None:
         """Disown the job now; the model drops it before its next step."""
         self._owners.pop(job_id, None)
+        self._to_feed = [f for f in self._to_feed if f[0] != job_id]
         queued = [j for j in self._to_start if j.job_id != job_id]
         if len(queued) == len(self._to_start):
             self._to_cancel.append(job_id)
@@ -64,7 +83,7 @@ class TTSStage:
         return [job_id for job_id, owner in self._owners.items() if owner.stream_id == stream_id]
 
     def has_work(self) -> bool:
-        return bool(self._to_start) or self.speech.has_work()
+        return bool(self._to_start) or bool(self._to_feed) or self.speech.has_work()
 
     def schedule(self) -> TTSPlan | None:
         for job_id in self._to_cancel:
@@ -78,6 +97,12 @@ class TTSStage:
         for job in self._to_start:
             self.speech.start(job)
         self._to_start.clear()
+        for job_id, text in self._to_feed:
+            if text is None:
+                self.speech.end_text(job_id)  # type: ignore[attr-defined]
+            else:
+                self.speech.append_text(job_id, text)  # type: ignore[attr-defined]
+        self._to_feed.clear()
         if not self.speech.has_work():
             return None
         return TTSPlan(tuple(self._owners))

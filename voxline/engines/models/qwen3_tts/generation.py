@@ -29,7 +29,8 @@ from voxline.engines.models.llama import sample
 from .prompt import TalkerPrompt
 from .talker import Talker
 
-__all__ = ["FinishReason", "TalkerFrame", "TalkerGenerator", "TalkerSampling", "TalkerStream"]
+__all__ = ["FinishReason", "TalkerFrame", "TalkerGenerator", "TalkerSampling", "TalkerStream",
+           "awaits_text"]
 
 # The reference suppresses the last 1024 ids of the talker vocabulary (control tokens).
 _CONTROL_TOKENS = 1024
@@ -107,6 +108,17 @@ def triage(streams: Sequence[TalkerStream], eos: int
         else:
             completing.append(s)
     return live, results, completing
+
+
+def awaits_text(stream: TalkerStream, eos: int) -> bool:
+    """The stream's next step would feed a frame whose text has not arrived yet
+    (streaming text input, :meth:`TalkerPrompt.has_text_for`): hold it back until it has.
+    A prefill, a pending EOS, or the frame that reaches ``max_frames`` needs none."""
+    if stream.finished or stream.hidden is None or stream.pending in (None, eos):
+        return False
+    if stream.frames + 1 >= stream.params.max_frames:
+        return False
+    return not stream.prompt.has_text_for(stream.frames)
 
 
 class TalkerGenerator:

@@ -81,14 +81,46 @@ class TalkerPrompt:
     ``embeds [L, D]`` is prefilled; the input of frame ``k`` (the sum of its codebook
     embeddings) gets ``trailing_text[k]`` added while ``k < len(trailing_text)``, and
     ``pad_embed`` afterwards.
+
+    Streaming text input: a prompt built with ``text_open=True`` keeps ``eos_embed``
+    aside; :meth:`append_text` adds the projected ids of text written later and
+    :meth:`end_text` closes it with ``tts_eos``. While it is open, frame ``k`` cannot be
+    fed before ``trailing_text[k]`` exists (:meth:`has_text_for`); the caller holds the
+    stream back until then, so the talker sees exactly the inputs of a prompt built with
+    the whole text.
     """
 
     embeds: Tensor
     trailing_text: Tensor
     pad_embed: Tensor
+    eos_embed: Tensor | None = None  # set while more text may be appended
+
+    @property
+    def text_open(self) -> bool:
+        return self.eos_embed is not None
+
+    def has_text_for(self, k: int) -> bool:
+        """Frame ``k``'s text-side input is known (it exists, or the text has ended)."""
+        return k < self.trailing_text.shape[0] or not self.text_open
 
     def text_for_frame(self, k: int) -> Tensor:
-        return self.trailing_text[k] if k < self.trailing_text.shape[0] else self.pad_embed
+        if k < self.trailing_text.shape[0]:
+            return self.trailing_text[k]
+        if self.text_open:
+            raise RuntimeError(f"frame {k}'s text has not arrived (streaming text input)")
+        return self.pad_embed
+
+    def append_text(self, embeds: Tensor) -> None:
+        """Add ``embeds [n, D]`` (:meth:`Talker.embed_text` of the new ids) to the text."""
+        if not self.text_open:
+            raise RuntimeError("the prompt's text has ended")
+        self.trailing_text = torch.cat((self.trailing_text, embeds.to(self.trailing_text)))
+
+    def end_text(self) -> None:
+        """No more text: ``tts_eos`` follows the last token, then ``tts_pad``."""
+        if self.eos_embed is not None:
+            self.trailing_text = torch.cat((self.trailing_text, self.eos_embed[None]))
+            self.eos_embed = None
 
 
 def _language_id(config: Qwen3TTSConfig, language: str, speaker: str | None) -> int | None:
@@ -123,6 +155,7 @@ def build_prompt(
     ref_ids: Sequence[int] | Tensor | None = None,
     ref_codes: Tensor | None = None,
     non_streaming: bool = False,
+    text_open: bool = False,
 ) -> TalkerPrompt:
     """Build one stream's :class:`TalkerPrompt`.
 
@@ -134,6 +167,10 @@ def build_prompt(
     - Base, in-context (ICL): additionally ``ref_ids`` (:func:`ref_text_ids`) and the
       reference audio's codes ``ref_codes [T, G]``; decode the output with those codes
       primed into the codec state (:meth:`Code2WavDecoder.prime`).
+
+    ``text_open``: the text goes on (streaming text input; not with ``non_streaming``
+    or in-context cloning, whose prompts hold the whole text): ``tts_eos`` is left out
+    until :meth:`TalkerPrompt.end_text`.
     """
     c = config.talker
     dev = talker.device
@@ -147,6 +184,9 @@ def build_prompt(
         raise ValueError("give either speaker (preset voice) or speaker_embedding, not both")
     if (ref_codes is None) != (ref_ids is None):
         raise ValueError("in-context voice cloning needs both ref_ids and ref_codes")
+    if text_open and (non_streaming or ref_codes is not None):
+        raise ValueError("text_open needs the streaming-text layout (no non_streaming, no "
+                         "in-context reference)")
 
     def tok(values: list[int]) -> Tensor:
         return torch.tensor([values], dtype=torch.long, device=dev)
@@ -197,10 +237,13 @@ def build_prompt(
     else:
         parts.append(talker.embed_text(ids[:, 3:4]) + codec_in[:, -1:])
         trailing = torch.cat((talker.embed_text(ids[:, 4:-5]), tts_eos), dim=1)
+        if text_open:
+            trailing = trailing[:, :-1]
     return TalkerPrompt(
         embeds=torch.cat(parts, dim=1)[0],
         trailing_text=trailing[0],
         pad_embed=tts_pad[0, 0],
+        eos_embed=tts_eos[0, 0] if text_open else None,
     )
 
 

@@ -15,9 +15,23 @@ whose next audio chunk is due:
 - frames stay on the model's device; only the chunk's audio is copied to the host (on
   CUDA through a pinned buffer, non-blocking, waited on by an event).
 
-The first output with audio carries ``text=job.text`` (it opens the job's text span),
-later ones ``""``. A job whose text has nothing to speak (blank, or no tokens) ends with
-one empty ``finished`` output.
+One stream per reply (streaming text input): a job started with ``more_text`` takes
+later segments (:meth:`Qwen3SpeechStage.append_text`) into the same talker stream, one text
+token per frame as the model's streaming-text layout does, until
+:meth:`~Qwen3SpeechStage.end_text` adds ``tts_eos``. A stream whose next frame needs text
+that has not arrived waits (it skips steps; its undecoded frames are decoded meanwhile),
+so its frames are exactly those of one prompt with the whole text, however the text was
+split in time. The decoder state lives for the whole job. Text that reaches the job after
+its talker stream stopped (codec EOS or the frame limit while more text was coming), or
+any text of an in-context clone (whose prompt holds the whole text), is spoken by a new
+talker stream of the same job, still on the same decoder state.
+
+Text spans: each segment's text rides on the first output whose audio reaches the
+segment's estimated start (:data:`_SPOKEN_FRAMES_PER_TOKEN` frames per text token; the
+talker has no alignment output), the first segment on the first audio; text not yet
+placed when the job ends rides on its last output, which may then have no audio. A job
+whose text has nothing to speak (blank, or no tokens) ends with one empty ``finished``
+output.
 
 Seeds: ``job.seed`` seeds the stream's own generator, so a seeded job gives the same
 audio whatever shares its batch; ``None`` draws a fresh seed (the published sampling
@@ -53,7 +67,7 @@ from voxline.engines.speech_stage import SpeechJob, SpeechOut
 from .checkpoint import Qwen3TTSModel
 from .code2wav import Code2WavState
 from .codec_encoder import CodecEncoder
-from .generation import TalkerGenerator, TalkerSampling, TalkerStream
+from .generation import TalkerGenerator, TalkerSampling, TalkerStream, awaits_text
 from .graphs import GraphedCode2Wav, GraphedTalkerGenerator
 from .prompt import TalkerPrompt, assistant_ids, build_prompt, ref_text_ids
 from .reference import (
@@ -76,18 +90,36 @@ RANDOM_WEIGHTS_KEY = "voxline_random_weights"
 # (~5x a slow speaking rate: a token is ~0.3 s of speech, 4 frames at 12.5 Hz).
 _FRAMES_BASE = 16
 _FRAMES_PER_TOKEN = 20
+# Where a segment's audio starts, for its text span: ~4 characters per Qwen token spoken
+# at ~14 characters/s is ~3.5 frames at 12.5 Hz. An estimate: it only places span edges.
+_SPOKEN_FRAMES_PER_TOKEN = 3.5
+
+
+@dataclass
+class _Span:
+    text: str
+    token: int  # offset of its first token in the job's text
+    frame: float | None = None  # estimated first frame of its audio, once in a talker stream
 
 
 @dataclass(eq=False)
 class _Job:
     job: SpeechJob
+    ids: list[int] = field(default_factory=list)  # the job's text tokens so far
+    spans: deque[_Span] = field(default_factory=deque)  # segment texts not yet emitted
+    text_open: bool = False  # more text may be appended
+    fed: int = 0  # tokens handed to talker streams
+    run_open: bool = False  # the current talker stream takes appended text
+    run_tokens: int = 0  # tokens of the current talker stream (its frame limit)
+    run_start: tuple[int, int] = (0, 0)  # (frames, token offset) at its start
+    frames: int = 0  # frames generated over all the job's talker streams
     stream: TalkerStream | None = None
     state: Code2WavState | None = None  # eager code2wav: the job's own decoder state
     codec_slot: int | None = None  # graphed code2wav: the job's state slot
+    decoder_ready: bool = False  # state/slot set up (once per job, kept across streams)
     pending: list[Tensor] = field(default_factory=list)  # frames [G] not yet decoded
     decoded: int = 0  # frames decoded so far
-    spoke: bool = False  # an output with audio (carrying the text) was emitted
-    done: bool = False  # the talker has stopped; pending frames are the last
+    done: bool = False  # no talker stream will run again; pending frames are the last
 
 
 class Qwen3SpeechStage:
@@ -217,9 +249,64 @@ class Qwen3SpeechStage:
         if job.speed != 1.0 and not self._warned_speed:
             logger.info("Qwen3-TTS has no speed control: speed %.2f is ignored", job.speed)
             self._warned_speed = True
-        entry = _Job(job)
+        entry = _Job(job, text_open=job.more_text)
         self._jobs[job.job_id] = entry
+        self._add_text(entry, job.text)
         self._queue.append(entry)
+
+    def append_text(self, job_id: int, text: str) -> None:
+        """More text for a ``more_text`` job (joined to the last segment with a space);
+        an open talker stream takes it at once. Unknown (cancelled) jobs are ignored."""
+        entry = self._jobs.get(job_id)
+        if entry is None:
+            return
+        if not entry.text_open:
+            raise ValueError(f"job {job_id}'s text has ended (end_text) or was never open")
+        new = self._add_text(entry, text)
+        stream = entry.stream
+        if new and entry.run_open and stream is not None and not stream.finished:
+            ids = torch.tensor([new], dtype=torch.long, device=self.model.talker.device)
+            stream.prompt.append_text(self.model.talker.embed_text(ids)[0])
+            self._feed(entry, len(new))
+
+    def end_text(self, job_id: int) -> None:
+        """The job's text is complete: its talker stream gets ``tts_eos`` after the last
+        token and the job finishes when the talker stops."""
+        entry = self._jobs.get(job_id)
+        if entry is None:
+            return
+        entry.text_open = False
+        if entry.run_open and entry.stream is not None:
+            entry.stream.prompt.end_text()
+        entry.run_open = False
+
+    def _add_text(self, entry: _Job, text: str) -> list[int]:
+        """Tokenize a segment onto the job's text (a space before all but the first, so
+        the ids are those of the whole text: the BPE never merges across that space)."""
+        new = self.tokenizer.text_ids((" " if entry.ids else "") + text)
+        if new:
+            entry.spans.append(_Span(text, len(entry.ids)))
+            entry.ids += new
+        return new
+
+    def _feed(self, entry: _Job, n: int) -> None:
+        """``n`` more of the job's tokens went into its talker stream: place their spans
+        and raise the stream's frame limit with its text."""
+        entry.fed += n
+        entry.run_tokens += n
+        frames0, token0 = entry.run_start
+        last = 0.0
+        for span in entry.spans:
+            if span.frame is not None:
+                last = span.frame
+            elif span.token < entry.fed:
+                span.frame = last = max(last, frames0 + (span.token - token0) * _SPOKEN_FRAMES_PER_TOKEN)
+        if entry.stream is not None:
+            entry.stream.params = dataclasses.replace(
+                entry.stream.params, max_frames=self._frame_limit(entry.run_tokens))
+
+    def _frame_limit(self, n_tokens: int) -> int:
+        return min(self.max_frames, _FRAMES_BASE + _FRAMES_PER_TOKEN * n_tokens)
 
     def cancel(self, job_id: int) -> None:
         """Drop a job now: its talker slot and decoder state are freed, no more outputs."""
@@ -228,7 +315,7 @@ class Qwen3SpeechStage:
             return
         if entry.stream is not None:
             self.generator.release(entry.stream)
-        elif entry in self._queue:
+        if entry in self._queue:
             self._queue.remove(entry)
         entry.pending.clear()
         self._drop_codec(entry)
@@ -250,17 +337,30 @@ class Qwen3SpeechStage:
 
     def _step(self) -> list[SpeechOut]:
         self._admit()
-        live = [j for j in self._jobs.values() if j.stream is not None and not j.done]
+        eos = self.generator.eos
+        live = [j for j in self._jobs.values()
+                if j.stream is not None and not awaits_text(j.stream, eos)]
         if live:
             by_id = {id(j.stream): j for j in live}
             for r in self.generator.step([j.stream for j in live]):  # type: ignore[misc]
                 entry = by_id[id(r.stream)]
                 if r.frame is not None:
                     entry.pending.append(r.frame)
+                    entry.frames += 1
                 if r.finish is not None:
-                    entry.done = True
-                    self.generator.release(r.stream)
+                    self._stream_stopped(entry)
         return self._decode_due()
+
+    def _stream_stopped(self, entry: _Job) -> None:
+        """The job's talker stream stopped: the job is done unless text came (or may
+        come) after what the stream was given; that text gets a new stream."""
+        self.generator.release(entry.stream)  # type: ignore[arg-type]
+        entry.stream = None
+        entry.run_open = False
+        if entry.fed < len(entry.ids) or entry.text_open:
+            self._queue.append(entry)
+        else:
+            entry.done = True
 
     def synthesize_all(self, text: str, *, seed: int | None = None) -> np.ndarray:
         """Speak ``text`` as one job to the end (offline use; the stage must be idle)."""
@@ -279,8 +379,7 @@ class Qwen3SpeechStage:
         ids = self.tokenizer.assistant_ids(job.text)
         if ids is None:
             return None
-        n_text = len(ids) - 8  # the template adds 8 ids around the text
-        limit = min(self.max_frames, _FRAMES_BASE + _FRAMES_PER_TOKEN * n_text)
+        limit = self._frame_limit(len(ids) - 8)  # the template adds 8 ids around the text
         clone = self.reference_of(job)
         speaker = None if clone is not None else self.voice_of(job)
         return (self._build(ids, speaker, clone),
@@ -295,14 +394,14 @@ class Qwen3SpeechStage:
         return self.speaker
 
     def _build(self, input_ids: list[int], speaker: str | None,
-               clone: EncodedReference | None = None) -> TalkerPrompt:
+               clone: EncodedReference | None = None, text_open: bool = False) -> TalkerPrompt:
         if clone is None:
             return build_prompt(self.model.talker, self.model.config, input_ids,
-                                language=self.language, speaker=speaker)
+                                language=self.language, speaker=speaker, text_open=text_open)
         return build_prompt(
             self.model.talker, self.model.config, input_ids, language=self.language,
             speaker_embedding=clone.speaker_embedding, ref_ids=clone.ref_ids,
-            ref_codes=clone.ref_codes,
+            ref_codes=clone.ref_codes, text_open=text_open,
         )
 
     # ------------------------------------------------------------------ voice cloning
@@ -371,42 +470,66 @@ class Qwen3SpeechStage:
         return EncodedReference(embedding, ids, codes)
 
     def _admit(self) -> None:
-        """Give queued jobs free talker slots (their prompts prefill in this step)."""
+        """Give queued jobs with text to speak free talker slots (their prompts prefill
+        in this step); a job whose text has all been spoken ends, unless more may come."""
         used = sum(1 for j in self._jobs.values() if j.stream is not None and j.stream.slot >= 0)
-        while self._queue and used < self.max_streams:
-            entry = self._queue.popleft()
+        for entry in list(self._queue):
+            if entry.fed == len(entry.ids):
+                if not entry.text_open:
+                    self._queue.remove(entry)
+                    entry.done = True  # nothing (more) to say: finishes in this step
+                continue  # waits for text, holding no talker slot
+            if used >= self.max_streams:
+                continue
+            self._queue.remove(entry)
             try:
-                prepared = self.prepare(entry.job)
-                if prepared is not None:
-                    clone = self.reference_of(entry.job)  # cached by prepare
-                    ref_codes = clone.ref_codes if clone is not None else None
-                    if ref_codes is not None:  # in-context clone: decode after the reference
-                        entry.state = self.decoder.new_state()
-                        self.decoder.prime(entry.state, ref_codes.T.to(self.decoder.device))
-                    elif self.codec is not None:
-                        entry.codec_slot = self.codec.open()
-                    else:
-                        entry.state = self.decoder.new_state()
-                    entry.stream = self.generator.start(*prepared, stream_id=entry.job.job_id)
-                    used += 1
-            except Exception:  # one bad segment must not fail every other job
+                self._start_stream(entry)
+                used += 1
+            except Exception:  # one bad job must not fail every other job
                 logger.exception("Qwen3-TTS could not start job %d", entry.job.job_id)
-                prepared = None
-            if prepared is None:
-                entry.done = True  # finishes with no audio in this step
+                entry.done = True  # finishes with the audio it has
+                entry.text_open = False
+
+    def _start_stream(self, entry: _Job) -> None:
+        """A talker stream for the job's text not yet given to one; the decoder state is
+        set up for the job's first stream and kept for the next ones."""
+        job = entry.job
+        ids = entry.ids[entry.fed:]
+        clone = self.reference_of(job)
+        speaker = None if clone is not None else self.voice_of(job)
+        in_context = clone is not None and clone.ref_codes is not None
+        streaming = entry.text_open and not in_context  # an ICL prompt holds all its text
+        prompt = self._build(assistant_ids(ids, self.tokenizer.chat), speaker, clone,
+                             text_open=streaming)
+        if not entry.decoder_ready:
+            if in_context:  # decode after the reference
+                entry.state = self.decoder.new_state()
+                self.decoder.prime(entry.state, clone.ref_codes.T.to(self.decoder.device))  # type: ignore[union-attr]
+            elif self.codec is not None:
+                entry.codec_slot = self.codec.open()
+            else:
+                entry.state = self.decoder.new_state()
+            entry.decoder_ready = True
+        params = dataclasses.replace(self.sampling, seed=job.seed, max_frames=1)
+        entry.stream = self.generator.start(prompt, params, stream_id=job.job_id)
+        entry.run_open = streaming
+        entry.run_tokens = 0
+        entry.run_start = (entry.frames, entry.fed)
+        self._feed(entry, len(ids))
 
     def _decode_due(self) -> list[SpeechOut]:
         due: list[_Job] = []
+        eos = self.generator.eos
         for entry in self._jobs.values():
-            if entry.stream is None and not entry.done:
-                continue  # still queued
             if entry.decoded == 0:
                 want = self.initial_chunk_frames
             elif self.ramp:
                 want = min(self.chunk_frames, entry.decoded)
             else:
                 want = self.chunk_frames
-            if entry.pending and (entry.done or len(entry.pending) >= want):
+            # A talker waiting for text (or between streams) leaves no frame undecoded.
+            waits = entry.stream is None or awaits_text(entry.stream, eos)
+            if entry.pending and (entry.done or waits or len(entry.pending) >= want):
                 due.append(entry)
         audio: dict[int, np.ndarray] = {}
         if due:
@@ -437,14 +560,22 @@ class Qwen3SpeechStage:
                 continue
             if wav is None:
                 wav = np.zeros(0, np.float32)
-            text = ""
-            if len(wav) and not entry.spoke:
-                text, entry.spoke = entry.job.text, True
+            text = self._span_text(entry, finished) if len(wav) or finished else ""
             outs.append(SpeechOut(job_id, wav, self.sample_rate, text, finished))
             if finished:
                 del self._jobs[job_id]
                 self._drop_codec(entry)
         return outs
+
+    @staticmethod
+    def _span_text(entry: _Job, final: bool) -> str:
+        """The texts of the segments whose audio starts within the frames decoded so far
+        (all that are left, at the end)."""
+        texts = []
+        while entry.spans and (final or (entry.spans[0].frame is not None
+                                         and entry.spans[0].frame < entry.decoded)):
+            texts.append(entry.spans.popleft().text)
+        return " ".join(texts)
 
     def _drop_codec(self, entry: _Job) -> None:
         entry.state = None

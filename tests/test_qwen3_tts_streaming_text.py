@@ -315,3 +315,32 @@ def test_engine_cancel_and_truncate_mid_reply(engine):
     h.run_until(lambda outs: any(isinstance(o, p.ResponseDone) and o.response_id == "r2"
                                  for o in outs), timeout=60)
     assert len(h.starts) == 2 and h.starts[1].more_text
+
+
+def test_graphed_generator_and_codec_take_streaming_text_too(model_dir):
+    """The graphed path (on the CPU its eager twin): the same held-back stream, frames
+    equal to the same stage speaking the whole text as one job, one codec state slot."""
+    stage = make_stage(model_dir, graphs=True, max_frames=60, sampling=NO_EOS)
+    assert stage.codec is not None
+    rec = Recorder(stage)
+    opened: list[int] = []
+    open_slot = stage.codec.open
+    stage.codec.open = lambda: opened.append(open_slot()) or opened[-1]  # type: ignore[method-assign]
+    whole: list = []
+    stage.start(SpeechJob(1, WHOLE))
+    drain(stage, whole)
+    outs: list = []
+    stage.start(SpeechJob(2, SEGMENTS[0], more_text=True))
+    for _ in range(40):
+        outs += stage.step()
+    made = len(rec.frames[2])
+    assert made < 40 and stage.has_work(), "held back for text"
+    for seg in SEGMENTS[1:]:
+        stage.append_text(2, seg)
+        outs += stage.step()
+    stage.end_text(2)
+    drain(stage, outs)
+    assert torch.equal(rec.of(2), rec.of(1)) and len(rec.of(2)) == 60
+    assert rec.streams == {1: 1, 2: 1} and len(opened) == 2  # one slot per job
+    a, b = audio(outs), audio(whole)  # chunked differently (the wait flushes a chunk)
+    assert a.shape == b.shape and np.abs(a - b).max() <= 1e-4

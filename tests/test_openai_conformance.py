@@ -30,7 +30,8 @@ class Script:
     """A session driven through the actor with a hand-played engine and clock."""
 
     def __init__(self) -> None:
-        self.actor = SessionActor("sess_1", "s1", settings=SessionSettings(model="gpt-realtime"))
+        self.actor = SessionActor("sess_1", "s1", settings=SessionSettings(model="gpt-realtime"),
+                                  tools_supported=True)
         self.t = 0.0
         self.events: list[ev.ServerEvent] = []
         self.actor.start(self.t)
@@ -84,6 +85,26 @@ def scripted_session() -> list[ev.ServerEvent]:
     s.engine(ep.TranscriptFinal("s1", "item_u1", "What is the capital of France?"))
     s.reply(first)
     s.run(1.5)
+    # a function call forced by tool_choice, its output, and the spoken follow-up
+    s.send(type="session.update", session={"type": "realtime", "tools": [{
+        "type": "function", "name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]})
+    call = response_of(s.send(type="response.create", response={
+        "tool_choice": {"type": "function", "name": "get_weather"}}))
+    item = f"{call.item_id}_call0"
+    s.engine(ep.FunctionCallDelta("s1", call.response_id, item, 0, "call_1", "get_weather",
+                                  '{"city": '),
+             ep.FunctionCallDelta("s1", call.response_id, item, 0, "call_1", "get_weather",
+                                  '"Paris"}'),
+             ep.FunctionCallDone("s1", call.response_id, item, 0, "call_1", "get_weather",
+                                 '{"city": "Paris"}', True),
+             ep.ResponseDone("s1", call.response_id, ep.ResponseStatus.COMPLETED, "", 30, 8))
+    s.run(0.1)
+    s.send(type="conversation.item.create", item={
+        "type": "function_call_output", "call_id": "call_1", "output": '{"sky": "clear"}'})
+    s.reply(response_of(s.send(type="response.create", response={"tool_choice": "none"})),
+            "It is clear in Paris.", seconds=0.2)
+    s.run(1.0)
     # a text turn with a text-only response
     s.send(type="conversation.item.create", item={
         "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]})

@@ -35,12 +35,13 @@ def error_response(status: int, message: str, *, code: str | None = None,
                                    "code": code}}, status_code=status, headers=headers)
 
 
-def settings_from_session(doc: Any, base: SessionSettings | None = None) -> SessionSettings:
+def settings_from_session(doc: Any, base: SessionSettings | None = None, *,
+                          tools_supported: bool = False) -> SessionSettings:
     """A GA `session` object as settings, checked as `session.update` would (ProtocolError)."""
     update = parse_command({"type": "session.update", "session": doc})
     assert isinstance(update, cmd.UpdateSession)
     settings = (base or SessionSettings()).apply(update.changes)
-    check_supported(settings, "session")
+    check_supported(settings, "session", tools_supported=tools_supported)
     return settings
 
 
@@ -81,7 +82,8 @@ async def create_client_secret(request: Request) -> JSONResponse:
     settings = None
     if body.get("session") is not None:
         try:
-            settings = settings_from_session(body["session"])
+            settings = settings_from_session(body["session"],
+                                             tools_supported=state.settings.remote_llm)
         except ProtocolError as exc:
             return error_response(400, str(exc), code=exc.code,
                                   param=f"session.{exc.param}" if exc.param else "session")

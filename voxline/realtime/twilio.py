@@ -248,13 +248,14 @@ async def twilio_stream(ws: WebSocket) -> None:
     session_id = new_id("sess")
     actor = SessionActor(session_id, f"{session_id}-{uuid.uuid4().hex[:6]}",
                          settings=PHONE_SETTINGS, lead_ms=settings.output_lead_ms,
-                         transport_reports_playout=True)
+                         transport_reports_playout=True,
+                         tools_supported=settings.remote_llm)
     bridge = TwilioBridge()
     inbox: asyncio.Queue[cmd.ClientCommand | None] = asyncio.Queue(COMMAND_LIMIT)
 
-    async def send(event: ev.ServerEvent) -> None:
     outbox = Outbox(ws.send_text, settings.send_buffer_kb * 1024)
 
+    async def send(event: ev.ServerEvent) -> None:
         out, commands = bridge.on_event(event)
         for message in out:  # never waits on Twilio; raises SlowClient past the bound
             outbox.put(json.dumps(message, separators=(",", ":")))

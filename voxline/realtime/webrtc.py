@@ -147,7 +147,8 @@ class Call:
         self.actor = SessionActor(call_id, f"{call_id}-{uuid.uuid4().hex[:6]}", settings=settings,
                                   lead_ms=config.output_lead_ms,
                                   max_event_bytes=config.max_event_bytes,
-                                  media_format=MEDIA_FORMAT)
+                                  media_format=MEDIA_FORMAT,
+                                  tools_supported=config.remote_llm)
         self.runner = SessionRunner(self.actor, state.engine, self._send,
                                     max_seconds=config.max_session_seconds,
                                     observe=state.metrics.observe)
@@ -169,10 +170,10 @@ class Call:
         channel = self.channel
         if channel is not None and channel.readyState == "open":
             channel.send(wire)
-        elif len(self._pending) < PENDING_EVENTS_LIMIT:
             limit = self.state.settings.send_buffer_kb * 1024
             if channel.bufferedAmount > limit:  # the peer stopped reading its events
                 raise SlowClient(channel.bufferedAmount, limit)
+        elif len(self._pending) < PENDING_EVENTS_LIMIT:
             self._pending.append(wire)
         else:
             logger.warning("call %s: data channel not open, dropped %s", self.id,
@@ -367,11 +368,11 @@ async def create_call(request: Request) -> Response:
     if not isinstance(access, Access):
         state.metrics.inc("voxline_sessions_refused_total", "sessions refused")
         return error_response(401, access, code="invalid_api_key")
-    if state.sessions >= config.max_sessions:
     sessions = open_sessions(request.app)
     if sessions.draining:
         return error_response(503, SHUTDOWN_REASON, code="server_shutting_down",
                               type="server_error")
+    if state.sessions >= config.max_sessions:
         state.metrics.inc("voxline_sessions_refused_total", "sessions refused")
         return error_response(503, f"server is at its limit of {config.max_sessions} sessions",
                               code="server_busy", type="server_error")
@@ -383,7 +384,8 @@ async def create_call(request: Request) -> Response:
         _check_offer(sdp)
         settings = access.settings or SessionSettings()
         if session_doc is not None:
-            settings = settings_from_session(session_doc, settings)
+            settings = settings_from_session(session_doc, settings,
+                                             tools_supported=config.remote_llm)
     except ProtocolError as exc:
         return error_response(400, str(exc), code=exc.code, param=exc.param)
 

@@ -165,7 +165,10 @@ async def realtime(ws: WebSocket) -> None:
     if requested:
         initial = replace(initial, model=requested)
     actor = SessionActor(session_id, f"{session_id}-{uuid.uuid4().hex[:6]}", settings=initial,
-                         lead_ms=settings.output_lead_ms, max_event_bytes=settings.max_event_bytes)
+                         lead_ms=settings.output_lead_ms, max_event_bytes=settings.max_event_bytes,
+                         tools_supported=settings.remote_llm)
+
+    outbox = Outbox(ws.send_text, settings.send_buffer_kb * 1024)
 
     async def send(event: ServerEvent) -> None:
         wire = render_json(event, dialect)

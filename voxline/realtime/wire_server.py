@@ -29,6 +29,8 @@ from voxline.sessions.events import (
     ContentPartDone,
     ConversationCreated,
     ErrorEvent,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
     InputAudioCleared,
     InputAudioCommitted,
     InputAudioTimeoutTriggered,
@@ -117,6 +119,12 @@ _WIRE_TYPES: dict[type[ServerEvent], WireTypes] = {
     ),
     TextDelta: WireTypes("response.output_text.delta", "response.text.delta"),
     TextDone: WireTypes("response.output_text.done", "response.text.done"),
+    FunctionCallArgumentsDelta: WireTypes(
+        "response.function_call_arguments.delta", "response.function_call_arguments.delta"
+    ),
+    FunctionCallArgumentsDone: WireTypes(
+        "response.function_call_arguments.done", "response.function_call_arguments.done"
+    ),
     OutputAudioBufferStarted: WireTypes(
         "output_audio_buffer.started", "output_audio_buffer.started"
     ),
@@ -248,6 +256,15 @@ def _render_part_event(event: ContentPartAdded | ContentPartDone, dialect: Diale
     }
 
 
+def _render_arguments_done(event: FunctionCallArgumentsDone, dialect: Dialect) -> dict[str, Any]:
+    out = {"response_id": event.response_id, "item_id": event.item_id,
+           "output_index": event.output_index, "call_id": event.call_id,
+           "arguments": event.arguments}
+    if dialect is Dialect.GA:  # beta's event has no `name`
+        out["name"] = event.name
+    return out
+
+
 _SHAPERS: dict[type[ServerEvent], Callable[[Any, Dialect], dict[str, Any]]] = {
     SessionCreated: _render_session,
     SessionUpdated: _render_session,
@@ -256,6 +273,7 @@ _SHAPERS: dict[type[ServerEvent], Callable[[Any, Dialect], dict[str, Any]]] = {
     InputTranscriptionCompleted: _render_transcription,
     ContentPartAdded: _render_part_event,
     ContentPartDone: _render_part_event,
+    FunctionCallArgumentsDone: _render_arguments_done,
 }
 
 

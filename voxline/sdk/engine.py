@@ -31,9 +31,10 @@ class LocalTransport(Transport):
     """A session running here: a SessionRunner task between two queues."""
 
     def __init__(self, engine: EngineClient, *, lead_ms: float = 200.0,
-                 max_session_seconds: float = 24 * 3600.0) -> None:
+                 max_session_seconds: float = 24 * 3600.0, tools_supported: bool = False) -> None:
         self._engine = engine
         self._lead_ms = lead_ms
+        self._tools_supported = tools_supported
         self._max_seconds = max_session_seconds
         self._inbox: asyncio.Queue[cmd.ClientCommand | None] = asyncio.Queue(COMMAND_QUEUE_LIMIT)
         self._outbox: asyncio.Queue[ev.ServerEvent | None] = asyncio.Queue()
@@ -42,7 +43,7 @@ class LocalTransport(Transport):
     async def open(self) -> None:
         session_id = new_id("sess")
         actor = SessionActor(session_id, f"{session_id}-{uuid.uuid4().hex[:6]}",
-                             lead_ms=self._lead_ms)
+                             lead_ms=self._lead_ms, tools_supported=self._tools_supported)
         runner = SessionRunner(actor, self._engine, self._outbox.put,
                                max_seconds=self._max_seconds)
         self._task = asyncio.create_task(self._run(runner), name="voxline-local-session")
@@ -120,4 +121,5 @@ class Engine(SessionFactory):
     def _transport(self) -> Transport:
         if not self.client.ready:
             raise SessionError("the engine is not running; use `async with Engine() as engine`")
-        return LocalTransport(self.client, lead_ms=self.settings.output_lead_ms)
+        return LocalTransport(self.client, lead_ms=self.settings.output_lead_ms,
+                              tools_supported=self.settings.remote_llm)

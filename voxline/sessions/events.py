@@ -186,6 +186,25 @@ class TextDone(_ContentEvent):
     text: str
 
 
+class FunctionCallArgumentsDelta(ServerEvent):
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    delta: str
+
+
+class FunctionCallArgumentsDone(ServerEvent):
+    """The call's arguments are complete (also sent for a call cut off by a cancel)."""
+
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    name: str
+    arguments: str
+
+
 class OutputAudioBufferStarted(ServerEvent):
     response_id: str
 
@@ -239,6 +258,8 @@ SERVER_EVENT_CLASSES: tuple[type[ServerEvent], ...] = (
     AudioTranscriptDone,
     TextDelta,
     TextDone,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
     OutputAudioBufferStarted,
     OutputAudioBufferStopped,
     OutputAudioBufferCleared,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from voxline.engines import protocol as ep
@@ -27,6 +27,7 @@ class ActiveResponse:
     cancel_reason: str | None = None
     first_audio: float | None = None
     buffer_started: bool = False
+    calls: list[str] = field(default_factory=list)  # its function_call items, in order
 
     @property
     def audio(self) -> bool:
@@ -35,7 +36,7 @@ class ActiveResponse:
 
 @dataclass
 class ItemRecord:
-    item: it.MessageItem
+    item: it.MessageItem | it.FunctionCallItem | it.FunctionCallOutputItem
     audio_ms: float = 0.0  # assistant audio sent to the client, less what a truncate cut
     sent_ms: float = 0.0  # all assistant audio ever sent: the bound for a client truncate
     client_truncated: bool = False  # the client cut it: the server does not cut it again

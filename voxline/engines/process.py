@@ -38,6 +38,7 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -70,6 +71,7 @@ _POLL_MS = 200  # child input pump: how often it checks for stop
 _PARENT_CHECK_S = 0.5
 _DRAIN_MS = 20  # after a death: grace for the dead child's last in-flight outputs
 _MAX_RESTART_DELAY_S = 30.0
+_TMP_PREFIX = "voxline-engine-"  # the client's private directory of ipc:// pipes
 
 
 # ---------------------------------------------------------------------------- child side
@@ -84,6 +86,9 @@ def _engine_process_main(
     log_level: int,
 ) -> None:
     """Entry point of the engine process (spawned; every argument is picklable)."""
+    # Its own process group: a signal to the server's group (Ctrl-C in a terminal,
+    # `kill -- -PGID`) is the server's to handle; it drains its sessions, then stops us.
+    os.setpgid(0, 0)
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=log_level,
@@ -124,7 +129,8 @@ def _serve(
     inputs.setsockopt(zmq.LINGER, 0)
     inputs.bind(input_addr)
     threading.Thread(
-        target=_watch_parent, args=(parent_pid, stop), name="voxline-parent-watch", daemon=True
+        target=_watch_parent, args=(parent_pid, stop, _private_dir(input_addr)),
+        name="voxline-parent-watch", daemon=True
     ).start()
 
     def emit(outs: Sequence[EngineOutput]) -> None:
@@ -189,11 +195,39 @@ def _pump_inputs(sock: zmq.Socket, inbox: Inbox, stop: threading.Event) -> None:
                 logger.error("dropping undecodable engine input (%d bytes): %s", len(data), exc)
 
 
-def _watch_parent(parent_pid: int, stop: threading.Event) -> None:
-    """Exit the process when its parent is gone (killed without closing us)."""
+def _private_dir(addr: str) -> str | None:
+    """The parent's private directory holding an `ipc://` pipe, if `addr` is in one."""
+    directory = os.path.dirname(addr.removeprefix("ipc://"))
+    return directory if os.path.basename(directory).startswith(_TMP_PREFIX) else None
+
+
+def remove_orphaned_dirs() -> None:
+    """Remove pipe directories whose server process is gone: only a SIGKILL to the server
+    and its engine at once leaves one (an orphaned engine removes its own)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_TMP_PREFIX}*-*"):
+        owner = path.name.removeprefix(_TMP_PREFIX).split("-")[0]
+        if owner.isdigit() and not _process_exists(int(owner)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
+
+
+def _watch_parent(parent_pid: int, stop: threading.Event, private_dir: str | None) -> None:
+    """Exit the process when its parent is gone (killed without closing us), removing the
+    pipes' directory the parent can no longer remove."""
     while not stop.wait(_PARENT_CHECK_S):
         if os.getppid() != parent_pid:
             logger.error("parent process %d is gone; engine process exiting", parent_pid)
+            if private_dir is not None:
+                shutil.rmtree(private_dir, ignore_errors=True)
             os._exit(1)
 
 
@@ -267,7 +301,8 @@ class MultiprocessEngineClient(EngineClient):
         if self._ctx is not None:
             raise RuntimeError("engine client already started")
         self._loop = asyncio.get_running_loop()
-        self._tmpdir = tempfile.mkdtemp(prefix="voxline-engine-")
+        remove_orphaned_dirs()
+        self._tmpdir = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-")
         self._remove_tmpdir = weakref.finalize(self, shutil.rmtree, self._tmpdir, True)
         self._ctx = zmq.asyncio.Context()
         self._sync_ctx = zmq.Context.shadow(self._ctx.underlying)

@@ -14,29 +14,51 @@ final transcript is in). Two latencies are reported per utterance:
 - from VAD speech_stopped: wall time from the `SpeechStopped` event to the first
   `AudioChunk` (what `voxline converse` prints).
 
-Both engine clients are started up front and the utterances are interleaved between
-them (alternating which goes first), so they see the same machine load:
+Every variant is started up front and the utterances are interleaved between them
+(alternating which goes first), so they see the same machine load:
 
 - inprocess: `InProcessEngineClient` (engine loop on a thread of this process);
-- process: `MultiprocessEngineClient` (engine in a child process, ZeroMQ + msgspec).
+- process: `MultiprocessEngineClient` (engine in a child process, ZeroMQ + msgspec);
+- ws: a `voxline serve` subprocess on 127.0.0.1, driven over `/v1/realtime` the way a
+  client is (24 kHz PCM16 appends at real time, server VAD with its defaults, the
+  session's own `response.create`): what a client hears, pacing included. Latency is
+  from sending the last speech chunk to the first `response.output_audio.delta` of a
+  reply created after the speech ended.
+
+each with speculation on and/or off (`--speculation on,off`: `speculate_after_ms` 160 or
+0; one server per setting in ws mode). Besides the questions, some utterances pause for
+300-600 ms mid-sentence ("I would like to book a table for ... four people"): a *false
+cut* is a turn the server ended inside such a pause (it then answers half a sentence);
+speculation must not add any (server VAD decides when a turn ends either way). For the
+speculation variants the table also gives speculations started and discarded per turn
+(from the engine's counters; `/metrics` in ws mode) and, in ws mode, the CPU seconds the
+server's process tree spent per turn, so the work thrown away is visible.
 
 By default the reply is cancelled once its first audio chunk arrives (the rest of the
 reply does not affect the measurement and would make the run much longer); the
 benchmark still waits for the `ResponseDone` before the next utterance, so replies never
 overlap. ``--full-replies`` lets every reply run to its end instead.
 
-    .venv/bin/python benchmarks/bench_pipeline.py [--utterances 10] [--mode inprocess,process]
+    .venv/bin/python benchmarks/bench_pipeline.py [--utterances 20] [--mode ws]
+                                                  [--speculation on,off]
                                                   [--voice espeak|piper] [--no-partials]
                                                   [--full-replies] [--threads N]
+    (--mode inprocess,process compares the engine clients directly, without a server)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import contextlib
+import json
 import logging
 import os
 import shlex
+import signal
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -46,7 +68,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import httpx  # noqa: E402
 import numpy as np  # noqa: E402
+import psutil  # noqa: E402
 
 from voxline.engines import protocol as p  # noqa: E402
 from voxline.engines.client import EngineClient, InProcessEngineClient  # noqa: E402
@@ -75,8 +99,21 @@ QUESTIONS = [
     "Tell me a fun fact about octopuses.",
     "What is the best way to learn a new language?",
 ]
+# Sentences with a pause in the middle: (before, pause ms, after).
+PAUSED = [
+    ("I would like to book a table for", 450, "four people tonight."),
+    ("Can you tell me the way to the", 350, "nearest train station?"),
+    ("My favourite food is", 550, "pizza with lots of cheese."),
+    ("I think I will go to the beach and", 600, "swim in the sea."),
+    ("Please remind me to call my", 300, "sister tomorrow morning."),
+    ("What is the weather like in", 500, "London this week?"),
+]
 WARMUP_QUESTION = "Hello, can you hear me clearly?"
-MODES = ("inprocess", "process")
+MODES = ("inprocess", "process", "ws")
+SPECULATE_MS = 160  # the engine default
+WS_RATE = 24000  # the /v1/realtime default input format: audio/pcm at 24 kHz
+# What the engine clients ask for at the end of a turn (the session's auto response)
+AUTO_RESPONSE = p.ResponseConfig(voice="alloy")
 
 
 # --------------------------------------------------------------------------- audio
@@ -111,6 +148,7 @@ class Clip:
     text: str
     speech: np.ndarray  # trimmed speech
     lead: int  # samples of silence before it; lead + len(speech) is a multiple of CHUNK
+    pause_ms: int = 0  # a pause this long mid-sentence (0: none)
 
     @property
     def speech_s(self) -> float:
@@ -122,10 +160,31 @@ class Clip:
         return (self.lead + len(self.speech)) * 1000 / p.INPUT_RATE
 
 
-def make_clip(text: str, audio: np.ndarray) -> Clip:
+def make_clip(text: str, audio: np.ndarray, pause_ms: int = 0) -> Clip:
     speech = trim_speech(audio)
     lead = int(LEAD_SILENCE_S * p.INPUT_RATE) + (-len(speech)) % CHUNK
-    return Clip(text, speech, lead)
+    return Clip(text, speech, lead, pause_ms)
+
+
+def make_clips(n: int, voice: str) -> tuple[Clip, list[Clip]]:
+    """The warm-up clip and `n` measured ones: questions, with every third or so a
+    sentence that pauses mid-way (at least 6 of 20)."""
+    n_paused = min(len(PAUSED), max(1, n * 3 // 10)) if n >= 3 else 0
+    questions = QUESTIONS[: n - n_paused]
+    texts = [WARMUP_QUESTION, *questions]
+    for before, _, after in PAUSED[:n_paused]:
+        texts += [before, after]
+    audios = speak(texts, voice)
+    warm = make_clip(WARMUP_QUESTION, audios[0])
+    clips = [make_clip(t, a) for t, a in zip(questions, audios[1:1 + len(questions)], strict=True)]
+    rest = audios[1 + len(questions):]
+    for k, (before, pause_ms, after) in enumerate(PAUSED[:n_paused]):
+        gap = np.zeros(int(pause_ms * p.INPUT_RATE / 1000), np.float32)
+        speech = np.concatenate([trim_speech(rest[2 * k]), gap, trim_speech(rest[2 * k + 1])])
+        clips.append(make_clip(f"{before} ... {after}", speech, pause_ms))
+    # spread the paused sentences among the questions
+    order = sorted(range(len(clips)), key=lambda i: (i * 7919) % len(clips))
+    return warm, [clips[i] for i in order]
 
 
 # --------------------------------------------------------------------------- one turn
@@ -150,6 +209,10 @@ class TurnTiming:
     reply: str = ""
     status: str = ""
     errors: list[str] = field(default_factory=list)
+    false_cut: bool = False  # the turn ended inside a mid-sentence pause
+    speculations: int = 0  # speculative replies started during the turn
+    discards: int = 0  # ... and dropped unsent
+    cpu_s: float | None = None  # CPU seconds of the server's process tree (ws mode)
 
     def ms(self, a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else (b - a) * 1000
@@ -167,7 +230,8 @@ async def run_turn(client: EngineClient, mode: str, stream_id: str, clip: Clip,
                    partials: bool, full_reply: bool) -> TurnTiming:
     """Feed one spoken question at real time on a fresh stream; time the reply."""
     timing = TurnTiming(mode, clip.text)
-    stream = await client.open_stream(stream_id, p.StreamConfig(transcribe_partials=partials))
+    stream = await client.open_stream(stream_id, p.StreamConfig(
+        transcribe_partials=partials, auto_response=AUTO_RESPONSE))
     audio = np.concatenate([np.zeros(clip.lead, np.float32), clip.speech])
     speech_chunks = len(audio) // CHUNK
     finished = asyncio.Event()
@@ -201,10 +265,16 @@ async def run_turn(client: EngineClient, mode: str, stream_id: str, clip: Clip,
                     case p.SpeechStarted():
                         timing.started = timing.started or now
                     case p.SpeechStopped():
-                        if timing.stopped is None:
+                        if out.audio_end_ms < clip.speech_end_ms - 150:
+                            timing.false_cut = True  # cut inside the pause: not answered here
+                        elif timing.stopped is None:
                             timing.stopped, timing.stopped_audio_ms = now, out.audio_end_ms
-                            stream.send(p.CreateResponse(stream_id, "resp_1", "item_reply"))
-                    case p.TranscriptFinal():
+                            stream.send(p.CreateResponse(stream_id, "resp_1", "item_reply",
+                                                         AUTO_RESPONSE))
+                    case p.Speculation():
+                        timing.speculations += out.outcome == "started"
+                        timing.discards += out.outcome == "discarded"
+                    case p.TranscriptFinal() if timing.stopped is not None:
                         timing.final = timing.final or now
                         timing.transcript, timing.asr_ms = out.text, out.asr_ms
                     case p.TextDelta():
@@ -233,6 +303,166 @@ async def run_turn(client: EngineClient, mode: str, stream_id: str, clip: Clip,
         await stream.aclose()
     if timing.first_audio is not None:
         timing.segment_ready = segment_ready_at(deltas, timing.first_segment, timing.first_audio)
+    return timing
+
+
+# ------------------------------------------------------------------ one turn, over ws
+
+
+class WsServer:
+    """`voxline serve` in a subprocess on a free loopback port (one per variant)."""
+
+    def __init__(self, label: str, speculate_ms: float, threads: int) -> None:
+        self.label, self.speculate_ms, self.threads = label, speculate_ms, threads
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.base = ""
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.base = f"http://127.0.0.1:{port}"
+        env = dict(os.environ)
+        if self.threads:
+            env["VOXLINE_THREADS"] = str(self.threads)
+        return subprocess.Popen(
+            [sys.executable, "-c", "from voxline.cli import main; raise SystemExit(main())",
+             "serve", "--host", "127.0.0.1", "--port", str(port),
+             "--speculate-after-ms", str(self.speculate_ms)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    async def start(self) -> None:
+        self.proc = self._spawn()
+        async with httpx.AsyncClient() as http:
+            for _ in range(1200):
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.label}: voxline serve exited ({self.proc.returncode})")
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get(self.base + "/health", timeout=2)).status_code == 200:
+                        return
+                await asyncio.sleep(0.5)
+        raise RuntimeError(f"{self.label}: voxline serve did not become healthy in 600 s")
+
+    def cpu_seconds(self) -> float:
+        """CPU time of the server and its engine process so far."""
+        assert self.proc is not None
+        root = psutil.Process(self.proc.pid)
+        total = 0.0
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = proc.cpu_times()
+                total += t.user + t.system
+        return total
+
+    async def counter(self, name: str) -> float:
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(self.base + "/metrics", timeout=5)).text
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return 0.0
+
+    async def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(self.proc.wait, 30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+async def run_ws_turn(server: WsServer, clip: Clip, full_reply: bool) -> TurnTiming:
+    """One spoken question over /v1/realtime, appended at real time on a new session."""
+    from websockets.asyncio.client import connect
+
+    from voxline.codecs.pcm import float_to_pcm16
+    from voxline.codecs.resample import resample
+
+    timing = TurnTiming(server.label, clip.text)
+    audio = resample(np.concatenate([np.zeros(clip.lead, np.float32), clip.speech]),
+                     p.INPUT_RATE, WS_RATE)
+    step = WS_RATE * CHUNK_MS // 1000
+    speech_chunks = -(-len(audio) // step)
+    cpu0 = server.cpu_seconds()
+    started0 = await server.counter("voxline_speculation_started_total")
+    discarded0 = await server.counter("voxline_speculation_discarded_total")
+    early: set[str] = set()  # replies created before the speech ended (after a false cut)
+    reply_id: str | None = None
+    finished = asyncio.Event()
+    deltas: list[tuple[float, str]] = []
+    url = "ws" + server.base[len("http"):] + "/v1/realtime"
+    try:
+        async with asyncio.timeout(clip.speech_s + LEAD_SILENCE_S + MAX_WAIT_S), \
+                connect(url, max_size=None) as ws:
+            created = json.loads(await ws.recv())
+            assert created["type"] == "session.created", created
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "type": "realtime", "audio": {"input": {"transcription": {"model": "asr"}}}}}))
+
+            async def feed() -> None:
+                t0 = time.perf_counter()
+                silence = float_to_pcm16(np.zeros(step, np.float32))
+                k = 0
+                while not finished.is_set():
+                    piece = (float_to_pcm16(audio[k * step:(k + 1) * step]) if k < speech_chunks
+                             else silence)
+                    await asyncio.sleep(max(0.0, t0 + (k + 1) * CHUNK_MS / 1000
+                                            - time.perf_counter()))
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                              "audio": base64.b64encode(piece).decode()}))
+                    if k == speech_chunks - 1:
+                        timing.speech_end = time.perf_counter()
+                    k += 1
+
+            feeder = asyncio.create_task(feed())
+            try:
+                async for raw in ws:
+                    now = time.perf_counter()
+                    event = json.loads(raw)
+                    kind = event["type"]
+                    if kind == "input_audio_buffer.speech_started":
+                        timing.started = timing.started or now
+                    elif kind == "input_audio_buffer.speech_stopped":
+                        if event["audio_end_ms"] < clip.speech_end_ms - 150:
+                            timing.false_cut = True
+                        elif timing.stopped is None:
+                            timing.stopped, timing.stopped_audio_ms = now, event["audio_end_ms"]
+                    elif kind == "conversation.item.input_audio_transcription.completed":
+                        if timing.stopped is not None and timing.final is None:
+                            timing.final, timing.transcript = now, event["transcript"]
+                    elif kind == "response.created":
+                        if timing.speech_end == 0.0:
+                            early.add(event["response"]["id"])
+                        elif reply_id is None:
+                            reply_id = event["response"]["id"]
+                    elif kind == "response.output_audio_transcript.delta":
+                        if event["response_id"] == reply_id:
+                            timing.first_text = timing.first_text or now
+                            deltas.append((now, event["delta"]))
+                    elif kind == "response.output_audio.delta":
+                        if event["response_id"] == reply_id and timing.first_audio is None:
+                            timing.first_audio = now
+                            timing.first_segment = "".join(d for _, d in deltas)
+                            if not full_reply:
+                                await ws.send(json.dumps({"type": "response.cancel"}))
+                    elif kind == "response.done":
+                        if event["response"]["id"] == reply_id:
+                            timing.done = now
+                            timing.status = event["response"]["status"]
+                            break
+                    elif kind == "error":
+                        timing.errors.append(f"{event['error'].get('code')}: "
+                                             f"{event['error'].get('message')}")
+            finally:
+                finished.set()
+                feeder.cancel()
+                await asyncio.gather(feeder, return_exceptions=True)
+    except TimeoutError:
+        timing.errors.append("timed out waiting for the reply")
+    await asyncio.sleep(0.2)  # let the session close before reading its counters
+    timing.cpu_s = server.cpu_seconds() - cpu0
+    timing.speculations = int(await server.counter("voxline_speculation_started_total") - started0)
+    timing.discards = int(await server.counter("voxline_speculation_discarded_total") - discarded0)
     return timing
 
 
@@ -282,7 +512,7 @@ def print_turn(i: int, t: TurnTiming, clip: Clip) -> None:
     seg_ms = t.ms(t.first_text, t.segment_ready)
     tts_ms = t.ms(t.segment_ready or t.first_text, t.first_audio)
     clock = "" if t.stopped_audio_ms is None else f"{t.stopped_audio_ms - clip.speech_end_ms:+5.0f}"
-    print(f"  {i:>2} {t.mode:<9} {clip.speech_s:4.1f}s | {fmt(t.from_speech_end)} {fmt(t.from_stopped)}"
+    print(f"  {i:>2} {t.mode:<11} {clip.speech_s:4.1f}s | {fmt(t.from_speech_end)} {fmt(t.from_stopped)}"
           f" | {fmt(vad_ms)} {clock:>5} {fmt(asr_ms)} {fmt(t.asr_ms)} {fmt(llm_ms)} {fmt(seg_ms)}"
           f" {fmt(tts_ms)}"
           f" | {t.transcript[:40]!r} -> {t.first_segment[:40]!r}"
@@ -291,9 +521,9 @@ def print_turn(i: int, t: TurnTiming, clip: Clip) -> None:
 
 def summarize(results: dict[str, list[TurnTiming]]) -> None:
     print()
-    head = (f"{'mode':<9} {'n':>3} | {'from end of speech audio (ms)':^29} | "
+    head = (f"{'variant':<11} {'n':>3} | {'from end of speech audio (ms)':^29} | "
             f"{'from VAD speech_stopped (ms)':^29}")
-    sub = f"{'':<9} {'':>3} | " + " | ".join([f"{'p50':>6} {'p95':>6} {'min':>6} {'max':>6}"] * 2)
+    sub = f"{'':<11} {'':>3} | " + " | ".join([f"{'p50':>6} {'p95':>6} {'min':>6} {'max':>6}"] * 2)
     print(head)
     print(sub)
     print("-" * len(sub))
@@ -302,22 +532,36 @@ def summarize(results: dict[str, list[TurnTiming]]) -> None:
         a = [t.from_speech_end for t in turns if t.from_speech_end is not None]
         b = [t.from_stopped for t in turns if t.from_stopped is not None]
         if not a or not b:
-            print(f"{mode:<9} {0:>3} | no complete turns")
+            print(f"{mode:<11} {0:>3} | no complete turns")
             continue
         row = []
         for vals in (a, b):
             row.append(f"{pct(vals, 50):6.0f} {pct(vals, 95):6.0f} {min(vals):6.0f} {max(vals):6.0f}")
         stats[mode] = (pct(a, 50), pct(a, 95), pct(b, 50), pct(b, 95))
-        print(f"{mode:<9} {len(a):>3} | " + " | ".join(row))
+        print(f"{mode:<11} {len(a):>3} | " + " | ".join(row))
+    pairs = [(m, m + "+spec") for m in MODES if m in stats and m + "+spec" in stats]
     if "inprocess" in stats and "process" in stats:
-        i, q = stats["inprocess"], stats["process"]
-        print(f"{'ratio':<9} {'':>3} | {q[0] / i[0]:6.2f} {q[1] / i[1]:6.2f} {'':>13} | "
-              f"{q[2] / i[2]:6.2f} {q[3] / i[3]:6.2f}   (process / inprocess)")
+        pairs.append(("inprocess", "process"))
+    for base, other in pairs:
+        i, q = stats[base], stats[other]
+        print(f"{'ratio':<11} {'':>3} | {q[0] / i[0]:6.2f} {q[1] / i[1]:6.2f} {'':>13} | "
+              f"{q[2] / i[2]:6.2f} {q[3] / i[3]:6.2f}   ({other} / {base})")
+    print()
+    print(f"{'variant':<11} | {'turns':>5} {'paused':>6} {'false cuts':>10} | "
+          f"{'speculations/turn':>17} {'discards/turn':>13} | {'CPU s/turn':>10}")
+    for mode, turns in results.items():
+        paused = sum(1 for t in turns if " ... " in t.text)
+        cuts = sum(t.false_cut for t in turns)
+        cpu = [t.cpu_s for t in turns if t.cpu_s is not None]
+        print(f"{mode:<11} | {len(turns):>5} {paused:>6} {cuts:>10} | "
+              f"{np.mean([t.speculations for t in turns]):>17.2f} "
+              f"{np.mean([t.discards for t in turns]):>13.2f} | "
+              f"{(f'{np.mean(cpu):10.2f}' if cpu else '         -')}")
     print()
     print("Median breakdown (ms):  VAD = speech end -> speech_stopped, ASR = speech_stopped -> "
           "final transcript, LLM = final -> first text delta, text = first delta -> first "
           "spoken segment complete, TTS = segment complete -> first audio")
-    print(f"{'mode':<9} | {'VAD':>5} {'ASR':>5} {'asr_ms':>6} {'LLM':>5} {'text':>5} {'TTS':>5}")
+    print(f"{'variant':<11} | {'VAD':>5} {'ASR':>5} {'asr_ms':>6} {'LLM':>5} {'text':>5} {'TTS':>5}")
     for mode, turns in results.items():
         cols = [
             median_ms(turns, lambda t: t.ms(t.speech_end, t.stopped)),
@@ -327,7 +571,7 @@ def summarize(results: dict[str, list[TurnTiming]]) -> None:
             median_ms(turns, lambda t: t.ms(t.first_text, t.segment_ready)),
             median_ms(turns, lambda t: t.ms(t.segment_ready or t.first_text, t.first_audio)),
         ]
-        print(f"{mode:<9} | " + " ".join(cols))
+        print(f"{mode:<11} | " + " ".join(cols))
 
 
 def median_ms(turns: Sequence[TurnTiming], part: Callable[[TurnTiming], float | None]) -> str:
@@ -340,10 +584,15 @@ def median_ms(turns: Sequence[TurnTiming], part: Callable[[TurnTiming], float | 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--utterances", type=int, default=10,
-                    help=f"measured utterances per mode (max {len(QUESTIONS)}; default 10)")
-    ap.add_argument("--mode", default="inprocess,process",
-                    help="comma-separated engine clients: inprocess, process")
+    ap.add_argument("--utterances", type=int, default=20,
+                    help=f"measured utterances per variant, about 3 in 10 pausing mid-sentence "
+                         f"(max {len(QUESTIONS) + len(PAUSED)}; default 20)")
+    ap.add_argument("--mode", default="ws",
+                    help="comma-separated: ws (voxline serve + /v1/realtime, default), "
+                         "inprocess, process (engine clients, no server)")
+    ap.add_argument("--speculation", default="on,off",
+                    help="comma-separated: on, off -- each mode runs once per setting "
+                         "(default: on,off, interleaved)")
     ap.add_argument("--voice", choices=["espeak", "piper"], default="espeak",
                     help="who speaks the questions (default espeak-ng)")
     ap.add_argument("--no-partials", action="store_true",
@@ -357,68 +606,88 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.modes = [m.strip() for m in args.mode.split(",") if m.strip()]
     if not args.modes or any(m not in MODES for m in args.modes):
         ap.error(f"--mode takes a comma-separated subset of {','.join(MODES)}")
-    if not 1 <= args.utterances <= len(QUESTIONS):
-        ap.error(f"--utterances must be 1..{len(QUESTIONS)}")
+    if not 1 <= args.utterances <= len(QUESTIONS) + len(PAUSED):
+        ap.error(f"--utterances must be 1..{len(QUESTIONS) + len(PAUSED)}")
+    choices = {"on": True, "off": False}
+    args.speculation = [choices.get(v.strip()) for v in args.speculation.split(",") if v.strip()]
+    if not args.speculation or None in args.speculation:
+        ap.error("--speculation takes on, off or on,off")
     return args
 
 
 async def amain(args: argparse.Namespace) -> int:
     print("command: " + shlex.join([sys.executable, *sys.argv]))
     print(f"machine: {load_note()}. The CPUs are shared with other work, so numbers are "
-          "noisy; the modes run interleaved, utterance by utterance, so compare them side by side.")
-    texts = QUESTIONS[: args.utterances]
-    audios = speak([WARMUP_QUESTION, *texts], args.voice)
-    warm_clip = make_clip(WARMUP_QUESTION, audios[0])
-    clips = [make_clip(t, a) for t, a in zip(texts, audios[1:], strict=True)]
+          "noisy; the variants run interleaved, utterance by utterance, so compare them side by "
+          "side.")
+    warm_clip, clips = make_clips(args.utterances, args.voice)
     lengths = [c.speech_s for c in clips]
     print(f"{len(clips)} utterances ({args.voice}), speech {min(lengths):.1f}-{max(lengths):.1f} s "
-          f"each; fresh stream per utterance; partial transcripts "
+          f"each, {sum(c.pause_ms > 0 for c in clips)} of them pausing mid-sentence; fresh "
+          f"stream per utterance; partial transcripts "
           f"{'off' if args.no_partials else 'on (engine default)'}; replies "
           f"{'run to the end' if args.full_replies else 'cancelled after their first audio chunk'}")
 
-    clients: dict[str, EngineClient] = {}
+    variants: dict[str, EngineClient | WsServer] = {}
     try:
         for mode in args.modes:
-            t0 = time.perf_counter()
-            kwargs = {"threads": args.threads} if args.threads else {}
-            client: EngineClient = (
-                InProcessEngineClient(DEFAULT_CORE, kwargs) if mode == "inprocess"
-                else MultiprocessEngineClient(DEFAULT_CORE, kwargs, restart=False))
-            await client.start()
-            clients[mode] = client
-            print(f"{mode} engine ready in {time.perf_counter() - t0:.1f} s")
+            for spec in args.speculation:
+                label = mode + ("+spec" if spec else "")
+                speculate = SPECULATE_MS if spec else 0
+                t0 = time.perf_counter()
+                if mode == "ws":
+                    server = WsServer(label, speculate, args.threads)
+                    variants[label] = server
+                    await server.start()
+                else:
+                    kwargs: dict[str, object] = {"speculate_after_ms": speculate}
+                    if args.threads:
+                        kwargs["threads"] = args.threads
+                    client: EngineClient = (
+                        InProcessEngineClient(DEFAULT_CORE, kwargs) if mode == "inprocess"
+                        else MultiprocessEngineClient(DEFAULT_CORE, kwargs, restart=False))
+                    variants[label] = client
+                    await client.start()
+                print(f"{label} ready in {time.perf_counter() - t0:.1f} s")
         from voxline.config import load_settings
         from voxline.engines.factory import model_threads
 
         threads = model_threads(load_settings(threads=args.threads or None))
         print(f"engine threads: torch and onnxruntime ASR {threads} (VOXLINE_THREADS, else "
               "half the CPUs), VAD and TTS 1")
-        for mode, client in clients.items():
+
+        async def turn(label: str, name: str, clip: Clip) -> TurnTiming:
+            target = variants[label]
+            if isinstance(target, WsServer):
+                return await run_ws_turn(target, clip, args.full_replies)
+            return await run_turn(target, label, name, clip, not args.no_partials,
+                                  args.full_replies)
+
+        for label in variants:
             for w in range(args.warmup):
-                t = await run_turn(client, mode, f"warmup-{mode}-{w}", warm_clip,
-                                   not args.no_partials, args.full_replies)
-                print(f"warm-up {mode}: {fmt(t.from_speech_end)} ms from end of speech "
+                t = await turn(label, f"warmup-{label}-{w}", warm_clip)
+                print(f"warm-up {label}: {fmt(t.from_speech_end)} ms from end of speech "
                       f"({t.transcript!r})" + (f" ERRORS: {t.errors}" if t.errors else ""))
         print()
-        print(f"  {'#':>2} {'mode':<9} {'speech':>6} | {'end':>5} {'vadst':>5} | {'VAD':>5} "
+        print(f"  {'#':>2} {'variant':<11} {'speech':>6} | {'end':>5} {'vadst':>5} | {'VAD':>5} "
               f"{'clock':>5} {'ASR':>5} {'model':>5} {'LLM':>5} {'text':>5} {'TTS':>5} | "
               "transcript -> first spoken segment")
         print("     (ms; end = from end of speech audio, vadst = from speech_stopped; clock = VAD "
               "audio_end_ms - true speech end on the stream clock; model = ASR model time of "
-              "the final transcript, so ASR - model = queueing)")
-        results: dict[str, list[TurnTiming]] = {m: [] for m in clients}
+              "the final transcript, so ASR - model = queueing; with speculation the reply may "
+              "be ready before speech_stopped, so parts can be negative)")
+        results: dict[str, list[TurnTiming]] = {label: [] for label in variants}
         for i, clip in enumerate(clips):
-            order = list(clients) if i % 2 == 0 else list(reversed(clients))
-            for mode in order:
-                t = await run_turn(clients[mode], mode, f"bench-{mode}-{i}", clip,
-                                   not args.no_partials, args.full_replies)
-                results[mode].append(t)
+            order = list(variants) if i % 2 == 0 else list(reversed(variants))
+            for label in order:
+                t = await turn(label, f"bench-{label}-{i}", clip)
+                results[label].append(t)
                 print_turn(i, t, clip)
         summarize(results)
         print(f"machine at end: {load_note()}")
     finally:
-        for client in clients.values():
-            await client.close()
+        for target in variants.values():
+            await target.close()
     return 0
 
 

@@ -30,6 +30,7 @@ class CountingLM:
         self.cache: dict[int, list[int]] = {}
         self.free = list(range(max_slots))
         self.calls: list[tuple[list[int], list[list[int]]]] = []
+        self.prefixes: set[tuple[int, ...]] = set()
 
     def alloc_slot(self) -> int | None:
         if not self.free:
@@ -44,6 +45,14 @@ class CountingLM:
 
     def truncate(self, slot: int, length: int) -> None:
         del self.cache[slot][length:]
+
+    def save_prefix(self, slot: int, tokens: list[int]) -> None:
+        self.prefixes.add(tuple(tokens))
+
+    def load_prefix(self, slot: int, target: list[int]) -> int:
+        best = max((k for k in self.prefixes if tuple(target[:len(k)]) == k), key=len, default=())
+        self.cache[slot] = list(best)
+        return len(best)
 
     def forward(self, slots: list[int], tokens: list[list[int]]) -> torch.Tensor:
         self.calls.append((list(slots), [list(t) for t in tokens]))

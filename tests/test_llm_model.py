@@ -159,6 +159,18 @@ def test_truncate_then_refeed_equals_never_fed(tiny) -> None:
     assert cache.lengths[0] == len(prefix) + len(fresh)
 
 
+def test_a_prefix_exported_from_one_slot_continues_exactly_in_another(tiny) -> None:
+    _, ours = tiny
+    system, turn = random_ids(9, 21), random_ids(5, 22)
+    cache = ours.allocate_cache(max_slots=2, max_len=32)
+    expected = ours.forward_batch([0], [system + turn])
+    kv = cache.export_prefix(0, len(system))
+    assert cache.import_prefix(1, kv) == len(system)
+    got = ours.forward_batch([1], [turn])
+    assert (got - expected).abs().max().item() <= ATOL
+    assert cache.lengths[1] == len(system) + len(turn)
+
+
 def test_unconfirmed_step_commit_or_drop(tiny) -> None:
     _, ours = tiny
     prompt, fed = random_ids(6, 15), random_ids(3, 16)

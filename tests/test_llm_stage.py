@@ -134,3 +134,26 @@ def test_prefill_is_chunked_under_the_token_budget():
         plan, _ = run_step(stage)
         sizes.append(len(plan.tokens[0]))
     assert sizes[:3] == [4, 4, 3] and len(req.generated) == 2
+
+
+def test_a_new_stream_starts_from_the_kept_system_prompt():
+    lm = CountingLM(max_slots=2, stop_after=2)
+    stage = LLMStage(lm)
+    system = lm.render_message("system", "be brief and kind")
+    header = lm.generation_header()
+    first = make_request(lm, "a", system + lm.render_message("user", "hi") + header)
+    first.shared_prefix = len(system)
+    stage.add(first)
+    while stage.has_work():
+        run_step(stage)
+    second = make_request(lm, "b", system + lm.render_message("user", "hello you") + header)
+    second.shared_prefix = len(system)
+    stage.add(second)
+    plan, _ = run_step(stage)
+    fed, = plan.tokens
+    assert fed == lm.render_message("user", "hello you") + header  # no system prefill
+    assert second.cached_tokens == len(system)
+    assert lm.cache[second.slot.index][: len(system)] == system
+    while stage.has_work():
+        run_step(stage)
+    assert second.finish == FinishReason.STOP and len(second.generated) == 2

@@ -40,6 +40,14 @@ class LanguageModel(Protocol):
 
     def truncate(self, slot: int, length: int) -> None: ...
 
+    def save_prefix(self, slot: int, tokens: list[int]) -> None:
+        """Keep the K/V of `slot`'s first tokens (`tokens`) for other streams to start from."""
+        ...
+
+    def load_prefix(self, slot: int, target: list[int]) -> int:
+        """Fill the empty `slot` with the longest kept prefix of `target`; its length (0: none)."""
+        ...
+
     def forward(self, slots: list[int], tokens: list[list[int]]) -> torch.Tensor:
         """Append `tokens[i]` to slot `slots[i]`'s cache; logits of each last token [B, V]."""
         ...
@@ -108,6 +116,9 @@ class GenerationRequest:
     prompt_tokens: int = 0
     cached_tokens: int = -1  # prompt tokens found in the cache at first schedule
     stream_id: StreamId = 0  # the engine-internal stream the request serves
+    # the prompt's first tokens every stream shares (the system prompt): their K/V are
+    # kept once computed, so a new stream with the same instructions starts from them
+    shared_prefix: int = 0
     # Set by a backend that supports tools (remote); the embedded stage has none.
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] = "auto"
@@ -188,6 +199,9 @@ class LLMStage:
             if len(target) + 1 > self.model.max_len:
                 req.finish = FinishReason.ERROR
                 continue
+            if not req.slot.tokens and (n := self.model.load_prefix(req.slot.index, target)):
+                req.slot.tokens[:] = target[:n]
+                req.slot.stale = False
             keep = common_prefix(req.slot.tokens, target)
             if keep == len(target):  # fully cached: re-feed the last token to get logits
                 keep -= 1
@@ -225,6 +239,9 @@ class LLMStage:
                 self.model.truncate(req.slot.index, len(req.slot.tokens))
                 continue
             req.slot.tokens.extend(entry.tokens)
+            if 0 < req.shared_prefix <= len(req.slot.tokens):
+                self.model.save_prefix(req.slot.index, req.slot.tokens[:req.shared_prefix])
+                req.shared_prefix = 0  # saved (or already kept)
             if entry.samples:
                 sampled_rows.append(row)
         new_tokens: list[tuple[GenerationRequest, int]] = []

@@ -44,7 +44,10 @@ from voxline.engines.tts_stage import SpeechOwner, TTSStage
 # A reply's first clause may be short ("Sure,") so its audio starts early; later
 # segments are longer, which sounds more natural.
 FIRST_CLAUSE_CHARS = 10
-FIRST_MAX_CHARS = 60  # a first sentence with no boundary is cut at a space by then
+# A first sentence with no boundary is cut at a space by then: the first audio is a few
+# words ("The capital of France"), which the LLM writes and Piper speaks in a fraction of
+# the time of a whole sentence.
+FIRST_MAX_CHARS = 24
 
 _STATUS = {
     FinishReason.STOP: p.ResponseStatus.COMPLETED,
@@ -213,6 +216,7 @@ class Responses:
             request_id=f"{stream.internal_id}/{stream.responses}",
             slot=stream.slot,
             prompt=lambda: conversation.render(system, budget) + header,
+            shared_prefix=len(system),
             max_tokens=max_tokens,
             temperature=temperature,
             generator=generator,

@@ -8,6 +8,7 @@ and still follows whatever template the checkpoint ships.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from voxline.engines.models.llama import LlamaModel, sample
 from voxline.engines.models.smollm2 import LoadedLLM, stop_token_ids
 
 _ANCHOR = [{"role": "system", "content": "A"}]
+SHARED_PREFIXES = 8  # system prompts whose K/V are kept for new streams (a few MB each)
 _PROBE = "\x00probe\x00"
 
 
@@ -29,6 +31,9 @@ class ChatLLM:
         limit = int(getattr(loaded.config, "max_position_embeddings", max_len) or max_len)
         self.max_len = min(max_len, limit)
         self.cache = self.model.allocate_cache(max_slots, self.max_len)
+        # K/V of prompt prefixes every stream starts with (system prompts), newest last
+        self._prefixes: OrderedDict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = (
+            OrderedDict())
         self.eos_token_ids = frozenset(stop_token_ids(self.tokenizer, loaded.config))
         self._free = list(range(max_slots))
         base = self._template(_ANCHOR)
@@ -80,6 +85,23 @@ class ChatLLM:
 
     def truncate(self, slot: int, length: int) -> None:
         self.cache.truncate(slot, min(length, self.cache.lengths[slot]))
+
+    def save_prefix(self, slot: int, tokens: list[int]) -> None:
+        key = tuple(tokens)
+        if key in self._prefixes:
+            self._prefixes.move_to_end(key)
+            return
+        self._prefixes[key] = self.cache.export_prefix(slot, len(tokens))
+        while len(self._prefixes) > SHARED_PREFIXES:
+            self._prefixes.popitem(last=False)
+
+    def load_prefix(self, slot: int, target: list[int]) -> int:
+        best = max((k for k in self._prefixes if tuple(target[:len(k)]) == k), key=len,
+                   default=None)
+        if best is None:
+            return 0
+        self._prefixes.move_to_end(best)
+        return self.cache.import_prefix(slot, self._prefixes[best])
 
     def forward(self, slots: list[int], tokens: list[list[int]]) -> torch.Tensor:
         return self.model.forward_batch(slots, tokens)

@@ -90,6 +90,23 @@ class KVCache:
         """Empty the slot for a new stream (no memory is touched)."""
         self.truncate(slot, 0)
 
+    def export_prefix(self, slot: int, n: int) -> tuple[Tensor, Tensor]:
+        """A copy of the K/V of the slot's first ``n`` confirmed tokens."""
+        self._check_slot(slot)
+        if not 0 < n <= self.lengths[slot]:
+            raise ValueError(f"slot {slot}: cannot export {n} tokens (length {self.lengths[slot]})")
+        return self.k[:, slot, :, :n].clone(), self.v[:, slot, :, :n].clone()
+
+    def import_prefix(self, slot: int, kv: tuple[Tensor, Tensor]) -> int:
+        """Make an exported prefix the slot's whole content; returns its token count.
+        Exact: the same tokens at the same positions have the same K/V in any slot."""
+        self._check_slot(slot)
+        n = kv[0].shape[2]
+        self.k[:, slot, :, :n] = kv[0]
+        self.v[:, slot, :, :n] = kv[1]
+        self.lengths[slot] = self.written[slot] = n
+        return n
+
 
 # --------------------------------------------------------------------------- layers
 

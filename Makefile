@@ -4,7 +4,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench soak clean
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	VENV=$(VENV) bash scripts/setup.sh
@@ -33,3 +33,12 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+# Long reliability runs, not part of `make test`: the fault suite with idle sessions too,
+# then SOAK_SESSIONS concurrent sessions for SOAK_MINUTES (model-free core; benchmarks/soak.py
+# --real serves the shipped models): fails unless RSS, fds and threads return to baseline.
+SOAK_SESSIONS ?= 200
+SOAK_MINUTES ?= 10
+soak: $(STAMP)
+	VOXLINE_SOAK=1 $(VENV)/bin/python -m pytest tests/reliability $(PYTEST_ARGS)
+	$(VENV)/bin/python benchmarks/soak.py --sessions $(SOAK_SESSIONS) --minutes $(SOAK_MINUTES)
+

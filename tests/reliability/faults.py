@@ -45,6 +45,14 @@ sys.exit(main(["serve", "--port", sys.argv[1], "--shutdown-grace", "{grace}",
 """
 
 
+SERVE_REAL = f"""
+import sys
+from voxline.cli import main
+sys.exit(main(["serve", "--port", sys.argv[1], "--shutdown-grace", "{GRACE_S}",
+               "--max-sessions", sys.argv[2], "--max-responses", sys.argv[2]]))
+"""
+
+
 def free_port() -> int:
     import socket
 
@@ -79,11 +87,19 @@ def fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def threads(pid: int) -> int:
+def _status(pid: int, key: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Threads:"):
+        if line.startswith(key + ":"):
             return int(line.split()[1])
-    raise RuntimeError(f"no thread count for {pid}")
+    raise RuntimeError(f"no {key} for {pid}")
+
+
+def threads(pid: int) -> int:
+    return _status(pid, "Threads")
+
+
+def rss_mib(pid: int) -> float:
+    return _status(pid, "VmRSS") / 1024
 
 
 def shm_entries() -> set[str]:
@@ -156,14 +172,15 @@ class ServeTree:
     """`voxline serve` in its own session (so the whole tree can be signalled)."""
 
     def __init__(self, max_sessions: int = 8, reply_seconds: float = REPLY_S,
-                 tmpdir: str | None = None) -> None:
+                 tmpdir: str | None = None, real_models: bool = False) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/v1/realtime"
         self.shm_before = shm_entries()
         # a private TMPDIR: whatever the tree leaves in its temp dir (the engine's pipes)
         self.tmpdir = tmpdir or tempfile.mkdtemp(prefix="voxline-fault-")
-        code = SERVE.format(tests=str(TESTS), reply=reply_seconds, grace=GRACE_S)
+        code = SERVE_REAL if real_models else SERVE.format(tests=str(TESTS), reply=reply_seconds,
+                                                           grace=GRACE_S)
         self.proc = subprocess.Popen([sys.executable, "-c", code, str(self.port),
                                       str(max_sessions)], start_new_session=True,
                                      env={**os.environ, "TMPDIR": self.tmpdir},

@@ -419,3 +419,67 @@ async def test_live_session_events_validate_strictly(server, dialect):
     for kind in ("conversation.item.input_audio_transcription.delta",
                  "output_audio_buffer.started", "output_audio_buffer.cleared"):
         assert c.of(kind), kind
+
+
+async def test_a_sentence_with_a_pause_is_one_turn_and_one_reply(server):
+    """Spoken at real time with a 450 ms pause mid-sentence: server VAD (500 ms) keeps it one
+    turn, and whatever was speculated in the pause stays unsent; the one reply answers the
+    whole sentence. (Whether a speculation starts depends on the machine's speed, so the
+    counters are only checked for consistency.)"""
+    import httpx
+
+    async def counters() -> dict[str, float]:
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(server + "/metrics")).text
+        return {k: float(line.split()[1]) for line in text.splitlines()
+                for k in ("started", "committed", "discarded")
+                if line.startswith(f"voxline_speculation_{k}_total ")}
+
+    before = await counters()
+    rate = 24000
+    def trimmed(text: str) -> np.ndarray:  # espeak pads its speech with silence
+        audio = espeak(text, rate=rate)
+        loud = np.nonzero(np.abs(audio) > 0.02 * np.abs(audio).max())[0]
+        return audio[loud[0]:loud[-1] + 1]
+
+    speech = np.concatenate([trimmed("I would like to book a table for"),
+                             np.zeros(int(0.45 * rate), np.float32),
+                             trimmed("four people tonight.")])
+    pcm = float_to_pcm16(np.concatenate([np.zeros(int(0.3 * rate), np.float32), speech,
+                                         np.zeros(int(1.5 * rate), np.float32)]))
+    ws, c = await open_conn(server)
+    try:
+        await c.send(type="session.update", session={
+            "type": "realtime", "instructions": SHORT,
+            "audio": {"input": {"transcription": {"model": "moonshine-base-en"}}}})
+        await c.until_type("session.updated")
+        loop = asyncio.get_running_loop()
+        t0, step = loop.time(), rate * 2 // 50  # 20 ms appends, at real time
+
+        async def feed() -> None:
+            for k, i in enumerate(range(0, len(pcm), step)):
+                await c.send(type="input_audio_buffer.append", audio=b64(pcm[i:i + step]))
+                await asyncio.sleep(max(0.0, t0 + (k + 1) * 0.02 - loop.time()))
+        feeder = asyncio.create_task(feed())
+        done = await c.until_type("response.done", timeout=180)
+        await feeder
+        await asyncio.sleep(0.5)  # anything more (a second turn or reply) would show now
+        while True:
+            try:
+                c.events.append(json.loads(await asyncio.wait_for(ws.recv(), 0.2)))
+            except TimeoutError:
+                break
+    finally:
+        await ws.close()
+    assert len(c.of("input_audio_buffer.speech_started")) == 1
+    assert len(c.of("input_audio_buffer.speech_stopped")) == 1
+    final, = c.of("conversation.item.input_audio_transcription.completed")
+    assert {"table", "people"} <= words(final["transcript"])
+    assert len(c.of("response.created")) == 1 and done["response"]["status"] == "completed"
+    reply = done["response"]["output"][0]["content"][0]["transcript"]
+    deltas = [e for e in c.of("response.output_audio.delta")]
+    assert reply and deltas and {e["response_id"] for e in deltas} == {done["response"]["id"]}
+    after = await counters()
+    spec = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("started", "committed", "discarded")}
+    assert spec["started"] == spec["committed"] + spec["discarded"], spec
+    assert spec["committed"] <= 1, spec

@@ -17,6 +17,8 @@ are bit-identical to them: the eager twin.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -78,12 +80,14 @@ def attn_mlp(
     x: Tensor, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
     o_w: Tensor, o_b: Tensor | None, ln_w: Tensor, eps: float,
     gate_up_w: Tensor, gate_up_b: Tensor | None, down_w: Tensor, down_b: Tensor | None,
+    attention: Callable[..., Tensor] = attend,
 ) -> Tensor:
     """Residual stream ``x [B, Q, hidden]`` after attention of ``q`` over ``keys``/``values``
     (boolean ``mask [B|1, 1, Q, K]``) and the SwiGLU MLP (``gate_up_w``: gate and up
-    projection weights stacked)."""
+    projection weights stacked). ``attention``: :func:`~voxline.kernels.attention.attend`
+    or one of its spelled-out equals for decode shapes."""
     b, _, q_len, _ = q.shape
-    out = attend(q, keys, values, mask)
+    out = attention(q, keys, values, mask)
     x = x + F.linear(out.transpose(1, 2).reshape(b, q_len, -1), o_w, o_b)
     h = rms_norm_eager(x, ln_w, eps)
     gate, up = F.linear(h, gate_up_w, gate_up_b).chunk(2, dim=-1)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from voxline.kernels.attention import position_mask
-from voxline.kernels.snake import snake_beta
+from voxline.kernels.snake import snake_beta_log
 
 from .config import Code2WavConfig, RopeConfig
 from .layers import MLP, Attention, KVHook, RMSNorm, Rope
@@ -150,7 +150,7 @@ class SnakeBeta(nn.Module):
         self.beta = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        return snake_beta(x, torch.exp(self.alpha), torch.exp(self.beta))
+        return snake_beta_log(x, self.alpha, self.beta)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -388,8 +388,15 @@ class Code2WavDecoder(nn.Module):
             raise ValueError(f"codes for {b} streams, state for {state.batch}")
         if t == 0:
             wav = torch.zeros(b, 0, device=self.device, dtype=self.dtype)
-            return wav[0] if squeeze else wav
-        codes = codes.to(self.device)
+        else:
+            wav = self.decode_chunk(state, codes.to(self.device))
+        return wav[0] if squeeze else wav
+
+    def decode_chunk(self, state: Code2WavState, codes: Tensor) -> Tensor:
+        """:meth:`decode` of ``codes [B, Q, T]`` (T >= 1, on the device, shapes checked)
+        -> ``[B, T * spf]``: plain tensor code (no mode switch) that ``torch.compile``
+        traces whole."""
+        t = codes.shape[-1]
         ctx = _Context(state.tails)
         h = self.quantizer.decode(codes)
         h = self.pre_conv(h, ctx).transpose(1, 2)
@@ -402,8 +409,7 @@ class Code2WavDecoder(nn.Module):
             h = block(h, ctx)
         h = self.decoder[-1](self.decoder[-2](h), ctx)
         state.assign(Code2WavState(ctx.tails, keys, values, key_pos, state.frames + t))
-        wav = h.clamp(min=-1, max=1)[:, 0]
-        return wav[0] if squeeze else wav
+        return h.clamp(min=-1, max=1)[:, 0]
 
     def prime(self, state: Code2WavState, codes: Tensor) -> None:
         """Feed context frames whose audio is not wanted (e.g. a voice-clone reference)."""

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from voxline.engines.models.llama import MLP, RMSNorm
-from voxline.kernels.attention import position_mask
+from voxline.kernels.attention import attend, attend_matmul, attend_sum, position_mask
 from voxline.kernels.compiled import maybe_compile
 from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, pow2_buckets
 from voxline.kernels.decoder_step import attn_mlp, attn_prep, concat_weights
@@ -72,6 +72,8 @@ __all__ = ["GraphedCode2Wav", "GraphedTalkerGenerator"]
 _MIN_LENGTH_BUCKET = 64
 _MIN_PREFILL_BUCKET = 16
 _MAX_PREFILL_BUCKET = 256  # longer prompts (rare: one text segment) prefill eagerly
+# Attention inside the decode and predictor steps (the prefill always uses SDPA).
+ATTENTION = {"sdpa": attend, "matmul": attend_matmul, "sum": attend_sum}
 
 
 class GraphedTalkerGenerator(TalkerGenerator):
@@ -89,6 +91,8 @@ class GraphedTalkerGenerator(TalkerGenerator):
         capture: bool | None = None,
         compile: bool | None = None,
         fuse: bool = False,
+        attention: str = "sdpa",
+        fuse_predictor: bool = True,
     ) -> None:
         """``batch_buckets`` default to powers of two up to ``max_streams``,
         ``length_buckets`` to powers of two from 64 up to ``max_len``, ``prefill_buckets``
@@ -97,7 +101,12 @@ class GraphedTalkerGenerator(TalkerGenerator):
         ``compile`` (static-shape ``torch.compile`` of the layer functions) to ``capture``.
         ``fuse`` (round-1 experiment, superseded by ``compile``) routes the talker's
         RMSNorms and MLPs through compiled kernels (:func:`fuse_decoder_modules`; equal
-        within dtype tolerance, not bit-exact)."""
+        within dtype tolerance, not bit-exact). ``attention`` picks how the decode and
+        predictor steps attend (``ATTENTION``: SDPA, or spelled out so the compiler fuses
+        it); ``fuse_predictor`` makes each predictor sub-step (all its layers, the
+        key/value writes and the head) one compiled region instead of two per layer."""
+        if attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {sorted(ATTENTION)}, got {attention!r}")
         super().__init__(talker, max_streams=max_streams + 1, max_len=max_len)
         self.scratch = max_streams  # the extra slot padding rows write to
         self._free.remove(self.scratch)
@@ -120,9 +129,18 @@ class GraphedTalkerGenerator(TalkerGenerator):
         self._prep = maybe_compile(attn_prep, self.compiled)
         self._post = maybe_compile(attn_mlp, self.compiled)
         self._head = maybe_compile(_predictor_head, self.compiled)
+        self._post_gather = maybe_compile(_gathered_attn_mlp, self.compiled)
+        self._substep = maybe_compile(_predictor_substep, self.compiled)
+        self._attention = ATTENTION[attention]
+        self.fuse_predictor = fuse_predictor
         self._talker_w = [_layer_args(layer) for layer in talker.model.layers]
         cp = talker.code_predictor
         self._cp_w = [_layer_args(layer) for layer in cp.model.layers]
+        # Each codebook's embedding table already through the predictor's input projection:
+        # a pick's next input is one row lookup instead of a matmul per sub-step.
+        with torch.no_grad():
+            self._cp_next = [cp.small_to_mtp_projection(cp.model.codec_embedding[step].weight)
+                             for step in range(self._groups - 1)]
         # Fixed predictor key/value positions: the talker state, codebook 0, then codes 1..G-2.
         self._cp_len = self._groups
         k_pos = torch.arange(self._cp_len, device=dev)[None]
@@ -240,24 +258,30 @@ class GraphedTalkerGenerator(TalkerGenerator):
         values = [hidden.new_zeros(kv_shape) for _ in cp.model.layers]
         first_embed = t.embed_codec(first)
         x = cp.small_to_mtp_projection(torch.stack((hidden, first_embed), dim=1))
-        proj = cp.small_to_mtp_projection
-        proj_w = proj.weight if isinstance(proj, nn.Linear) else None
-        proj_b = proj.bias if isinstance(proj, nn.Linear) else None
         codes, embeds = [first], [first_embed]
         for step in range(self._groups - 1):
             q_pos = self._cp_pos[step]
             pos = q_pos.expand(b, -1)
+            head = (cp.model.norm.weight, cp.model.norm.eps, cp.lm_head[step].weight,
+                    cp.model.codec_embedding[step].weight, self._cp_next[step],
+                    temperature, top_k, top_p, seed, counter + self._cp_cb[step])
+            if self.fuse_predictor:
+                masks = [self._cp_masks[step][w] for w in cp.windows]
+                code, emb, x, keys, values = self._substep(
+                    x, pos, q_pos[0], cp.rope.inv_freq, keys, values, masks, self._cp_w, head,
+                    self._attention)
+                codes.append(code)
+                embeds.append(emb)
+                continue
             h = x
             for i, window in enumerate(cp.windows):
                 prep_w, post_w = self._cp_w[i]
                 q, k, v = self._prep(h, pos, cp.rope.inv_freq, *prep_w)
                 keys[i].index_copy_(2, q_pos[0], k)
                 values[i].index_copy_(2, q_pos[0], v)
-                h = self._post(h, q, keys[i], values[i], self._cp_masks[step][window], *post_w)
-            code, emb, x = self._head(
-                h[:, -1], cp.model.norm.weight, cp.model.norm.eps, cp.lm_head[step].weight,
-                cp.model.codec_embedding[step].weight, proj_w, proj_b,
-                temperature, top_k, top_p, seed, counter + self._cp_cb[step])
+                h = self._post(h, q, keys[i], values[i], self._cp_masks[step][window], *post_w,
+                               attention=self._attention)
+            code, emb, x = self._head(h[:, -1], *head)
             codes.append(code)
             embeds.append(emb)
         # One reduction over the stacked codebook embeddings, as embed_frames does.
@@ -392,8 +416,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
             ck, cv = cache.k[i], cache.v[i]  # [S, Hkv, L, D]
             ck[slot, :, pos] = k[:, :, 0]
             cv[slot, :, pos] = v[:, :, 0]
-            h = self._post(h, q, ck[:, :, :length].index_select(0, slot),
-                           cv[:, :, :length].index_select(0, slot), masks[window], *post_w)
+            h = self._post_gather(h, q, ck, cv, slot, length, masks[window], post_w, self._attention)
         h = t.model.norm(h[:, 0])
         return h, t.codec_head(h).float()
 
@@ -474,18 +497,65 @@ def _layer_args(layer: DecoderLayer) -> tuple[tuple, tuple]:
     return prep, post
 
 
+def _gathered_attn_mlp(
+    x: Tensor, q: Tensor, ck: Tensor, cv: Tensor, slot: Tensor, length: int, mask: Tensor,
+    post_w: tuple, attention,
+) -> Tensor:
+    """:func:`attn_mlp` over the rows ``slot`` of a whole cache ``[S, Hkv, L, D]``, first
+    ``length`` positions: the gather happens inside the compiled region (fused into the
+    attention's reads) instead of as a copy before it."""
+    keys = ck[:, :, :length].index_select(0, slot)
+    values = cv[:, :, :length].index_select(0, slot)
+    return attn_mlp(x, q, keys, values, mask, *post_w, attention=attention)
+
+
+def _predictor_substep(
+    x: Tensor, pos: Tensor, q_idx: Tensor, inv_freq: Tensor, keys: list[Tensor], values: list[Tensor],
+    masks: list[Tensor], layers: list[tuple[tuple, tuple]], head: tuple, attention,
+) -> tuple[Tensor, Tensor, Tensor, list[Tensor], list[Tensor]]:
+    """One code-predictor sub-step as one function (one compiled region on a GPU): every
+    layer with its key/value write (out of place: the per-frame buffers are tiny), then
+    :func:`_predictor_head`. Returns the pick, its embedding, the next input, and the
+    updated keys and values."""
+    h = x
+    new_k: list[Tensor] = []
+    new_v: list[Tensor] = []
+    for (prep_w, post_w), k_buf, v_buf, mask in zip(layers, keys, values, masks, strict=True):
+        q, k, v = attn_prep(h, pos, inv_freq, *prep_w)
+        k_buf = k_buf.index_copy(2, q_idx, k)
+        v_buf = v_buf.index_copy(2, q_idx, v)
+        new_k.append(k_buf)
+        new_v.append(v_buf)
+        h = attn_mlp(h, q, k_buf, v_buf, mask, *post_w, attention=attention)
+    code, emb, x = _predictor_head(h[:, -1], *head)
+    return code, emb, x, new_k, new_v
+
+
 def _predictor_head(
     h: Tensor, norm_w: Tensor, eps: float, lm_w: Tensor, table: Tensor,
-    proj_w: Tensor | None, proj_b: Tensor | None,
+    next_table: Tensor,
     temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, counter: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One predictor sub-step's tail: final norm, codebook head, sampling, and the pick's
-    embedding (talker width) and next input (predictor width, ``[B, 1, D]``)."""
+    embedding (talker width) and next input (predictor width, ``[B, 1, D]``, a row of
+    ``next_table``: the codebook's table through the predictor's input projection)."""
     logits = F.linear(rms_norm_eager(h, norm_w, eps), lm_w).float()
     code = sample_rows(logits, temperature, top_k, top_p, seed, counter)
     emb = F.embedding(code, table)
-    x = emb if proj_w is None else F.linear(emb, proj_w, proj_b)
+    x = F.embedding(code, next_table)
     return code, emb, x[:, None]
+
+
+def _decode_rows(
+    decoder: Code2WavDecoder, tails: list[Tensor], keys: list[Tensor], values: list[Tensor],
+    key_pos: Tensor, frames: Tensor, codes: Tensor,
+) -> tuple[Tensor, list[Tensor], list[Tensor], list[Tensor], Tensor, Tensor]:
+    """``decoder.decode`` over gathered state rows, as a function of tensors (the unit
+    compiled per bucket): the waveform and the new state's tensors. The scatter back into the
+    device-resident store stays outside, so the compiler never copies the store."""
+    state = Code2WavState(list(tails), list(keys), list(values), key_pos, frames)
+    wav = decoder.decode_chunk(state, codes)
+    return wav, state.tails, state.keys, state.values, state.key_pos, state.frames
 
 
 class GraphedCode2Wav:
@@ -505,7 +575,10 @@ class GraphedCode2Wav:
     def __init__(
         self, decoder: Code2WavDecoder, *, max_streams: int, max_frames: int,
         batch_buckets: Sequence[int] | None = None, capture: bool | None = None,
+        compile: bool = False,
     ) -> None:
+        """``compile``: the whole gather/decode/scatter compiled per bucket (static
+        shapes) inside its graph."""
         self.decoder = decoder
         rope = decoder.pre_transformer.rope
         rope.inv_freq = rope.inv_freq.to(decoder.device)  # no host->device copy inside a step
@@ -518,6 +591,8 @@ class GraphedCode2Wav:
         self.capture = decoder.device.type == "cuda" if capture is None else capture
         self.batch_buckets = sorted(pow2_buckets(1, max_streams) if batch_buckets is None else batch_buckets)
         self.frame_buckets = list(range(1, max_frames + 1))
+        self.compiled = compile
+        self._decode_fn = maybe_compile(_decode_rows, compile)
         self.steps: BucketedSteps[tuple[int, int]] = BucketedSteps(
             self._make, capture=self.capture, name="code2wav")
 
@@ -546,9 +621,10 @@ class GraphedCode2Wav:
         def take(xs: list[Tensor]) -> list[Tensor]:
             return [x.index_select(0, slots) for x in xs]
 
-        state = Code2WavState(take(st.tails), take(st.keys), take(st.values),
-                              st.key_pos.index_select(0, slots), st.frames.index_select(0, slots))
-        wav = self.decoder.decode(state, codes)
+        wav, *new = self._decode_fn(
+            self.decoder, take(st.tails), take(st.keys), take(st.values),
+            st.key_pos.index_select(0, slots), st.frames.index_select(0, slots), codes)
+        state = Code2WavState(*new)
         for bufs, new in ((st.tails, state.tails), (st.keys, state.keys), (st.values, state.values),
                           ([st.key_pos], [state.key_pos]), ([st.frames], [state.frames])):
             for buf, x in zip(bufs, new, strict=True):

@@ -1,0 +1,207 @@
+"""Per-kernel profile of the Qwen3-TTS GPU steps, and A/B timings of their variants.
+
+    PYTHONPATH=. python3 benchmarks/profile_gpu_tts.py --out /tmp/profile.json
+
+Same real-shape random checkpoint as ``bench_gpu_tts.py``. For each variant of the
+talker generator (predictor sub-step fused into one compiled region or not; attention
+as SDPA or spelled out) and of the streaming code2wav (SnakeBeta eager or the Triton
+kernel; whole decode compiled or not), at each batch: the CUDA-graph replay time
+(median of timed blocks of replays, CUDA events), and, from one uncaptured run of the
+same step under ``torch.profiler``, the kernel count and kernel time by category, plus
+the heaviest kernels. Replay time minus kernel time is what the launches and gaps cost.
+The Triton SnakeBeta is checked against the eager reference (float32/bfloat16/float16,
+strided input) and timed against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from functools import partial
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_gpu_tts import build_model  # noqa: E402
+
+from voxline.engines.models.qwen3_tts.graphs import GraphedCode2Wav, GraphedTalkerGenerator  # noqa: E402
+from voxline.kernels import snake  # noqa: E402
+
+CATEGORIES = (
+    ("attention", ("fmha", "flash", "attention", "sdpa", "softmax")),
+    ("matmul", ("gemm", "gemv", "cutlass", "nvjet", "xmma", "cublas", "splitk", "dot_kernel")),
+    ("conv", ("conv", "implicit", "winograd", "fft")),
+    ("triton", ("triton",)),
+    ("sort_scan", ("sort", "radix", "scan", "cumsum")),
+    ("copy_index", ("copy", "index", "scatter", "gather", "cat", "fill")),
+    ("elementwise", ("elementwise", "vectorized", "reduce", "unrolled")),
+)
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "other"
+
+
+def replay_ms(fn, reps: int = 30, blocks: int = 5) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(blocks):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / reps)
+    return round(sorted(times)[len(times) // 2], 3)
+
+
+def kernels(fn) -> dict:
+    """Kernel count and device time (ms) by category and by name, one run of ``fn``."""
+    with torch.inference_mode():
+        return _kernels(fn)
+
+
+def _kernels(fn) -> dict:
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    by_cat: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = e.time_range.elapsed_us()
+        for table, key in ((by_cat, category(e.name)), (by_name, e.name[:100])):
+            table[key][0] += 1
+            table[key][1] += us / 1000
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]
+    return {
+        "count": int(sum(v[0] for v in by_cat.values())),
+        "kernel_ms": round(sum(v[1] for v in by_cat.values()), 3),
+        "by_category": {k: [int(v[0]), round(v[1], 3)] for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1][1])},
+        "top": [[k, int(v[0]), round(v[1], 3)] for k, v in top],
+    }
+
+
+def part(get, label: str, report: dict, fill) -> None:
+    t0 = time.perf_counter()
+    step = get()  # compiles (if on) and captures now
+    torch.cuda.synchronize()
+    ready = time.perf_counter() - t0
+    fill(step)
+    row = {"replay_ms": replay_ms(step), "ready_s": round(ready, 1)}
+    row |= kernels(step._run)
+    report[label] = row
+    cats = " ".join(f"{k}={v[0]}/{v[1]:.2f}" for k, v in row["by_category"].items())
+    print(f"{label:40s} replay {row['replay_ms']:7.3f} ms  kernels {row['count']:5d} "
+          f"{row['kernel_ms']:7.3f} ms  ({cats})  ready {ready:.0f} s", flush=True)
+
+
+def snake_checks() -> dict:
+    out = {}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-3}
+    for dt, t in tol.items():
+        x = (torch.randn(3, 96, 7700, device="cuda", generator=g) * 3).to(dt)[..., 5:7685]  # strided
+        la = torch.randn(96, device="cuda", generator=g) * 0.5
+        lb = torch.randn(96, device="cuda", generator=g) * 0.5
+        got = snake.snake_beta_log(x, la.to(dt), lb.to(dt))
+        want = snake.snake_beta_eager(x, torch.exp(la.to(dt)), torch.exp(lb.to(dt)))
+        ref = snake.snake_beta_eager(x.double(), torch.exp(la.to(dt).double()), torch.exp(lb.to(dt).double()))
+        err = float((got.double() - want.double()).abs().max())
+        out[str(dt)] = {"dtype_kept": got.dtype == dt, "max_abs_vs_eager": err,
+                        "rel_vs_fp64": float((got.double() - ref).norm() / ref.norm()),
+                        "eager_rel_vs_fp64": float((want.double() - ref).norm() / ref.norm()),
+                        "rel_vs_eager": float((got.double() - want.double()).norm() / want.double().norm()),
+                        "tol": t}
+    x = torch.randn(16, 96, 7680, device="cuda", generator=g)
+    a, b = torch.rand(96, device="cuda") + 0.5, torch.rand(96, device="cuda") + 0.5
+    out["fp32_16x96x7680_ms"] = {"triton": replay_ms(lambda: snake.snake_beta(x, a, b)),
+                                 "eager": replay_ms(lambda: snake.snake_beta_eager(x, a, b))}
+    print("snake", out, flush=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--variants", default="baseline:0:sdpa,fused:1:sdpa,fused:1:matmul,fused:1:sum",
+                    help="name:fuse_predictor:attention,...")
+    ap.add_argument("--codec", default="eager_snake,triton_snake,compiled")
+    ap.add_argument("--codec-frames", default="1,4", help="chunk lengths (frames) of the code2wav steps")
+    ap.add_argument("--length", type=int, default=128)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    torch._dynamo.config.suppress_errors = True
+    batches = [int(b) for b in args.batches.split(",")]
+    model = build_model("cuda")
+    report: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "length": args.length,
+                    "snake": snake_checks(), "steps": {}}
+    steps = report["steps"]
+
+    def save() -> None:
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=1))
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+
+    def fill_hidden(step) -> None:
+        for key in ("hidden", "x"):
+            if key in step.inputs:
+                step.inputs[key].copy_(torch.randn(step.inputs[key].shape, device="cuda", generator=g) * 0.5)
+
+    decode_done: set[str] = set()
+    for spec in args.variants.split(","):
+        name, fuse, attention = spec.split(":")
+        gen = GraphedTalkerGenerator(model.talker, max_streams=max(batches), max_len=args.length,
+                                     batch_buckets=batches, length_buckets=[args.length],
+                                     prefill_buckets=[], attention=attention, fuse_predictor=fuse == "1")
+        for b in batches:
+            part(partial(gen.frame_steps.get, b), f"predictor_frame/{name}_{attention}/b{b}", steps, fill_hidden)
+            save()
+        if attention not in decode_done:
+            decode_done.add(attention)
+            for b in batches:
+                part(partial(gen.decode_steps.get, (b, args.length)), f"talker_decode/{attention}/b{b}", steps, fill_hidden)
+                save()
+        del gen
+        torch.cuda.empty_cache()
+
+    fused = snake._fused
+    for mode in args.codec.split(","):
+        snake._fused = fused if mode != "eager_snake" else (lambda x: False)
+        codec = GraphedCode2Wav(model.code2wav, max_streams=max(batches), max_frames=4,
+                                batch_buckets=batches, compile=mode == "compiled")
+
+        def fill_codes(step) -> None:
+            step.inputs["codes"].copy_(torch.randint(0, 2048, step.inputs["codes"].shape, device="cuda", generator=g))
+
+        for b in batches:
+            for t in [int(x) for x in args.codec_frames.split(",")]:
+                part(partial(codec.steps.get, (b, t)), f"code2wav/{mode}/b{b}_t{t}", steps, fill_codes)
+                save()
+        del codec
+    snake._fused = fused
+    from torch._dynamo.utils import counters
+    report["compile_stats"] = {k: dict(counters[k]) for k in ("stats", "graph_break", "unimplemented")}
+    save()
+    print(f"{'part':44s} {'replay ms':>9s} {'kernels':>7s} {'kernel ms':>9s}")
+    for label, row in steps.items():
+        print(f"{label:44s} {row['replay_ms']:9.3f} {row['count']:7d} {row['kernel_ms']:9.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,11 +16,13 @@ run: $(STAMP)
 	$(VENV)/bin/voxline serve --host $(HOST) --port $(PORT)
 
 # The Qwen3-TTS parity tests run the official reference in its own cached venv; the
-# third-party client tests (pipecat, openai-agents) run those clients in another.
+# third-party client tests (pipecat, openai-agents) run those clients in another; the
+# remote-LLM tests start llama.cpp's server from a third (compiled once, then cached).
 test: $(STAMP)
 	bash scripts/test_deps.sh
 	bash scripts/qwen_ref_venv.sh >/dev/null
 	bash scripts/clients_venv.sh >/dev/null
+	bash scripts/llama_server_venv.sh >/dev/null
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 

@@ -403,3 +403,64 @@ def test_the_remote_first_token_time_is_in_metrics(server):
     count = [line for line in text.splitlines()
              if line.startswith("voxline_llm_first_token_seconds_count")]
     assert count and float(count[0].split()[-1]) == 1.0
+
+
+# ------------------------------------------------------------------------------ SDK
+
+
+async def test_the_sdk_runs_python_tools_and_the_answer_follows(server):
+    import voxline
+    from voxline.sessions import events as ev
+
+    fake, url = server
+    fake.plan += [Reply(text=[], calls=[("get_weather", ['{"city": "Paris", ', '"days": 2}'])]),
+                  Reply(text=["Sunny in Paris ", "for two days."])]
+    asked: list[tuple[str, int]] = []
+
+    async def get_weather(city: str, days: int = 1) -> dict:
+        """Weather for a city.
+
+        More text the model does not need."""
+        asked.append((city, days))
+        return {"city": city, "sky": "sunny"}
+
+    settings = load_settings(engine="inprocess", llm="openai:" + url, llm_model="fake-model")
+    client = InProcessEngineClient("fake_openai:make_remote_core", {"url": url})
+    await client.start()
+    try:
+        engine = voxline.Engine(settings, client=client)
+        async with engine.session(tools=[get_weather], turn_detection=None) as call:
+            await call.send_text("Weather in Paris for two days?")
+            await call.respond()
+            first = await call.wait_for(ev.ResponseDone, timeout=30 * TIME_FACTOR)
+            assert [o.type for o in first.response.output] == ["message", "function_call"]
+            second = await call.wait_for(ev.ResponseDone, timeout=30 * TIME_FACTOR)
+        assert asked == [("Paris", 2)]
+        assert second.response.status == "completed"
+        assert second.response.output[0].content[0].transcript == "Sunny in Paris for two days."
+        sent = fake.bodies[0]["tools"][0]["function"]
+        assert sent == {"name": "get_weather", "description": "Weather for a city.",
+                        "parameters": {"type": "object", "required": ["city"], "properties": {
+                            "city": {"type": "string"}, "days": {"type": "integer"}}}}
+        assert fake.bodies[1]["messages"][-1]["content"] == '{"city": "Paris", "sky": "sunny"}'
+    finally:
+        await client.close()
+
+
+def test_tool_functions_become_schemas_or_clear_errors():
+    from voxline.errors import ProtocolError
+    from voxline.sdk.session import tool_schema
+
+    def lookup(order_id: int, verbose: bool = False, note="") -> str:
+        return ""
+
+    assert tool_schema(lookup)["parameters"] == {"type": "object", "required": ["order_id"],
+                                                 "properties": {"order_id": {"type": "integer"},
+                                                                "verbose": {"type": "boolean"},
+                                                                "note": {"type": "string"}}}
+
+    def bad(when: complex) -> str:
+        return ""
+
+    with pytest.raises(ProtocolError, match="'when'"):
+        tool_schema(bad)

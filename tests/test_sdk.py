@@ -97,7 +97,7 @@ async def test_same_script_through_a_server() -> None:
 
 async def test_bad_options_and_tools_are_refused_at_the_call_site() -> None:
     async with voxline.Engine(**FAKES) as engine:
-        with pytest.raises(voxline.ToolsNotAvailable, match="not available yet"):
+        with pytest.raises(voxline.ToolsNotAvailable, match="not available with the embedded"):
             engine.session(tools=[lambda city: "sunny"])
         with pytest.raises(ProtocolError, match="unknown audio format 'mp3'"):
             engine.session(input_format="mp3")

@@ -118,6 +118,10 @@ class Engine(SessionFactory):
         if self._owned:
             await self.client.close()
 
+    @property
+    def tools_supported(self) -> bool:
+        return self.settings.remote_llm
+
     def _transport(self) -> Transport:
         if not self.client.ready:
             raise SessionError("the engine is not running; use `async with Engine() as engine`")

@@ -14,6 +14,9 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import inspect
+import json
+import typing
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -21,7 +24,13 @@ from voxline.errors import ProtocolError, VoxlineError
 from voxline.realtime.wire_session import beta_format, validate_session
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
-from voxline.sessions.items import ContentPart, MessageItem
+from voxline.sessions.items import (
+    ContentPart,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    MessageItem,
+    RealtimeResponse,
+)
 from voxline.sessions.settings import DOCUMENT_FORMAT_NAMES, AudioFormat
 
 E = TypeVar("E", bound=ev.ServerEvent)
@@ -38,7 +47,57 @@ class SessionError(VoxlineError):
 
 
 class ToolsNotAvailable(VoxlineError, NotImplementedError):
-    """Function tools were passed, but no voxline model can call functions yet."""
+    """Function tools were passed, but the reply model cannot call functions (the embedded
+    model; a remote one, ``llm="openai:<url>"``, can)."""
+
+
+_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
+                               list: "array", dict: "object"}
+
+
+def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
+    """A Python function as a Realtime function tool: its name, the first paragraph of its
+    docstring, and its parameters typed from their annotations (str, int, float, bool,
+    list, dict; unannotated: string). Raises ProtocolError for what JSON cannot pass."""
+    name = getattr(fn, "__name__", "")
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    hints = typing.get_type_hints(fn)
+    for pname, param in inspect.signature(fn).parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+            raise ProtocolError(f"tool {name}: parameter {pname!r} must be passable by keyword",
+                                code="invalid_value", param="tools")
+        kind = _JSON_TYPES.get(typing.get_origin(hints.get(pname)) or hints.get(pname, str))
+        if kind is None:
+            raise ProtocolError(f"tool {name}: parameter {pname!r} has type "
+                                f"{hints[pname]!r}; use str, int, float, bool, list or dict",
+                                code="invalid_value", param="tools")
+        props[pname] = {"type": kind}
+        if param.default is param.empty:
+            required.append(pname)
+    doc = (inspect.getdoc(fn) or "").split("\n\n")[0].strip()
+    tool: dict[str, Any] = {"type": "function", "name": name}
+    if doc:
+        tool["description"] = doc
+    tool["parameters"] = {"type": "object", "properties": props, "required": required}
+    return tool
+
+
+async def call_tool(fn: Callable[..., Any], arguments: str) -> str:
+    """Run a tool on the model's JSON arguments (a plain function on a worker thread); its
+    result as the output text (JSON unless it is a string). A failure is reported to the
+    model as {"error": ...} rather than raised: the conversation goes on."""
+    try:
+        kwargs = json.loads(arguments or "{}")
+        if not isinstance(kwargs, dict):
+            raise TypeError(f"arguments are {type(kwargs).__name__}, not an object")
+        if inspect.iscoroutinefunction(fn):
+            result = await fn(**kwargs)
+        else:
+            result = await asyncio.to_thread(fn, **kwargs)
+    except Exception as exc:
+        return json.dumps({"error": f"{type(exc).__name__}: {exc}"})
+    return result if isinstance(result, str) else json.dumps(result)
 
 
 class Transport(abc.ABC):
@@ -91,11 +150,9 @@ def session_patch(
     patches it (e.g. ``{"silence_duration_ms": 300}``). ``transcription={}`` turns on
     transcripts of the caller's speech. Raises ProtocolError naming the bad option.
     """
-    if tools:
-        raise ToolsNotAvailable(
-            "function tools are not available yet: voxline's LLM cannot call functions, so "
-            f"{len(tools)} tool(s) would never run; pass no tools")
     patch: dict[str, Any] = {}
+    if tools:
+        patch["tools"] = [tool_schema(fn) for fn in tools]
     audio_in: dict[str, Any] = {}
     audio_out: dict[str, Any] = {}
     if instructions is not None:
@@ -131,9 +188,11 @@ class Session:
     session ends. One reader: iterate from one task.
     """
 
-    def __init__(self, transport: Transport, options: Mapping[str, Any]) -> None:
+    def __init__(self, transport: Transport, options: Mapping[str, Any],
+                 tools: Sequence[Callable[..., Any]] = ()) -> None:
         self._transport = transport
         self._options = dict(options)
+        self._tools = {fn.__name__: fn for fn in tools}
         self._events: asyncio.Queue[ev.ServerEvent | None] = asyncio.Queue(EVENT_QUEUE_LIMIT)
         self._pump: asyncio.Task[None] | None = None
         self._ended = False
@@ -154,6 +213,8 @@ class Session:
                 or (isinstance(e, ev.ErrorEvent) and e.error.event_id == "sdk_initial_update"))
             if isinstance(reply, ev.ErrorEvent):
                 await self.aclose()
+                if reply.error.param == "session.tools":
+                    raise ToolsNotAvailable(reply.error.message)
                 raise SessionError(f"session options refused: {reply.error.message}", reply)
         return self
 
@@ -172,9 +233,24 @@ class Session:
         try:
             async for event in self._transport.events():
                 await self._events.put(event)
+                if self._tools and isinstance(event, ev.ResponseDone):
+                    await self._answer_calls(event.response)
         finally:
             with contextlib.suppress(asyncio.QueueFull):
                 self._events.put_nowait(None)
+
+    async def _answer_calls(self, response: RealtimeResponse) -> None:
+        """The session's tools run on the calls a completed response made; their outputs go
+        back into the conversation and the model is asked to answer with them."""
+        calls = [o for o in response.output if isinstance(o, FunctionCallItem)
+                 and o.name in self._tools and o.status == "completed"]
+        if response.status != "completed" or not calls:
+            return
+        for call in calls:
+            output = await call_tool(self._tools[call.name], call.arguments)
+            await self._transport.send(cmd.CreateItem(item=FunctionCallOutputItem(
+                call_id=call.call_id, output=output)))
+        await self._transport.send(cmd.CreateResponse())
 
     # -- events ------------------------------------------------------------------------
 
@@ -260,8 +336,11 @@ class Session:
         await self.send(cmd.ClearOutputAudio())
 
     async def update(self, **options: Any) -> None:
-        """Change session options (as :func:`session_patch` takes them)."""
+        """Change session options (as :func:`session_patch` takes them; ``tools`` replaces
+        the functions this session runs)."""
         await self.send(cmd.UpdateSession(changes=session_patch(**options)))
+        if "tools" in options:
+            self._tools = {fn.__name__: fn for fn in options["tools"]}
 
 
 class SessionFactory(abc.ABC):
@@ -269,6 +348,11 @@ class SessionFactory(abc.ABC):
 
     @abc.abstractmethod
     def _transport(self) -> Transport: ...
+
+    @property
+    def tools_supported(self) -> bool | None:
+        """Whether the reply model can call functions (None: the server will say)."""
+        return None
 
     def session(
         self,
@@ -287,12 +371,19 @@ class SessionFactory(abc.ABC):
         """A new session (enter it with ``async with``); options as :func:`session_patch`.
 
         Formats take the beta names (``"g711_ulaw"``) or GA ones (``"audio/pcmu"``).
-        Function ``tools`` are refused (ToolsNotAvailable) until a voxline model can call
-        functions. Invalid options raise ProtocolError here, before anything is opened.
+        ``tools`` are Python functions (sync or async) the model may call; the session runs
+        them on each call it makes, sends their results back and asks for the answer, which
+        arrives as the next response. They need a reply model that calls functions (a
+        remote server, ``llm="openai:<url>"``); otherwise ToolsNotAvailable. Invalid options
+        raise ProtocolError here, before anything is opened.
         """
+        if tools and self.tools_supported is False:
+            raise ToolsNotAvailable(
+                "function tools are not available with the embedded model (it calls no "
+                "functions); run the engine with llm='openai:<server url>' to use them")
         options = session_patch(
             instructions=instructions, voice=voice, input_format=input_format,
             output_format=output_format, output_modalities=output_modalities,
             turn_detection=turn_detection, transcription=transcription,
             temperature=temperature, max_output_tokens=max_output_tokens, tools=tools)
-        return Session(self._transport(), options)
+        return Session(self._transport(), options, tools)

@@ -103,6 +103,12 @@ class FixedLengthLM:
     def truncate(self, slot: int, length: int) -> None:
         self.llm.truncate(slot, length)
 
+    def save_prefix(self, slot: int, tokens: list[int]) -> None:
+        self.llm.save_prefix(slot, tokens)
+
+    def load_prefix(self, slot: int, target: list[int]) -> int:
+        return self.llm.load_prefix(slot, target)
+
     def forward(self, slots: list[int], tokens: list[list[int]]) -> torch.Tensor:
         return self.llm.forward(slots, tokens)
 

@@ -464,3 +464,13 @@ def test_tool_functions_become_schemas_or_clear_errors():
 
     with pytest.raises(ProtocolError, match="'when'"):
         tool_schema(bad)
+
+
+def test_serve_refuses_a_bad_llm_spec_and_a_missing_model(capsys):
+    from voxline.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--llm", "ollama"])
+    assert exc.value.code == 2 and "openai:<server url>" in capsys.readouterr().err
+    assert main(["serve", "--llm", "openai:http://127.0.0.1:9/v1"]) == 1
+    assert "needs --llm-model" in capsys.readouterr().err

@@ -7,11 +7,19 @@ import re
 import sys
 
 _TTS = re.compile(r"^(piper|qwen3:.+)$")
+_LLM = re.compile(r"^openai:https?://.+$")
 
 
 def _tts_choice(value: str) -> str:
     if not _TTS.match(value):
         raise argparse.ArgumentTypeError("expected 'piper' or 'qwen3:<checkpoint dir>'")
+    return value
+
+
+def _llm_choice(value: str) -> str:
+    if value != "embedded" and not _LLM.match(value):
+        raise argparse.ArgumentTypeError("expected 'embedded' or 'openai:<server url>' "
+                                         "(http:// or https://)")
     return value
 
 
@@ -54,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tts", type=_tts_choice, default=None,
                        help="speech model: piper (shipped voice, default) or qwen3:<checkpoint dir> "
                             "(Qwen3-TTS, official layout); env VOXLINE_TTS")
-    serve.add_argument("--llm", default=None, metavar="embedded|openai:URL",
+    serve.add_argument("--llm", type=_llm_choice, default=None, metavar="embedded|openai:URL",
                        help="reply model: embedded (shipped SmolLM2, default) or openai:<server "
                             "url> for any OpenAI-compatible /v1/chat/completions server (vLLM, "
                             "SGLang, llama.cpp, Ollama), e.g. openai:http://127.0.0.1:8080/v1; "

@@ -296,3 +296,42 @@ def test_a_reply_far_ahead_of_playout_is_cut_with_an_error():
     err = [e for e in actor.take_events() if isinstance(e, ev.ErrorEvent)]
     assert err and err[0].error.code == "output_buffer_full"
     assert [type(c) for c in actor.take_commands()] == [ep.CancelResponse]
+
+
+def test_speculation_outcomes_become_metric_counters_and_nothing_on_the_wire():
+    from voxline.realtime.metrics import Metrics
+
+    actor = make_actor()
+    actor.take_events()
+    metrics = Metrics()
+    for outcome in ("started", "discarded", "started", "committed"):
+        actor.on_engine(ep.Speculation("s1", outcome), 0.0)
+    assert actor.take_events() == []  # the client sees only ordinary events
+    for name, value in actor.observations:
+        metrics.observe(name, value)
+    assert metrics.value("voxline_speculation_started_total") == 2
+    assert metrics.value("voxline_speculation_committed_total") == 1
+    assert metrics.value("voxline_speculation_discarded_total") == 1
+
+
+def test_the_stream_config_names_the_reply_the_session_asks_for_at_a_turn_end():
+    actor = make_actor()
+    actor.take_events()
+    actor.take_commands()
+    actor.receive(parse_command({"type": "session.update", "session": {
+        "type": "realtime", "instructions": "Be terse.", "audio": {"output": {"voice": "ash"}}}}),
+        0.0)
+    update, = actor.take_commands()
+    auto = update.config.auto_response
+    assert auto is not None and auto.voice == "ash" and auto.instructions is None
+    # the speech_stopped response carries exactly that config, so the engine can release it
+    actor.on_engine(ep.SpeechStarted("s1", 100, "item_u"), 0.0)
+    actor.on_engine(ep.SpeechStopped("s1", 900, "item_u"), 1.0)
+    create, = [c for c in actor.take_commands() if isinstance(c, ep.CreateResponse)]
+    assert create.config == auto
+    # no auto response, no speculation
+    actor.receive(parse_command({"type": "session.update", "session": {
+        "type": "realtime", "audio": {"input": {"turn_detection": {
+            "type": "server_vad", "create_response": False}}}}}), 2.0)
+    update, = actor.take_commands()
+    assert update.config.auto_response is None

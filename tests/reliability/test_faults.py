@@ -11,12 +11,15 @@ no files in its temp dir, no fds or threads beyond the baseline. Times are print
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 
 import pytest
-from faults import FAULTS, Outcome, run_fault
+from faults import FAULTS, TIME_FACTOR, Outcome, ServeTree, run_fault
+from twilio_peer import TwilioPeer
+from websockets.asyncio.client import connect
 
 SHUTDOWN_REASON = "server is shutting down"
 SOAK = bool(os.environ.get("VOXLINE_SOAK"))
@@ -83,3 +86,22 @@ async def test_fault(fault: str, load: bool) -> None:
         assert out.new_engine_dirs and out.left_after_restart == set()
     if out.fd_growth is not None:  # the server lived on: back to its baseline
         assert out.fd_growth <= 0 and out.thread_growth <= 0
+
+
+
+async def test_sigterm_drains_twilio_streams_with_1001_and_a_reason() -> None:
+    """A phone call (Twilio Media Streams) is drained like a WebSocket session: on SIGTERM
+    it closes with 1001 and the reason (plain uvicorn would close it with 1012)."""
+    tree = ServeTree()
+    try:
+        await tree.wait_healthy()
+        async with connect(tree.ws_url.replace("/v1/realtime", "/v1/telephony/twilio")) as ws:
+            peer = TwilioPeer(ws)
+            await peer.start()
+            await asyncio.sleep(0.3)  # the call's session is open
+            tree.proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(ws.wait_closed(), 30 * TIME_FACTOR)
+        assert (ws.close_code, ws.close_reason) == (1001, SHUTDOWN_REASON)
+        assert tree.proc.wait(30 * TIME_FACTOR) == 0
+    finally:
+        tree.kill_all()

@@ -51,9 +51,12 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
         starting: asyncio.Task[None] | None = None
         if manage_engine:
             starting = asyncio.create_task(_start_engine(engine, settings.engine))
+        keep_voices = asyncio.create_task(voices.keep_engine_voices(app.state))
         try:
             yield
         finally:
+            keep_voices.cancel()
+            await asyncio.gather(keep_voices, return_exceptions=True)
             await webrtc.close_all_calls(app.state.voxline)
             if starting is not None:
                 logger.info("stopping engine ...")

@@ -5,8 +5,10 @@ is usable by name as ``voice`` in `/v1/audio/speech` and as ``session.audio.outp
 in `/v1/realtime` sessions. The server keeps each clip once, normalised (mono, 24 kHz,
 peak <= 1: what both of the model's encoders take), and registers it with the engine's
 speech stage, which encodes it on first use and caches the encoding; the engine never
-sees this HTTP API, only `VoiceReference` payloads. Registrations live in memory (a
-restart forgets them).
+sees this HTTP API, only `VoiceReference` payloads. Registrations live in the server's
+memory (a server restart forgets them); after an engine restart (the supervisor's fresh
+engine process knows none) every stored voice is registered with it again
+(:func:`keep_engine_voices`).
 
 `POST /v1/voices` is multipart: ``name`` (letters, digits, ``-``/``_``, up to 64),
 ``audio`` (any file PyAV reads; ``file`` is accepted too) and optional ``ref_text``, the
@@ -21,6 +23,7 @@ import base64
 import binascii
 import functools
 import json
+import logging
 import re
 import time
 import uuid
@@ -52,8 +55,10 @@ from voxline.realtime.audio_http import (
 )
 from voxline.realtime.state import ServerState
 
-__all__ = ["StoredVoice", "VoiceStore", "clone_error", "reference_from_request", "router",
-           "voice_store"]
+__all__ = ["StoredVoice", "VoiceStore", "clone_error", "keep_engine_voices",
+           "reference_from_request", "router", "voice_store"]
+
+logger = logging.getLogger(__name__)
 
 router = APIRouter()
 
@@ -99,11 +104,41 @@ class VoiceStore:
 
 
 def voice_store(request: Request) -> VoiceStore:
-    app_state = request.app.state
+    return store_of(request.app.state)
+
+
+def store_of(app_state: Any) -> VoiceStore:
     store = getattr(app_state, "voices", None)
     if store is None:
         store = app_state.voices = VoiceStore()
     return store
+
+
+async def keep_engine_voices(app_state: Any, poll_s: float = 0.25) -> None:
+    """Runs for the app's life: after each engine restart, once the new engine is ready,
+    register every stored voice with it again (a restarted engine process starts with
+    none; sessions naming a voice would otherwise not hear it)."""
+    state: ServerState = app_state.voxline
+    if clone_error(state.settings) is not None:
+        return  # no voices can be registered on this server
+    seen = state.engine.status().get("restarts", 0)
+    while True:
+        await asyncio.sleep(poll_s)
+        restarts = state.engine.status().get("restarts", 0)
+        if restarts == seen or not state.engine.ready:
+            continue
+        store = store_of(app_state)
+        try:
+            async with store.lock:
+                for voice in store.all():
+                    await _tell_engine(state, voice.reference(named=True))
+        except AudioAPIError as exc:  # the engine went down again: retry when it is back
+            logger.warning("re-registering voices after an engine restart failed: %s",
+                           exc.message)
+            continue
+        seen = restarts
+        if store.all():
+            logger.info("registered %d voices with the restarted engine", len(store.all()))
 
 
 @functools.cache

@@ -238,6 +238,7 @@ class EngineCore:
         on a reply that will not come and the running ones keep their pace."""
         if self.responses.in_progress() < self.max_responses:
             return False
+        self.responses.discard_speculation(stream)
         self._error(stream.external_id, f"the engine is generating its limit of "
                     f"{self.max_responses} responses at once; try again shortly", "server_busy")
         self._outputs.append(p.ResponseDone(stream.external_id, msg.response_id,
@@ -376,7 +377,8 @@ class EngineCore:
         utt.pause_text, utt.pause_asr_ms = text, seconds * 1000
         if stream.input.utterance is utt and stream.input.detector is not None:
             stream.input.detector.judge(text)
-        if self.speculate_after_ms > 0:
+        # speculate only with room to spare: never at the cost of replies already running
+        if self.speculate_after_ms > 0 and self.responses.in_progress() < self.max_responses:
             self.responses.speculate(stream, job.item_id, text)
 
     # -------------------------------------------------------------------------- LLM

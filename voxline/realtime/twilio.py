@@ -28,6 +28,7 @@ from voxline.errors import ProtocolError
 from voxline.realtime import twilio_wire as tw
 from voxline.realtime.outbox import Outbox, SlowClient, close_after
 from voxline.realtime.state import get_state
+from voxline.realtime.voices import session_voice_check
 from voxline.realtime.websocket import CLOSE_GOING_AWAY, SHUTDOWN_REASON, open_sessions
 from voxline.realtime.wire_session import validate_session
 from voxline.sessions import commands as cmd
@@ -249,7 +250,8 @@ async def twilio_stream(ws: WebSocket) -> None:
     actor = SessionActor(session_id, f"{session_id}-{uuid.uuid4().hex[:6]}",
                          settings=PHONE_SETTINGS, lead_ms=settings.output_lead_ms,
                          transport_reports_playout=True,
-                         tools_supported=settings.remote_llm)
+                         tools_supported=settings.remote_llm,
+                         voice_error=session_voice_check(ws.app.state))
     bridge = TwilioBridge()
     inbox: asyncio.Queue[cmd.ClientCommand | None] = asyncio.Queue(COMMAND_LIMIT)
 

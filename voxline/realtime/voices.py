@@ -27,6 +27,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ from voxline.realtime.audio_http import (
 from voxline.realtime.state import ServerState
 
 __all__ = ["StoredVoice", "VoiceStore", "clone_error", "keep_engine_voices",
-           "reference_from_request", "router", "voice_store"]
+           "reference_from_request", "router", "session_voice_check", "voice_store"]
 
 logger = logging.getLogger(__name__)
 
@@ -214,6 +215,24 @@ async def reference_from_request(request: Request, state: ServerState, voice: st
     audio, _ = await _normalised(_decode_base64(ref_audio, "ref_audio"), "ref_audio")
     text = ref_text.strip() if ref_text and ref_text.strip() else None
     return p.VoiceReference(audio, REFERENCE_RATE, text)
+
+
+def session_voice_check(app_state: Any) -> Callable[[str], str | None] | None:
+    """For realtime sessions on a server that clones: why a session voice cannot be used
+    (a name that is neither registered nor an OpenAI voice name, which speaks with the
+    checkpoint's own voice), or None. None (no check) on servers that cannot clone."""
+    if clone_error(app_state.voxline.settings) is not None:
+        return None
+    store = store_of(app_state)
+
+    def why(voice: str) -> str | None:
+        if store.get(voice) is not None or voice.lower() in _OPENAI_VOICES:
+            return None
+        known = ", ".join(v.name for v in store.all()) or "none"
+        return (f"voice {voice!r} does not exist; register it with POST /v1/voices "
+                f"(registered: {known})")
+
+    return why
 
 
 _OPENAI_VOICES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage",

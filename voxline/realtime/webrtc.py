@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import av
 import numpy as np
@@ -46,6 +46,7 @@ from voxline.realtime.dialect import Dialect
 from voxline.realtime.ice import default_hosts, restrict_gathering, rtc_configuration
 from voxline.realtime.outbox import SlowClient
 from voxline.realtime.state import ServerState, get_state
+from voxline.realtime.voices import session_voice_check
 from voxline.realtime.websocket import SHUTDOWN_REASON, OpenSessions, open_sessions
 from voxline.realtime.wire_client import parse_command
 from voxline.realtime.wire_server import render_json
@@ -130,7 +131,8 @@ class Call:
     """One WebRTC call: a peer connection around a session runner."""
 
     def __init__(self, call_id: str, pc: RTCPeerConnection, state: ServerState,
-                 settings: SessionSettings, sessions: OpenSessions | None = None) -> None:
+                 settings: SessionSettings, sessions: OpenSessions | None = None,
+                 voice_error: Callable[[str], str | None] | None = None) -> None:
         self.id = call_id
         self.sessions = sessions or OpenSessions()  # the app's, so a shutdown drains calls too
         self.pc = pc
@@ -148,7 +150,7 @@ class Call:
                                   lead_ms=config.output_lead_ms,
                                   max_event_bytes=config.max_event_bytes,
                                   media_format=MEDIA_FORMAT,
-                                  tools_supported=config.remote_llm)
+                                  tools_supported=config.remote_llm, voice_error=voice_error)
         self.runner = SessionRunner(self.actor, state.engine, self._send,
                                     max_seconds=config.max_session_seconds,
                                     observe=state.metrics.observe)
@@ -392,7 +394,7 @@ async def create_call(request: Request) -> Response:
     pc = RTCPeerConnection(rtc_configuration(config.ice_server_list(), config.turn_username,
                                              config.turn_credential))
     call_id = new_id("rtc")
-    call = Call(call_id, pc, state, settings, sessions)
+    call = Call(call_id, pc, state, settings, sessions, session_voice_check(request.app.state))
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         pc.addTrack(call.track)

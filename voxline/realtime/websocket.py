@@ -18,6 +18,7 @@ from voxline.realtime.auth import Access, authenticate, offered_subprotocols
 from voxline.realtime.dialect import detect_dialect
 from voxline.realtime.outbox import Outbox, SlowClient, close_after
 from voxline.realtime.state import get_state
+from voxline.realtime.voices import session_voice_check
 from voxline.realtime.wire_client import parse_command
 from voxline.realtime.wire_server import render_json
 from voxline.sessions.actor import SessionActor
@@ -166,7 +167,8 @@ async def realtime(ws: WebSocket) -> None:
         initial = replace(initial, model=requested)
     actor = SessionActor(session_id, f"{session_id}-{uuid.uuid4().hex[:6]}", settings=initial,
                          lead_ms=settings.output_lead_ms, max_event_bytes=settings.max_event_bytes,
-                         tools_supported=settings.remote_llm)
+                         tools_supported=settings.remote_llm,
+                         voice_error=session_voice_check(ws.app.state))
 
     outbox = Outbox(ws.send_text, settings.send_buffer_kb * 1024)
 

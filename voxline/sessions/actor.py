@@ -87,6 +87,9 @@ class SessionActor:
     transport_reports_playout: bool = False
     # The reply model can call functions (a remote backend): session.tools are accepted.
     tools_supported: bool = False
+    # Why the server cannot speak with a named voice (e.g. a clone that is not registered),
+    # or None when it can; None here: every name is accepted (a one-voice TTS speaks all).
+    voice_error: Callable[[str], str | None] | None = None
 
     def __post_init__(self) -> None:
         self.events: list[ev.ServerEvent] = []
@@ -179,6 +182,8 @@ class SessionActor:
         new = old.apply(e.changes)
         # refused: the session keeps its settings
         check_supported(new, tools_supported=self.tools_supported)
+        if new.voice != old.voice:
+            self._check_voice(new.voice, "session.update", "session.audio.output.voice")
         self.settings = new
         if self.media_format is None and self.settings.input_format != old.input_format:
             self.input = self._new_input()
@@ -338,8 +343,15 @@ class SessionActor:
         if params is not None:
             check_overrides(params, session_tools=self.settings.tools,
                             tools_supported=self.tools_supported)
+            if params.voice is not None:
+                self._check_voice(params.voice, "response.create", "response.audio.output.voice")
         settings = params.apply_to(self.settings) if params is not None else self.settings
         self._start_response(settings, now, trigger=now, metadata=params.metadata if params else None)
+
+    def _check_voice(self, voice: str, event: str, param: str) -> None:
+        why = self.voice_error(voice) if self.voice_error is not None else None
+        if why is not None:
+            raise ProtocolError(f"{event}: {why}", code="invalid_value", param=param)
 
     def _response_cancel(self, e: cmd.CancelResponse, now: float) -> None:
         r = self.response

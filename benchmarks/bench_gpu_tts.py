@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from voxline.engines.models.qwen3_tts import TalkerSampling
+from voxline.engines.models.qwen3_tts import TalkerSampling, graphs
 from voxline.engines.models.qwen3_tts.checkpoint import Qwen3TTSModel
 from voxline.engines.models.qwen3_tts.code2wav import Code2WavDecoder
 from voxline.engines.models.qwen3_tts.config import Code2WavConfig, Qwen3TTSConfig
@@ -272,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames", type=int, default=50, help="frames per job (80 ms each)")
     ap.add_argument("--eager-concurrency", default="1,10,32", help="concurrencies measured eagerly")
     ap.add_argument("--max-len", type=int, default=256)
+    ap.add_argument("--attention", choices=sorted(graphs.ATTENTION), default=graphs.DEFAULT_ATTENTION,
+                    help="attention in the graphed talker decode steps")
+    ap.add_argument("--predictor-attention", choices=sorted(graphs.ATTENTION),
+                    default=graphs.DEFAULT_PREDICTOR_ATTENTION, help="attention in the code predictor's steps")
+    ap.add_argument("--buckets", help="graph batch buckets, e.g. 1,4,10,32 (default: powers of two)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--no-twin", action="store_true", help="skip the graphs-vs-eager-twin check")
     ap.add_argument("--check", action="store_true", help="validate every frame's codes (slow)")
@@ -281,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     # A compile failure falls back to eager (counted below) instead of killing the run.
     torch._dynamo.config.suppress_errors = True
     conc = [int(x) for x in args.concurrency.split(",")]
+    graphs.DEFAULT_ATTENTION = args.attention  # every generator this run builds
+    graphs.DEFAULT_PREDICTOR_ATTENTION = args.predictor_attention
+    buckets = [int(x) for x in args.buckets.split(",")] if args.buckets else None
     t_load = time.perf_counter()
     model = build_model(args.device)
     tok = build_tokenizer(model.config)
@@ -291,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
         shapes="Qwen3-TTS-12Hz-1.7B: talker 28x2048 bf16, code predictor 5x1024 bf16, "
                "12 Hz code2wav fp32; random weights",
-        frames_per_job=args.frames, chunking="initial_chunk_frames=1, chunk_frames=4",
+        frames_per_job=args.frames, batch_buckets=buckets or "powers of two", attention=args.attention,
+        predictor_attention=args.predictor_attention, chunking="initial_chunk_frames=1, chunk_frames=4",
         sampling="published settings (temperature 0.9, top-k 50), seeded; EOS masked",
         qwen_tts_reference="not run: the qwen-tts package is not installable on the device machine",
         results={}, breakdown={},
@@ -305,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         stage = Qwen3SpeechStage(model, tok, max_streams=max(conc), max_len=args.max_len,
                                  max_frames=args.frames, sampling=sampling, graphs=mode != "eager",
                                  capture_at_load=mode in ("graphs", "compiled"),
-                                 compile=mode == "compiled")
+                                 compile=mode == "compiled", batch_buckets=buckets)
         if mode in ("fused", "twin"):  # fused: compiled norms/MLPs inside the graphs
             stage.generator = GraphedTalkerGenerator(model.talker, max_streams=max(conc),
                                                      max_len=args.max_len, fuse=mode == "fused",

@@ -30,6 +30,8 @@ from bench_gpu_tts import build_model  # noqa: E402
 
 from voxline.engines.models.qwen3_tts.graphs import GraphedCode2Wav, GraphedTalkerGenerator  # noqa: E402
 from voxline.kernels import snake  # noqa: E402
+from voxline.kernels.attention import attend, position_mask  # noqa: E402
+from voxline.kernels.decode_attention import attend_decode  # noqa: E402
 
 CATEGORIES = (
     ("attention", ("fmha", "flash", "attention", "sdpa", "softmax")),
@@ -134,6 +136,34 @@ def snake_checks() -> dict:
     return out
 
 
+def attention_checks() -> dict:
+    """The Triton decode attention against SDPA on the gathered rows (bf16, fresh random
+    inputs): talker shape (cache slots, a length prefix, one query) and predictor shape
+    (two queries over a 16-key buffer)."""
+    out = {}
+    g = torch.Generator(device="cuda").manual_seed(2)
+    for b in (1, 16):
+        ck = torch.randn(b + 3, 8, 256, 128, device="cuda", generator=g).bfloat16()
+        cv = torch.randn(b + 3, 8, 256, 128, device="cuda", generator=g).bfloat16()
+        slot = torch.randperm(b + 3, device="cuda", generator=g)[:b]
+        q = torch.randn(b, 1, 16, 128, device="cuda", generator=g).bfloat16().transpose(1, 2)
+        pos = torch.randint(0, 128, (b, 1), device="cuda", generator=g)
+        mask = position_mask(pos, torch.arange(128, device="cuda").expand(b, 128))
+        got = attend_decode(q, ck, cv, mask, slot=slot, length=128)
+        want = attend(q.float(), ck[:, :, :128][slot].float(), cv[:, :, :128][slot].float(), mask)
+        out[f"talker_b{b}"] = float((got.float() - want).norm() / want.norm())
+        k = torch.randn(b, 8, 16, 128, device="cuda", generator=g).bfloat16()
+        v = torch.randn(b, 8, 16, 128, device="cuda", generator=g).bfloat16()
+        q = torch.randn(b, 16, 2, 128, device="cuda", generator=g).bfloat16()
+        mask = position_mask(torch.tensor([[3, 4]], device="cuda"), torch.arange(16, device="cuda")[None])
+        got = attend_decode(q, k, v, mask)
+        want = attend(q.float(), k.float(), v.float(), mask)
+        out[f"predictor_b{b}"] = float((got.float() - want).norm() / want.norm())
+    out["ok"] = all(e < 1e-2 for e in out.values())
+    print("decode attention", out, flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,16")
@@ -143,12 +173,13 @@ def main() -> int:
     ap.add_argument("--codec-frames", default="1,4", help="chunk lengths (frames) of the code2wav steps")
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--fail-file", type=Path, help="written when the decode attention check fails")
     args = ap.parse_args()
     torch._dynamo.config.suppress_errors = True
     batches = [int(b) for b in args.batches.split(",")]
     model = build_model("cuda")
     report: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "length": args.length,
-                    "snake": snake_checks(), "steps": {}}
+                    "snake": snake_checks(), "decode_attention": attention_checks(), "steps": {}}
     steps = report["steps"]
 
     def save() -> None:
@@ -180,7 +211,7 @@ def main() -> int:
         torch.cuda.empty_cache()
 
     fused = snake._fused
-    for mode in args.codec.split(","):
+    for mode in [m for m in args.codec.split(",") if m]:
         snake._fused = fused if mode != "eager_snake" else (lambda x: False)
         codec = GraphedCode2Wav(model.code2wav, max_streams=max(batches), max_frames=4,
                                 batch_buckets=batches, compile=mode == "compiled")
@@ -195,6 +226,8 @@ def main() -> int:
         del codec
     snake._fused = fused
     from torch._dynamo.utils import counters
+    if args.fail_file and not report["decode_attention"]["ok"]:
+        args.fail_file.write_text("decode attention check failed\n")
     report["compile_stats"] = {k: dict(counters[k]) for k in ("stats", "graph_break", "unimplemented")}
     save()
     print(f"{'part':44s} {'replay ms':>9s} {'kernels':>7s} {'kernel ms':>9s}")

@@ -201,6 +201,35 @@ def test_padding_rows_write_only_the_scratch_slot(model_dir):
     assert changed[slot] and set(changed.nonzero().flatten().tolist()) <= {slot, gen.scratch}
 
 
+@pytest.mark.parametrize(("attention", "fuse_predictor"),
+                         [("sdpa", False), ("matmul", True), ("sum", True), ("triton", True)])
+def test_step_variants_equal_the_eager_stage(model_dir, attention, fuse_predictor):
+    """Spelled-out attention and the per-layer (unfused) predictor sub-step are the same
+    function as the default steps: greedy audio equals the plain generator's."""
+    plain = run(make_stage(model_dir, graphs=False), _jobs())
+    stage = make_stage(model_dir, graphs=True)
+    stage.generator = GraphedTalkerGenerator(stage.model.talker, max_streams=4, max_len=256, attention=attention,
+                                             predictor_attention=attention, fuse_predictor=fuse_predictor)
+    _assert_same(_by_job(plain), _by_job(run(stage, _jobs())))
+
+
+def test_unknown_attention_and_bad_buckets_are_refused(model_dir):
+    stage = make_stage(model_dir, graphs=False)
+    with pytest.raises(ValueError, match="attention"):
+        GraphedTalkerGenerator(stage.model.talker, max_streams=4, max_len=64, attention="flash")
+    with pytest.raises(ValueError, match="batch_buckets"):
+        make_stage(model_dir, graphs=True, batch_buckets=[1, 8])
+    with pytest.raises(ValueError, match="batch_buckets"):
+        make_stage(model_dir, graphs=False, batch_buckets=[1, 2])
+
+
+def test_batch_buckets_setting_reaches_talker_and_codec(model_dir):
+    stage = make_stage(model_dir, graphs=True, batch_buckets=[1, 3])
+    assert stage.generator.batch_buckets == [1, 3] and stage.codec.batch_buckets == [1, 3]
+    assert stage.codec.compile_frames == {4}  # only the steady chunk length would compile
+    _assert_same(_by_job(run(make_stage(model_dir, graphs=False), _jobs())), _by_job(run(stage, _jobs())))
+
+
 # --------------------------------------------------------------------------- layer functions
 
 

@@ -26,7 +26,7 @@ from torch import Tensor
 from .attention import attend
 from .fused import rms_norm_eager
 
-__all__ = ["attn_mlp", "attn_prep", "concat_weights", "rope_tables"]
+__all__ = ["attn_mlp", "attn_out_mlp", "attn_prep", "concat_weights", "rope_tables"]
 
 
 def concat_weights(*linears: torch.nn.Linear) -> tuple[Tensor, Tensor | None]:
@@ -86,8 +86,16 @@ def attn_mlp(
     (boolean ``mask [B|1, 1, Q, K]``) and the SwiGLU MLP (``gate_up_w``: gate and up
     projection weights stacked). ``attention``: :func:`~voxline.kernels.attention.attend`
     or one of its spelled-out equals for decode shapes."""
-    b, _, q_len, _ = q.shape
     out = attention(q, keys, values, mask)
+    return attn_out_mlp(x, out, o_w, o_b, ln_w, eps, gate_up_w, gate_up_b, down_w, down_b)
+
+
+def attn_out_mlp(
+    x: Tensor, out: Tensor, o_w: Tensor, o_b: Tensor | None, ln_w: Tensor, eps: float,
+    gate_up_w: Tensor, gate_up_b: Tensor | None, down_w: Tensor, down_b: Tensor | None,
+) -> Tensor:
+    """The rest of :func:`attn_mlp` given the attention output ``out [B, Hq, Q, D]``."""
+    b, _, q_len, _ = out.shape
     x = x + F.linear(out.transpose(1, 2).reshape(b, q_len, -1), o_w, o_b)
     h = rms_norm_eager(x, ln_w, eps)
     gate, up = F.linear(h, gate_up_w, gate_up_b).chunk(2, dim=-1)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import functools
 import secrets
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +50,8 @@ from voxline.engines.models.llama import MLP, RMSNorm
 from voxline.kernels.attention import attend, attend_matmul, attend_sum, position_mask
 from voxline.kernels.compiled import maybe_compile
 from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, pow2_buckets
-from voxline.kernels.decoder_step import attn_mlp, attn_prep, concat_weights
+from voxline.kernels.decode_attention import attend_decode
+from voxline.kernels.decoder_step import attn_mlp, attn_out_mlp, attn_prep, concat_weights
 from voxline.kernels.fused import compiled_kernels, rms_norm_eager
 from voxline.kernels.sampling import sample_rows
 
@@ -73,7 +74,14 @@ _MIN_LENGTH_BUCKET = 64
 _MIN_PREFILL_BUCKET = 16
 _MAX_PREFILL_BUCKET = 256  # longer prompts (rare: one text segment) prefill eagerly
 # Attention inside the decode and predictor steps (the prefill always uses SDPA).
-ATTENTION = {"sdpa": attend, "matmul": attend_matmul, "sum": attend_sum}
+# "triton": one Triton kernel per layer reading the cache rows in place (bf16/fp16 on
+# CUDA; SDPA on the gathered rows otherwise).
+ATTENTION = {"sdpa": attend, "matmul": attend_matmul, "sum": attend_sum, "triton": attend_decode}
+# Measured on an H200 (benchmarks/results/gpu_tts_h200_r3_profile_attention.json): the
+# kernel saves the talker ~0.15-0.25 ms a frame; in the predictor's fused sub-step SDPA
+# stays ahead.
+DEFAULT_ATTENTION = "triton"
+DEFAULT_PREDICTOR_ATTENTION = "sdpa"
 
 
 class GraphedTalkerGenerator(TalkerGenerator):
@@ -91,7 +99,8 @@ class GraphedTalkerGenerator(TalkerGenerator):
         capture: bool | None = None,
         compile: bool | None = None,
         fuse: bool = False,
-        attention: str = "sdpa",
+        attention: str | None = None,
+        predictor_attention: str | None = None,
         fuse_predictor: bool = True,
     ) -> None:
         """``batch_buckets`` default to powers of two up to ``max_streams``,
@@ -103,10 +112,14 @@ class GraphedTalkerGenerator(TalkerGenerator):
         RMSNorms and MLPs through compiled kernels (:func:`fuse_decoder_modules`; equal
         within dtype tolerance, not bit-exact). ``attention`` picks how the decode and
         predictor steps attend (``ATTENTION``: SDPA, or spelled out so the compiler fuses
-        it); ``fuse_predictor`` makes each predictor sub-step (all its layers, the
+        it, or one Triton kernel; default ``DEFAULT_ATTENTION``), ``predictor_attention`` the
+        code predictor's (default ``DEFAULT_PREDICTOR_ATTENTION``); ``fuse_predictor`` makes each predictor sub-step (all its layers, the
         key/value writes and the head) one compiled region instead of two per layer."""
-        if attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {sorted(ATTENTION)}, got {attention!r}")
+        attention = DEFAULT_ATTENTION if attention is None else attention
+        predictor_attention = DEFAULT_PREDICTOR_ATTENTION if predictor_attention is None else predictor_attention
+        for name, value in (("attention", attention), ("predictor_attention", predictor_attention)):
+            if value not in ATTENTION:
+                raise ValueError(f"{name} must be one of {sorted(ATTENTION)}, got {value!r}")
         super().__init__(talker, max_streams=max_streams + 1, max_len=max_len)
         self.scratch = max_streams  # the extra slot padding rows write to
         self._free.remove(self.scratch)
@@ -132,6 +145,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
         self._post_gather = maybe_compile(_gathered_attn_mlp, self.compiled)
         self._substep = maybe_compile(_predictor_substep, self.compiled)
         self._attention = ATTENTION[attention]
+        self._cp_attention = ATTENTION[predictor_attention]
         self.fuse_predictor = fuse_predictor
         self._talker_w = [_layer_args(layer) for layer in talker.model.layers]
         cp = talker.code_predictor
@@ -269,7 +283,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
                 masks = [self._cp_masks[step][w] for w in cp.windows]
                 code, emb, x, keys, values = self._substep(
                     x, pos, q_pos[0], cp.rope.inv_freq, keys, values, masks, self._cp_w, head,
-                    self._attention)
+                    self._cp_attention)
                 codes.append(code)
                 embeds.append(emb)
                 continue
@@ -280,7 +294,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
                 keys[i].index_copy_(2, q_pos[0], k)
                 values[i].index_copy_(2, q_pos[0], v)
                 h = self._post(h, q, keys[i], values[i], self._cp_masks[step][window], *post_w,
-                               attention=self._attention)
+                               attention=self._cp_attention)
             code, emb, x = self._head(h[:, -1], *head)
             codes.append(code)
             embeds.append(emb)
@@ -504,6 +518,9 @@ def _gathered_attn_mlp(
     """:func:`attn_mlp` over the rows ``slot`` of a whole cache ``[S, Hkv, L, D]``, first
     ``length`` positions: the gather happens inside the compiled region (fused into the
     attention's reads) instead of as a copy before it."""
+    if attention is attend_decode:
+        out = attend_decode(q, ck, cv, mask, slot=slot, length=length)
+        return attn_out_mlp(x, out, *post_w)
     keys = ck[:, :, :length].index_select(0, slot)
     values = cv[:, :, :length].index_select(0, slot)
     return attn_mlp(x, q, keys, values, mask, *post_w, attention=attention)
@@ -575,10 +592,11 @@ class GraphedCode2Wav:
     def __init__(
         self, decoder: Code2WavDecoder, *, max_streams: int, max_frames: int,
         batch_buckets: Sequence[int] | None = None, capture: bool | None = None,
-        compile: bool = False,
+        compile: bool = False, compile_frames: Collection[int] | None = None,
     ) -> None:
-        """``compile``: the whole gather/decode/scatter compiled per bucket (static
-        shapes) inside its graph."""
+        """``compile``: each bucket's decode compiled (static shapes) inside its graph, for
+        the chunk lengths in ``compile_frames`` (default: all; a compile per bucket costs
+        ~20 s at load, so callers name the lengths they use in steady state)."""
         self.decoder = decoder
         rope = decoder.pre_transformer.rope
         rope.inv_freq = rope.inv_freq.to(decoder.device)  # no host->device copy inside a step
@@ -592,7 +610,8 @@ class GraphedCode2Wav:
         self.batch_buckets = sorted(pow2_buckets(1, max_streams) if batch_buckets is None else batch_buckets)
         self.frame_buckets = list(range(1, max_frames + 1))
         self.compiled = compile
-        self._decode_fn = maybe_compile(_decode_rows, compile)
+        self.compile_frames = set(self.frame_buckets if compile_frames is None else compile_frames)
+        self._compiled_decode = maybe_compile(_decode_rows, compile)
         self.steps: BucketedSteps[tuple[int, int]] = BucketedSteps(
             self._make, capture=self.capture, name="code2wav")
 
@@ -616,12 +635,13 @@ class GraphedCode2Wav:
             self._free.append(slot)
 
     def _fn(self, slots: Tensor, codes: Tensor) -> dict[str, Tensor]:
+        decode = self._compiled_decode if codes.shape[-1] in self.compile_frames else _decode_rows
         st = self.store
 
         def take(xs: list[Tensor]) -> list[Tensor]:
             return [x.index_select(0, slots) for x in xs]
 
-        wav, *new = self._decode_fn(
+        wav, *new = decode(
             self.decoder, take(st.tails), take(st.keys), take(st.values),
             st.key_pos.index_select(0, slots), st.frames.index_select(0, slots), codes)
         state = Code2WavState(*new)

@@ -54,6 +54,7 @@ import dataclasses
 import json
 import logging
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,6 +149,7 @@ class Qwen3SpeechStage:
         graphs: bool | None = None,
         capture_at_load: bool = True,
         compile: bool | None = None,
+        batch_buckets: Sequence[int] | None = None,
         codec_encoder: CodecEncoder | None = None,
         reference_cache: int = 16,
     ) -> None:
@@ -168,7 +170,10 @@ class Qwen3SpeechStage:
         is off; on the CPU its eager twin) and code2wav with :class:`GraphedCode2Wav`
         (one graph per batch bucket and chunk length). ``compile`` (default: with capture)
         compiles the decoder-layer steps inside those graphs (static shapes per bucket;
-        ~2 minutes at load for 32 streams on an H200, 2.5x faster steps).
+        ~2 minutes at load for 32 streams on an H200, 2.5x faster steps), and code2wav's
+        steps for the steady chunk length (``chunk_frames``). ``batch_buckets``: the batch sizes
+        the graphs are captured for (default: powers of two up to ``max_streams``; a batch
+        runs in the smallest bucket that holds it).
         ``codec_encoder`` (Base checkpoints, in-context cloning) defaults to the checkpoint
         directory's, loaded on first use; ``reference_cache`` encoded references are kept.
         """
@@ -219,11 +224,18 @@ class Qwen3SpeechStage:
             graphs = model.talker.device.type == "cuda"
         self.generator: TalkerGenerator
         self.codec: GraphedCode2Wav | None = None
+        if batch_buckets is not None and not graphs:
+            raise ValueError("batch_buckets needs graphs=True (the plain generator has no buckets)")
         if graphs:
+            if batch_buckets is not None and not all(1 <= b <= max_streams for b in batch_buckets):
+                raise ValueError(f"batch_buckets must lie in 1..max_streams ({max_streams}), "
+                                 f"got {list(batch_buckets)}")
             graphed = GraphedTalkerGenerator(model.talker, max_streams=max_streams, max_len=max_len,
-                                             compile=compile)
+                                             compile=compile, batch_buckets=batch_buckets)
             self.codec = GraphedCode2Wav(self.decoder, max_streams=max_streams,
-                                         max_frames=max(chunk_frames, initial_chunk_frames))
+                                         max_frames=max(chunk_frames, initial_chunk_frames),
+                                         batch_buckets=batch_buckets, compile=graphed.compiled,
+                                         compile_frames={chunk_frames})
             if graphed.capture and capture_at_load:
                 graphed.prepare()
             if self.codec.capture and capture_at_load:
@@ -321,7 +333,19 @@ class Qwen3SpeechStage:
         self._drop_codec(entry)
 
     def has_work(self) -> bool:
-        return bool(self._jobs)
+        """A step would make progress. False while every job waits for text (its stream
+        held back, or between streams), so the engine does not spin until text comes."""
+        eos = self.generator.eos
+        free = sum(1 for j in self._jobs.values() if j.stream is not None) < self.max_streams
+        for j in self._jobs.values():
+            if j.done or j.pending:
+                return True
+            if j.stream is None:
+                if not j.text_open or (free and j.fed < len(j.ids)):
+                    return True  # ends now, or starts a stream
+            elif not awaits_text(j.stream, eos):
+                return True
+        return False
 
     def step(self) -> list[SpeechOut]:
         """One batched talker step over every live job, then the chunks that are due.
@@ -487,8 +511,7 @@ class Qwen3SpeechStage:
                 used += 1
             except Exception:  # one bad job must not fail every other job
                 logger.exception("Qwen3-TTS could not start job %d", entry.job.job_id)
-                entry.done = True  # finishes with the audio it has
-                entry.text_open = False
+                entry.done = True  # finishes with the audio it has, in this step
 
     def _start_stream(self, entry: _Job) -> None:
         """A talker stream for the job's text not yet given to one; the decoder state is

@@ -19,7 +19,12 @@ and captured at load, and nothing else calls them, so no step recompiles or fall
 The prefill runs them uncompiled: a compile per prompt bucket would double the load time,
 and the graph replay already removes the launch cost that dominated it. The code
 predictor's keys/values live in a fixed ``[B, Hkv, G, D]`` buffer per layer (masked by
-position), so its 15 sub-steps share two shapes (2 queries for the first, 1 after).
+position), so its 15 sub-steps share two shapes (2 queries for the first, 1 after); each
+sub-step (every layer, its key/value writes, the head and sampling) is one compiled
+function, and a pick's next input is a row of its codebook table pre-projected to the
+predictor's width. The talker decode attends through
+:func:`~voxline.kernels.decode_attention.attend_decode` by default: one Triton launch per
+layer reading the streams' cache rows in place (SDPA off CUDA or outside bf16/fp16).
 
 Batches or lengths past the largest bucket run eagerly on the modules. Only the first
 codes go to the host (one copy per step, needed to see EOS); frames and hidden states

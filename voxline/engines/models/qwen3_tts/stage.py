@@ -170,8 +170,9 @@ class Qwen3SpeechStage:
         is off; on the CPU its eager twin) and code2wav with :class:`GraphedCode2Wav`
         (one graph per batch bucket and chunk length). ``compile`` (default: with capture)
         compiles the decoder-layer steps inside those graphs (static shapes per bucket;
-        ~2 minutes at load for 32 streams on an H200, 2.5x faster steps), and code2wav's
-        steps for the steady chunk length (``chunk_frames``). ``batch_buckets``: the batch sizes
+        2.5x faster steps), and code2wav's steps for the steady chunk length
+        (``chunk_frames``): ~2.5 minutes at load on an H200 for batch buckets 1, 4, 10, 32,
+        longer for more buckets. ``batch_buckets``: the batch sizes
         the graphs are captured for (default: powers of two up to ``max_streams``; a batch
         runs in the smallest bucket that holds it).
         ``codec_encoder`` (Base checkpoints, in-context cloning) defaults to the checkpoint

@@ -237,6 +237,28 @@ def test_compile_off_is_the_plain_function():
     assert maybe_compile(attn_prep, False) is attn_prep
 
 
+def test_compiled_regions_trace_as_single_graphs(model_dir, monkeypatch):
+    """Each region a GPU compiles (predictor sub-step, talker decode layer, code2wav chunk)
+    traces into one Dynamo graph: a graph break would split the captured step into more
+    kernels (Dynamo's eager backend on the CPU, fullgraph=True fails on any break)."""
+    import voxline.engines.models.qwen3_tts.graphs as graphs_mod
+
+    def full(fn, enabled):
+        return torch.compile(fn, backend="eager", dynamic=False, fullgraph=True) if enabled else fn
+
+    monkeypatch.setattr(graphs_mod, "maybe_compile", full)
+    stage = make_stage(model_dir, graphs=True)
+    torch._dynamo.reset()
+    try:
+        gen = GraphedTalkerGenerator(stage.model.talker, max_streams=4, max_len=256, capture=False, compile=True)
+        gen.frame_steps.get(2)()
+        gen.decode_steps.get((2, 64))()
+        codec = GraphedCode2Wav(stage.decoder, max_streams=4, max_frames=4, capture=False, compile=True)
+        codec.steps.get((2, 4))()
+    finally:
+        torch._dynamo.reset()
+
+
 def test_layer_functions_equal_the_decoder_layer(model_dir):
     """attn_prep + cache write + attn_mlp (the compiled unit on a GPU) == DecoderLayer."""
     talker = make_stage(model_dir).model.talker

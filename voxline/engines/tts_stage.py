@@ -83,7 +83,8 @@ class TTSStage:
         return [job_id for job_id, owner in self._owners.items() if owner.stream_id == stream_id]
 
     def has_work(self) -> bool:
-        return bool(self._to_start) or bool(self._to_feed) or self.speech.has_work()
+        return (bool(self._to_start) or bool(self._to_feed) or bool(self._to_cancel)
+                or self.speech.has_work())
 
     def schedule(self) -> TTSPlan | None:
         for job_id in self._to_cancel:

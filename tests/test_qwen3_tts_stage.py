@@ -326,8 +326,16 @@ def test_factory_builds_the_qwen3_stage_from_settings(model_dir):
     settings = load_settings(tts=f"qwen3:{model_dir}")
     stage = load_tts(settings)
     assert isinstance(stage, Qwen3SpeechStage) and stage.random_weights
+    assert stage.max_streams == 8
     with pytest.raises(ValueError):
         load_settings(tts="espeak")
+    assert load_tts(load_settings(tts=f"qwen3:{model_dir}", tts_max_streams=3)).max_streams == 3
+    with pytest.raises(ValueError, match="tts_batch_buckets"):  # graph buckets need CUDA
+        load_tts(load_settings(tts=f"qwen3:{model_dir}", tts_batch_buckets="1,2"))
+    with pytest.raises(ValueError, match="tts_batch_buckets"):
+        load_settings(tts_max_streams=4, tts_batch_buckets="1,8").tts_bucket_list()
+    with pytest.raises(ValueError):
+        load_settings(tts_batch_buckets="1;8")
 
 
 def test_a_job_can_pick_another_preset_voice(model_dir):

@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     tts_speaker: str | None = Field(default=None, description="Qwen3-TTS preset voice "
                                     "(default: the checkpoint's first)")
     tts_language: str = Field(default="auto", description="Qwen3-TTS language, or auto")
+    tts_max_streams: int = Field(default=8, ge=1, description="Qwen3-TTS replies spoken at once "
+                                 "(talker slots; more wait for a free one)")
+    tts_batch_buckets: str = Field(default="", pattern=r"^(\d+(,\d+)*)?$",
+                                   description="Qwen3-TTS on CUDA: comma-separated batch sizes its "
+                                               "CUDA graphs are captured for, each <= tts_max_streams "
+                                               "(empty: powers of two)")
     llm: str = Field(default="embedded", pattern=r"^(embedded|openai:https?://.+)$",
                      description="reply model: 'embedded' (shipped SmolLM2, in the engine) or "
                                  "'openai:<server url>' (any OpenAI-compatible "
@@ -85,6 +91,16 @@ class Settings(BaseSettings):
 
     def ice_server_list(self) -> list[str]:
         return [u.strip() for u in self.ice_servers.split(",") if u.strip()]
+
+    def tts_bucket_list(self) -> list[int] | None:
+        """``tts_batch_buckets`` as sizes (None: the default powers of two)."""
+        if not self.tts_batch_buckets:
+            return None
+        sizes = [int(b) for b in self.tts_batch_buckets.split(",")]
+        if not all(1 <= b <= self.tts_max_streams for b in sizes):
+            raise ValueError(f"tts_batch_buckets must lie in 1..tts_max_streams "
+                             f"({self.tts_max_streams}), got {self.tts_batch_buckets}")
+        return sizes
 
     def rtc_port_range(self) -> tuple[int, int] | None:
         if not self.rtc_ports:

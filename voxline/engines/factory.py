@@ -89,9 +89,14 @@ def load_tts(settings: Settings) -> SpeechStage:
 
         model_dir = settings.tts.removeprefix("qwen3:")
         t0 = time.perf_counter()
-        dtype = torch.bfloat16 if settings.tts_device.startswith("cuda") else torch.float32
-        stage = Qwen3SpeechStage(model_dir, device=settings.tts_device, dtype=dtype,
-                                 speaker=settings.tts_speaker, language=settings.tts_language)
+        cuda = settings.tts_device.startswith("cuda")
+        buckets = settings.tts_bucket_list()
+        if buckets is not None and not cuda:
+            raise ValueError("tts_batch_buckets needs tts_device=cuda (CUDA graphs)")
+        stage = Qwen3SpeechStage(model_dir, device=settings.tts_device,
+                                 dtype=torch.bfloat16 if cuda else torch.float32,
+                                 speaker=settings.tts_speaker, language=settings.tts_language,
+                                 max_streams=settings.tts_max_streams, batch_buckets=buckets)
         logger.info("Qwen3-TTS %s (voice %s) loaded on %s in %.2f s%s", model_dir, stage.speaker,
                     settings.tts_device, time.perf_counter() - t0,
                     " -- RANDOM-WEIGHT TEST CHECKPOINT, not a voice" if stage.random_weights else "")

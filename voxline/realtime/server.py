@@ -31,7 +31,8 @@ def make_engine(settings: Settings) -> EngineClient:
               "llm": settings.llm, "llm_model": settings.llm_model,
               "llm_api_key": settings.llm_api_key, "llm_timeout": settings.llm_timeout,
               "llm_retries": settings.llm_retries,
-              "tts_language": settings.tts_language, "max_sessions": settings.max_sessions,
+              "tts_language": settings.tts_language, "tts_max_streams": settings.tts_max_streams,
+              "tts_batch_buckets": settings.tts_batch_buckets, "max_sessions": settings.max_sessions,
               "max_responses": settings.max_responses}
     if settings.engine == "inprocess":
         return InProcessEngineClient(DEFAULT_CORE, kwargs)

@@ -13,7 +13,7 @@ as a reply's are. Both modes run on the same stage, interleaved run by run:
   appended as they arrive, ``end_text`` when the LLM is done.
 
 Printed per mode, p50 over the runs: first audio (reply start -> first chunk), last audio,
-talker prefills, and playback stall (how long a listener playing the chunks as they come
+talker prefills, stage step time, and playback stall (how long a listener playing the chunks as they come
 would wait after the first audio; playback time counts 80 ms per frame, the real 12 Hz
 codec's, whatever the checkpoint's codec). Without ``--model-dir`` the random-weight tiny
 test checkpoint is written to a temporary directory (noise, not speech: only the timing
@@ -51,6 +51,8 @@ class Result:
     stall: float = 0.0
     prefills: int = 0
     frames: int = 0
+    step_ms: float = 0.0  # p50 time of a stage step that made a frame
+    steps: list[float] = field(default_factory=list)
     chunks: list[tuple[float, float]] = field(default_factory=list)  # (time, seconds)
 
     def add(self, t: float, frames: int) -> None:
@@ -59,6 +61,7 @@ class Result:
             self.frames += frames
 
     def finish(self) -> Result:
+        self.step_ms = statistics.median(self.steps) * 1000 if self.steps else float("nan")
         if self.chunks:
             self.first_audio = self.chunks[0][0]
             self.last_audio = self.chunks[-1][0]
@@ -116,7 +119,10 @@ def run_reply(stage: Qwen3SpeechStage, arrivals: list[tuple[float, str]], stream
                 next_id += 1
                 stage.start(SpeechJob(job_id, queue.pop(0)))
             if stage.has_work():
-                for out in stage.step():
+                t1 = time.perf_counter()
+                outs = stage.step()
+                res.steps.append(time.perf_counter() - t1)
+                for out in outs:
                     res.add(time.perf_counter() - t0, len(out.audio) // spf)
                     if out.finished:
                         job_id = None
@@ -171,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode:>16}: first audio p50 {p50(mode, 'first_audio') * 1000:7.1f} ms   "
               f"last audio p50 {p50(mode, 'last_audio'):6.2f} s   playback stall p50 "
               f"{p50(mode, 'stall') * 1000:7.1f} ms   prefills {p50(mode, 'prefills'):.0f}   "
-              f"frames {p50(mode, 'frames'):.0f}")
+              f"frames {p50(mode, 'frames'):.0f}   step p50 {p50(mode, 'step_ms'):5.1f} ms")
     old, new = "clause by clause", "one stream"
     print(f"one stream / clause by clause: first audio x{p50(new, 'first_audio') / p50(old, 'first_audio'):.2f}"
           f", prefills x{p50(new, 'prefills') / p50(old, 'prefills'):.2f}")

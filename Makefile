@@ -33,8 +33,6 @@ bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_llm.py
 	$(VENV)/bin/python benchmarks/bench_pipeline.py
 
-clean:
-	rm -rf $(VENV) .pytest_cache
 # Long reliability runs, not part of `make test`: the fault suite with idle sessions too,
 # then SOAK_SESSIONS concurrent sessions for SOAK_MINUTES (model-free core; benchmarks/soak.py
 # --real serves the shipped models): fails unless RSS, fds and threads return to baseline.
@@ -44,3 +42,5 @@ soak: $(STAMP)
 	VOXLINE_SOAK=1 $(VENV)/bin/python -m pytest tests/reliability $(PYTEST_ARGS)
 	$(VENV)/bin/python benchmarks/soak.py --sessions $(SOAK_SESSIONS) --minutes $(SOAK_MINUTES)
 
+clean:
+	rm -rf $(VENV) .pytest_cache

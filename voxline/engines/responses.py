@@ -376,7 +376,7 @@ class Responses:
                                            run.config.voice, run.config.reference,
                                            more_text=streaming)
                 run.tts_open = streaming
-            if run.tts_open:
+            if run.tts_open and run.speculative is None:  # a speculation: its first segment only
                 while run.tts_queue:
                     self.tts.append_text(run.tts_job, run.tts_queue.popleft())
                 if run.llm_done:

@@ -373,3 +373,20 @@ def test_manual_commit_buffer_is_bounded_and_an_append_past_it_is_refused_whole(
     step(h)
     assert len(h.of(p.StreamError)) == 1
     h.close()
+
+
+def test_a_response_refused_for_want_of_a_kv_slot_still_ends():
+    h = Harness(stop_after=2)
+    h.lm.free.clear()  # every KV slot taken
+    h.send(p.OpenStream("s1"), p.AddItem("s1", "u1", "user", "hi"),
+           p.CreateResponse("s1", "r1", "a1"))
+    h.run_until(has(p.ResponseDone))
+    err, = h.of(p.StreamError)
+    done, = h.of(p.ResponseDone)
+    assert err.code == "capacity" and "slot" in err.message
+    assert done.response_id == "r1" and done.status == p.ResponseStatus.FAILED
+    h.lm.free.append(0)  # a slot frees up: the next response runs
+    h.send(p.CreateResponse("s1", "r2", "a2"))
+    h.run_until(has(p.ResponseDone, response_id="r2"))
+    assert h.of(p.ResponseDone)[-1].status == p.ResponseStatus.COMPLETED
+    h.close()

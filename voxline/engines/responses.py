@@ -178,10 +178,13 @@ class Responses:
             self._deferred[sid] = msg
             return
         run = self._new_run(stream, msg.config, msg.response_id, msg.item_id)
-        if run is not None:
-            self._runs[sid] = run
-            assert run.request is not None
-            self.llm.add(run.request)
+        if run is None:  # refused (the error says why): the response ends at once
+            self._emit(p.ResponseDone(stream.external_id, msg.response_id,
+                                      p.ResponseStatus.FAILED, ""))
+            return
+        self._runs[sid] = run
+        assert run.request is not None
+        self.llm.add(run.request)
 
     def _new_run(self, stream: StreamState, cfg: p.ResponseConfig, response_id: str,
                  item_id: str) -> ResponseRun | None:

@@ -347,3 +347,37 @@ def test_graphed_generator_and_codec_take_streaming_text_too(model_dir):
     assert rec.streams == {1: 1, 2: 1} and len(opened) == 2  # one slot per job
     a, b = audio(outs), audio(whole)  # chunked differently (the wait flushes a chunk)
     assert a.shape == b.shape and np.abs(a - b).max() <= 1e-4
+
+
+@pytest.mark.parametrize("ref_text", ["Fine, thank you!", None], ids=["icl", "xvector"])
+def test_cloned_voices_take_streaming_text_on_one_decoder_state(tmp_path, ref_text):
+    """x-vector clones stream like preset voices (one talker stream). In-context clones
+    hold their whole text in the prompt, so a later segment starts a new talker stream,
+    on the same decoder state, primed once with the reference codes."""
+    from test_qwen3_voice_clone_api import clip, reference, write_base_checkpoint
+
+    stage = make_stage(write_base_checkpoint(tmp_path / "base"), max_frames=30,
+                       sampling=NO_EOS)
+    rec = Recorder(stage)
+    primed: list[object] = []
+    prime = stage.decoder.prime
+    stage.decoder.prime = lambda state, codes: (primed.append(state), prime(state, codes))[1]
+    ref = reference(clip(), 16000, ref_text)
+    outs: list = []
+    stage.start(SpeechJob(1, SEGMENTS[1], more_text=True, reference=ref))
+    for _ in range(40):
+        outs += stage.step()
+    stage.append_text(1, SEGMENTS[2])
+    stage.end_text(1)
+    drain(stage, outs)
+    frames = rec.of(1)
+    assert len(rec.states) == 1 and set(rec.decoded_on) == {id(rec.states[0])}
+    assert primed == ([rec.states[0]] if ref_text else [])
+    assert rec.streams == {1: 2 if ref_text else 1}
+    state = stage.decoder.new_state()  # unrecorded from here: the one-shot reference decode
+    clone = stage.reference_of(SpeechJob(9, "x", reference=ref))
+    if clone.ref_codes is not None:
+        prime(state, clone.ref_codes.T)
+    want = stage.decoder.decode(state, frames.T).numpy()
+    assert np.abs(audio(outs) - want).max() <= 1e-4, "one continuous waveform"
+    assert " ".join(o.text for o in outs if o.text) == " ".join(SEGMENTS[1:])

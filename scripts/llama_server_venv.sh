@@ -6,7 +6,8 @@
 # llama-cpp-python ships as an sdist: pip compiles llama.cpp (several minutes on 2 cores),
 # so the venv is cached outside the repo and rebuilt only when the pins change. The build is
 # CPU-only (no CUDA/Metal probing), without -march=native (the cache may be reused on another
-# host of the same kind) but with the AVX2/FMA/F16C kernels every x86-64 host here has; it
+# host of the same kind) but with the AVX2/FMA/F16C kernels every x86-64 host here has, and
+# without the multimodal (mtmd/llava) library the server never loads for a text model; it
 # runs under `nice` so a parallel test run keeps its cores. It stays out of `make run`.
 #
 # Idempotent and quiet: a second run with the same pins returns in well under a second.
@@ -24,7 +25,8 @@ PINS=(
 )
 CMAKE_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
 -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_OPENMP=OFF \
--DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF"
+-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF \
+-DLLAVA_BUILD=OFF"
 SPEC="$( (printf '%s\n' "${PINS[@]}"; echo "$CMAKE_FLAGS") | sha256sum | cut -c1-16)"
 STAMP="$VENV/.voxline-llama-server-$SPEC"
 
@@ -48,9 +50,10 @@ echo "[llama-server-venv] building llama-cpp-python (compiles llama.cpp, minutes
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
-# CMAKE_BUILD_PARALLEL_LEVEL: both cores, at low priority.
+# CMAKE_BUILD_PARALLEL_LEVEL: both cores, at low priority. --no-cache-dir: pip's wheel cache
+# keys on the sdist, not on CMAKE_ARGS, so a cached wheel would ignore changed build flags.
 CMAKE_ARGS="$CMAKE_FLAGS" FORCE_CMAKE=1 CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-  nice -n 10 "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+  nice -n 10 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
   --no-binary llama-cpp-python "${PINS[@]}" 2>&1 \
   | { grep -v "is ignored: it is neither a file nor a directory" || true; } >&2
 "$VENV/bin/python" -c "import importlib.util as u

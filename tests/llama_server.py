@@ -208,10 +208,14 @@ def _shut(sock: socket.socket) -> None:
         pass
 
 
-if __name__ == "__main__":  # a manual run: serve until Ctrl-C
-    server = LlamaServer(Path("llama-server.log"), port=int(sys.argv[1]) if sys.argv[1:] else None)
+if __name__ == "__main__":  # a manual run: serve until Ctrl-C or SIGTERM (log in /tmp)
+    import tempfile
+
+    log = Path(tempfile.gettempdir()) / "voxline-llama-server.log"
+    server = LlamaServer(log, port=int(sys.argv[1]) if sys.argv[1:] else None)
+    signal.signal(signal.SIGTERM, lambda *_: (server.stop(), sys.exit(0)))
     server.start()
-    print(server.url, flush=True)
+    print(server.url, "log:", log, flush=True)
     try:
         server.proc.wait()  # type: ignore[union-attr]
     except KeyboardInterrupt:

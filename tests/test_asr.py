@@ -73,6 +73,29 @@ def test_batch_matches_single(asr: MoonshineASR) -> None:
     assert asr.transcribe_batch([]) == []
 
 
+def test_a_draft_changes_nothing_but_the_number_of_decoder_steps(asr: MoonshineASR) -> None:
+    """Drafted decoding checks the draft in one pass and keeps what greedy decoding agrees
+    with: a right, a partly right and a wrong draft all give the plain result."""
+    audio = np.concatenate([espeak("I would like to book a table for four people tonight."),
+                            np.zeros(8000, np.float32)])
+    hidden = asr.encode(audio)
+    budget = asr.max_tokens(len(audio))
+    plain = asr.decode(hidden, budget)
+    partial = asr.decode(asr.encode(audio[: len(audio) * 2 // 3]), budget)
+    assert partial != plain  # an earlier take differs in its tail
+    for draft in (plain, partial, plain[:3] + [7, 8, 9], [5] * 40, []):
+        assert asr.decode(hidden, budget, draft) == plain
+
+
+def test_a_growing_utterance_is_drafted_by_its_previous_take(asr: MoonshineASR) -> None:
+    audio = espeak("What is the largest planet in our solar system?")
+    first = asr.transcribe(audio[: len(audio) // 2])
+    key = audio[:1600].tobytes()
+    assert asr.tokenizer.decode(asr._drafts[key]) == first  # kept for the next take
+    plain = asr.tokenizer.decode(asr.decode(asr.encode(audio), asr.max_tokens(len(audio))))
+    assert asr.transcribe(audio) == plain and "planet" in plain.lower()
+
+
 def test_rejects_bad_input(asr: MoonshineASR) -> None:
     with pytest.raises(ValueError, match="1-D"):
         asr.transcribe(np.zeros((2, 16000), np.float32))

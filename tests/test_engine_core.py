@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
-from conftest import TIME_FACTOR
+from core_driver import CoreDriver
 from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS, tone
 
 from voxline.engines import protocol as p
@@ -14,42 +13,18 @@ from voxline.engines.core import EngineCore, Models
 from voxline.engines.speech_stage import SentenceSpeechStage
 
 
-class Harness:
-    """Drives an EngineCore the way run_engine_loop does, collecting its outputs."""
+class Harness(CoreDriver):
+    """An EngineCore over the hand-built models."""
 
     def __init__(self, stop_after: int = 12, asr_text: str = "hello there friend",
                  step_seconds: float = 0.0, **core_kwargs) -> None:
-        self.woke = threading.Event()
+        super().__init__()
         self.lm = CountingLM(stop_after=stop_after, step_seconds=step_seconds)
         self.tts = ToneTTS()
         self.asr = FixedASR(asr_text)
         stage = SentenceSpeechStage(self.tts)
         self.core = EngineCore(Models(EnergyVAD(), self.asr, self.lm, stage), self.woke.set,
                                **core_kwargs)
-        self.outputs: list[p.EngineOutput] = []
-
-    def send(self, *msgs: p.EngineInput) -> None:
-        for m in msgs:
-            self.core.add_input(m)
-
-    def run_until(self, pred, timeout: float = 10.0) -> list[p.EngineOutput]:
-        deadline = time.monotonic() + timeout * TIME_FACTOR
-        while not pred(self.outputs):
-            assert time.monotonic() < deadline, f"timed out; outputs: {self.kinds()}"
-            if not self.core.has_work():
-                self.woke.wait(0.05)
-                self.woke.clear()
-            self.outputs.extend(self.core.step())
-        return self.outputs
-
-    def kinds(self) -> list[str]:
-        return [type(o).__name__ for o in self.outputs]
-
-    def of(self, cls):
-        return [o for o in self.outputs if isinstance(o, cls)]
-
-    def close(self) -> None:
-        self.core.close()
 
 
 def has(cls, **fields):

@@ -54,14 +54,7 @@ from voxline.kernels.snake import (
 WAV_TOL = 1e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny models are all dispatch overhead; a second OpenMP thread on a shared 2-core
-    # machine only adds barrier waits.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _request(n_text: int, seed: int, language: str, speaker: str | None, *, instruct: int = 0,

@@ -29,13 +29,7 @@ from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, p
 from voxline.kernels.decoder_step import attn_mlp, attn_prep
 from voxline.kernels.sampling import bits_to_unit, counter_uniform, sample_rows
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -40,12 +40,7 @@ TEXTS = ["Hello there, how are you today?", "The quick brown fox.", "Fine, thank
          "A longer sentence about the lazy dog and the brown fox."]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _tokenizer():

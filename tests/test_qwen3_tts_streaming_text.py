@@ -34,12 +34,7 @@ def model_dir(tmp_path_factory):
     return write_test_checkpoint(tmp_path_factory.mktemp("qwen3-streaming-text") / "model")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class Recorder:

@@ -48,12 +48,7 @@ from voxline.realtime.app import create_app
 REF_TEXT = "Fine, thank you!"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _flat_mimi_key(key: str) -> str:

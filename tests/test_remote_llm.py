@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 from conftest import TIME_FACTOR
+from core_driver import CoreDriver
 from fake_openai import Reply, fake_openai, make_remote_core
 from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS
 from openai_types import strict_problems
@@ -38,33 +39,12 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
     "type": "object", "properties": {"city": {"type": "string"}}}}}
 
 
-class Harness:
-    """Drives an EngineCore the way run_engine_loop does (wakes come from the HTTP thread)."""
+class Harness(CoreDriver):
+    """An EngineCore whose reply model is the server at `url` (wakes come from its HTTP thread)."""
 
     def __init__(self, url: str, **kw: object) -> None:
-        self.woke = threading.Event()
+        super().__init__()
         self.core = make_remote_core(self.woke.set, url, **kw)
-        self.outputs: list[p.EngineOutput] = []
-
-    def send(self, *msgs: p.EngineInput) -> None:
-        for m in msgs:
-            self.core.add_input(m)
-
-    def run_until(self, pred, timeout: float = 10.0) -> list[p.EngineOutput]:
-        deadline = time.monotonic() + timeout * TIME_FACTOR
-        while not pred(self.outputs):
-            assert time.monotonic() < deadline, f"timed out; outputs: {self.kinds()}"
-            if not self.core.has_work():
-                self.woke.wait(0.05)
-                self.woke.clear()
-            self.outputs.extend(self.core.step())
-        return self.outputs
-
-    def kinds(self) -> list[str]:
-        return [type(o).__name__ for o in self.outputs]
-
-    def of(self, cls):
-        return [o for o in self.outputs if isinstance(o, cls)]
 
     def dones(self) -> list[p.ResponseDone]:
         return self.of(p.ResponseDone)

@@ -335,3 +335,20 @@ def test_the_stream_config_names_the_reply_the_session_asks_for_at_a_turn_end():
             "type": "server_vad", "create_response": False}}}}}), 2.0)
     update, = actor.take_commands()
     assert update.config.auto_response is None
+
+
+def test_a_reply_generated_in_full_but_cut_off_while_it_plays_is_cancelled():
+    """We pace playout, so a response is in progress until its audio has played: a barge-in
+    then cuts what the client hears, and response.done says so (pipecat relies on it)."""
+    actor = make_actor(lead_ms=200)
+    cmd = start_response(actor)
+    actor.on_engine(ep.TextDelta("s1", cmd.response_id, "Hello there."), 0.1)
+    actor.on_engine(one_second_chunk(cmd.response_id), 0.1)
+    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.COMPLETED,
+                                    "Hello there.", 10, 3), 0.1)
+    actor.take_events()
+    actor.on_engine(ep.SpeechStarted("s1", 400, "item_u"), 0.4)  # mid-playout
+    actor.tick(0.41)
+    done, = [e for e in actor.take_events() if isinstance(e, ev.ResponseDone)]
+    assert done.response.status == "cancelled"
+    assert done.response.status_details.reason == "turn_detected"

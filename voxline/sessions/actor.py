@@ -431,6 +431,10 @@ class SessionActor:
         self.response = None
         rid, item_id = r.response.id, r.item_id
         status = _STATUS.get(done.status, "failed")
+        if status == "completed" and r.cancel_reason is not None:
+            # generated in full but cut off while it played (we pace playout, so a
+            # response is in progress until its audio has played): the client heard less
+            status = "cancelled"
         reason = None
         if status == "cancelled":
             reason = r.cancel_reason or "client_cancelled"

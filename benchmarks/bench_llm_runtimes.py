@@ -4,7 +4,9 @@ spoken clause at batch 1, and decode tokens/s at batch 8.
 Variants (each the shipped SmolLM2 behind the engine's own `LLMStage` + `ChatLLM`, so
 continuous batching, per-stream KV slots and KV rollback are kept by every one of them):
 
-- ``float32``: today's default;
+- ``int8``: the default: each linear decodes from int8 weights (weight-only, bfloat16
+  activations into aten's int8 GEMM), prefill keeps float32 (`VOXLINE_LLM_DTYPE=int8`);
+- ``float32``: the default before int8;
 - ``bfloat16``: weights and KV cache in bfloat16 (`VOXLINE_LLM_DTYPE=bfloat16`);
 - ``compiled``: float32 with each decoder layer's math under `torch.compile`
   (the cache bookkeeping stays eager, so batching and rollback are unchanged).
@@ -15,7 +17,7 @@ the reply's first segment, greedy. Batch 8 decodes 32 tokens in each of 8 stream
 their prefill. The variants run interleaved, question by question, so they see the same
 machine load; compare the ratios.
 
-    .venv/bin/python benchmarks/bench_llm_runtimes.py [--questions 8] [--variants float32,bfloat16,compiled]
+    .venv/bin/python benchmarks/bench_llm_runtimes.py [--questions 8] [--variants float32,int8,bfloat16,compiled]
 """
 
 from __future__ import annotations
@@ -50,13 +52,13 @@ QUESTIONS = [
     "Why is the sky blue on a clear summer day?",
     "What should I cook for dinner tonight?",
 ]
-VARIANTS = ("float32", "bfloat16", "compiled")
+VARIANTS = ("float32", "int8", "bfloat16", "compiled")
 BATCH = 8
 DECODE_TOKENS = 32
 
 
 def build(variant: str) -> ChatLLM:
-    loaded = load_llm(dtype=torch.bfloat16 if variant == "bfloat16" else torch.float32)
+    loaded = load_llm(dtype=variant if variant in ("int8", "bfloat16") else "float32")
     if variant == "compiled":
         for layer in loaded.model.model.layers:
             layer.forward = torch.compile(layer.forward, dynamic=True)

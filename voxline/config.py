@@ -19,7 +19,9 @@ class Settings(BaseSettings):
 
     cache: Path = Field(default_factory=_default_cache, description="converted-weights cache")
     api_key: str | None = Field(default=None, description="require this bearer key if set")
-    llm_dtype: str = Field(default="float32", description="float32 or bfloat16 on CPU")
+    llm_dtype: str = Field(default="int8", pattern="^(int8|float32|bfloat16)$",
+                           description="embedded LLM weights: int8 (CPU; float32 math, about "
+                                       "2x faster decoding), float32 or bfloat16")
     threads: int = Field(default=0, description="torch/onnxruntime intra-op threads (0 = auto)")
     host: str = Field(default="127.0.0.1", description="bind address of `voxline serve`")
     port: int = Field(default=8000, description="TCP port of `voxline serve`")

@@ -81,6 +81,7 @@ def serve(args: argparse.Namespace) -> int:
         llm_api_key=getattr(args, "llm_api_key", None),
         llm_timeout=getattr(args, "llm_timeout", None),
         llm_retries=getattr(args, "llm_retries", None),
+        llm_dtype=getattr(args, "llm_dtype", None),
     )
     app = create_app(settings, make_engine(settings))
     logger.info("voxline listening on http://%s:%d (realtime: ws://%s:%d/v1/realtime)",

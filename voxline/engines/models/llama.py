@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from voxline.kernels.int8_linear import Int8Linear, quantize_linears
+
 __all__ = ["KVCache", "LlamaModel", "sample"]
 
 
@@ -307,11 +309,26 @@ class LlamaModel(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.model.norm.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        """The activations' (and KV cache's) dtype; int8 linears keep float32 activations."""
+        return self.model.norm.weight.dtype
+
+    def quantize_int8(self) -> LlamaModel:
+        """Decode from int8 weights in every linear, the LM head included (CPU, in place).
+
+        Decoding is memory-bound on a CPU: a quarter of the bytes per token is most of the
+        win. Activations, norms, attention and the KV cache stay float32; prefill steps
+        keep the float32 weights (see :mod:`voxline.kernels.int8_linear`).
+        """
+        if self.device.type != "cpu" or self.dtype != torch.float32:
+            raise ValueError(f"int8 weights need a float32 model on the CPU, not "
+                             f"{self.dtype} on {self.device}")
+        quantize_linears(self.model.layers)
+        self.lm_head = Int8Linear(self.lm_head)
+        return self
 
     def allocate_cache(self, max_slots: int, max_len: int) -> KVCache:
         """Allocate (once) and attach a cache of ``max_slots`` streams x ``max_len`` tokens."""

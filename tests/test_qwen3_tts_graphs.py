@@ -245,7 +245,7 @@ def test_compiled_regions_trace_as_single_graphs(model_dir, monkeypatch):
     torch._dynamo.reset()
     try:
         gen = GraphedTalkerGenerator(stage.model.talker, max_streams=4, max_len=256, capture=False, compile=True)
-        gen.frame_steps.get(2)()
+        gen.frame_steps.get((2, gen.predictor_top_k_cap))()
         gen.decode_steps.get((2, 64))()
         codec = GraphedCode2Wav(stage.decoder, max_streams=4, max_frames=4, capture=False, compile=True)
         codec.steps.get((2, 4))()

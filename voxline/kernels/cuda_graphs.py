@@ -6,6 +6,12 @@ graph never clobbers another's outputs). Without capture (CPU, or capture off) c
 runs the same function eagerly over the same padded buffers: the eager twin.
 :class:`BucketedSteps` keeps one step per bucket key, created (and captured) on first use
 or up front with :meth:`BucketedSteps.prepare`. All graphs share one memory pool.
+
+Each :class:`BucketedSteps` captures on a CUDA stream of its own: cuBLAS keeps one
+workspace per (handle, stream) and a captured graph keeps the address of the workspace
+of the stream it was captured on, so graphs captured on one (PyTorch's default capture
+stream) share a workspace, and replaying two of them at once on different streams (the
+talker's steps and code2wav overlapping) would race on it.
 """
 
 from __future__ import annotations
@@ -60,16 +66,18 @@ class StaticStep:
             self.outputs[k].copy_(v)
 
     @torch.inference_mode()
-    def capture(self, pool: tuple[int, int] | None = None, warmup: int = 2) -> None:
-        """Warm up on a side stream (allocator, cuBLAS handles), then record one graph."""
-        side = torch.cuda.Stream()
+    def capture(self, pool: tuple[int, int] | None = None, warmup: int = 2,
+                stream: torch.cuda.Stream | None = None) -> None:
+        """Warm up on a side stream (allocator, cuBLAS handles), then record one graph on
+        ``stream`` (default: PyTorch's shared capture stream)."""
+        side = stream or torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(warmup):
                 self._run()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
             self._run()
         self.graph = graph
 
@@ -93,13 +101,14 @@ class BucketedSteps(Generic[K]):
         self.name = name
         self.steps: dict[K, StaticStep] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.capture_stream = torch.cuda.Stream() if capture else None  # see the module docstring
 
     def get(self, key: K) -> StaticStep:
         step = self.steps.get(key)
         if step is None:
             step = self.make(key)
             if self.capture:
-                step.capture(self.pool)
+                step.capture(self.pool, stream=self.capture_stream)
             self.steps[key] = step
         return step
 

@@ -12,7 +12,10 @@ instead of three (two), which at decode batch sizes is launch count, not arithme
 
 The operations and their order are those of the eager modules (``RMSNorm``,
 ``Attention``, ``MLP`` of ``voxline.engines.models``), so uncompiled these functions
-are bit-identical to them: the eager twin.
+are bit-identical to them: the eager twin. The projections go through
+:func:`~voxline.kernels.gemv.small_linear`, which is ``F.linear`` except for a few
+bf16/fp16 rows on CUDA (decode steps), where one Triton launch reads the weight once
+(equal within bf16 rounding, not bit-identical).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch import Tensor
 
 from .attention import attend
 from .fused import rms_norm_eager
+from .gemv import small_linear
 
 __all__ = ["attn_mlp", "attn_out_mlp", "attn_prep", "concat_weights", "rope_tables"]
 
@@ -61,7 +65,7 @@ def attn_prep(
     ``qn_w``/``kn_w`` None: no per-head norm."""
     b, q_len, _ = x.shape
     h = rms_norm_eager(x, ln_w, eps)
-    q, k, v = F.linear(h, qkv_w, qkv_b).split((q_out, kv_out, kv_out), dim=-1)
+    q, k, v = small_linear(h, qkv_w, qkv_b).split((q_out, kv_out, kv_out), dim=-1)
     q = q.reshape(b, q_len, -1, head_dim)
     k = k.reshape(b, q_len, -1, head_dim)
     if qn_w is not None:
@@ -96,7 +100,7 @@ def attn_out_mlp(
 ) -> Tensor:
     """The rest of :func:`attn_mlp` given the attention output ``out [B, Hq, Q, D]``."""
     b, _, q_len, _ = out.shape
-    x = x + F.linear(out.transpose(1, 2).reshape(b, q_len, -1), o_w, o_b)
+    x = x + small_linear(out.transpose(1, 2).reshape(b, q_len, -1), o_w, o_b)
     h = rms_norm_eager(x, ln_w, eps)
-    gate, up = F.linear(h, gate_up_w, gate_up_b).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, down_w, down_b)
+    gate, up = small_linear(h, gate_up_w, gate_up_b).chunk(2, dim=-1)
+    return x + small_linear(F.silu(gate) * up, down_w, down_b)

@@ -41,7 +41,8 @@ def bits_to_unit(x: Tensor) -> Tensor:
 
 
 def sample_rows(
-    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, counter: Tensor
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, counter: Tensor,
+    max_top_k: int = 0,
 ) -> Tensor:
     """Pick one id per row of ``logits [B, V]`` (float32); returns ``[B]`` int64.
 
@@ -49,12 +50,21 @@ def sample_rows(
     ``top_k`` best ids (0 = all) and the smallest prefix with mass >= ``top_p``, then an
     exponential race with the row's counter noise (as ``llama.sample`` does with a
     generator). Every row costs the same work, so the shape never depends on the values.
+
+    ``max_top_k`` > 0 promises that every sampled row has ``0 < top_k <= max_top_k``
+    (the caller checks): then only the ``max_top_k`` best ids are ranked (``topk``
+    instead of a sort of the whole vocabulary) and the pick is the same, since the
+    noise of a draw belongs to a rank, not to an id.
     """
     vocab = logits.shape[-1]
     greedy = logits.argmax(dim=-1)
     sampled = temperature > 0
     temp = torch.where(sampled, temperature, torch.ones_like(temperature))
-    scores, order = (logits / temp[:, None]).sort(dim=-1, descending=True)
+    if 0 < max_top_k < vocab:
+        scores, order = (logits / temp[:, None]).topk(max_top_k, dim=-1)
+        vocab = max_top_k
+    else:
+        scores, order = (logits / temp[:, None]).sort(dim=-1, descending=True)
     rank = torch.arange(vocab, device=logits.device)[None, :]
     k = torch.where((top_k > 0) & (top_k < vocab), top_k, torch.full_like(top_k, vocab))
     drop = rank >= k[:, None]

@@ -58,6 +58,7 @@ from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, p
 from voxline.kernels.decode_attention import attend_decode
 from voxline.kernels.decoder_step import attn_mlp, attn_out_mlp, attn_prep, concat_weights
 from voxline.kernels.fused import compiled_kernels, rms_norm_eager
+from voxline.kernels.gemv import small_linear
 from voxline.kernels.sampling import sample_rows
 
 from .code2wav import Code2WavDecoder, Code2WavState
@@ -87,6 +88,10 @@ ATTENTION = {"sdpa": attend, "matmul": attend_matmul, "sum": attend_sum, "triton
 # stays ahead.
 DEFAULT_ATTENTION = "triton"
 DEFAULT_PREDICTOR_ATTENTION = "sdpa"
+# The code predictor ranks only this many best ids when every sampled stream's top-k
+# fits (the published 50 does): a top-k instead of a sort of 2048 logits per sub-step.
+# A frame with a larger (or no) top-k runs a separate full-sort step, made on first use.
+PREDICTOR_TOP_K_CAP = 64
 
 
 class GraphedTalkerGenerator(TalkerGenerator):
@@ -107,6 +112,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
         attention: str | None = None,
         predictor_attention: str | None = None,
         fuse_predictor: bool = True,
+        predictor_top_k_cap: int = PREDICTOR_TOP_K_CAP,
     ) -> None:
         """``batch_buckets`` default to powers of two up to ``max_streams``,
         ``length_buckets`` to powers of two from 64 up to ``max_len``, ``prefill_buckets``
@@ -119,7 +125,10 @@ class GraphedTalkerGenerator(TalkerGenerator):
         predictor steps attend (``ATTENTION``: SDPA, or spelled out so the compiler fuses
         it, or one Triton kernel; default ``DEFAULT_ATTENTION``), ``predictor_attention`` the
         code predictor's (default ``DEFAULT_PREDICTOR_ATTENTION``); ``fuse_predictor`` makes each predictor sub-step (all its layers, the
-        key/value writes and the head) one compiled region instead of two per layer."""
+        key/value writes and the head) one compiled region instead of two per layer.
+        ``predictor_top_k_cap``: the code predictor samples from a ``topk`` of this many ids
+        when every stream's sub-talker top-k fits (0: always a full sort); frame steps are
+        keyed ``(batch, cap)``, ``cap`` 0 for the full sort."""
         attention = DEFAULT_ATTENTION if attention is None else attention
         predictor_attention = DEFAULT_PREDICTOR_ATTENTION if predictor_attention is None else predictor_attention
         for name, value in (("attention", attention), ("predictor_attention", predictor_attention)):
@@ -152,6 +161,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
         self._attention = ATTENTION[attention]
         self._cp_attention = ATTENTION[predictor_attention]
         self.fuse_predictor = fuse_predictor
+        self.predictor_top_k_cap = predictor_top_k_cap
         self._talker_w = [_layer_args(layer) for layer in talker.model.layers]
         cp = talker.code_predictor
         self._cp_w = [_layer_args(layer) for layer in cp.model.layers]
@@ -177,7 +187,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
         self._true = torch.ones((), dtype=torch.bool, device=dev)
         self.decode_steps: BucketedSteps[tuple[int, int]] = BucketedSteps(
             self._make_decode, capture=self.capture, name="talker decode")
-        self.frame_steps: BucketedSteps[int] = BucketedSteps(
+        self.frame_steps: BucketedSteps[tuple[int, int]] = BucketedSteps(
             self._make_frame, capture=self.capture, name="code predictor frame")
         self.prefill_steps: BucketedSteps[tuple[int, int]] = BucketedSteps(
             self._make_prefill, capture=self.capture, name="talker prefill")
@@ -186,7 +196,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
         """Create (capture) every bucket now instead of on first use; lengths up to
         ``max_length`` (default: all)."""
         lengths = [n for n in self.length_buckets if max_length is None or n <= max_length]
-        self.frame_steps.prepare(self.batch_buckets)
+        self.frame_steps.prepare([(b, self.predictor_top_k_cap) for b in self.batch_buckets])
         self.decode_steps.prepare([(b, n) for b in self.batch_buckets for n in lengths])
         self.prefill_steps.prepare([(b, q) for b in self.batch_buckets for q in self.prefill_buckets])
 
@@ -263,9 +273,17 @@ class GraphedTalkerGenerator(TalkerGenerator):
         ], dtype=torch.float32)
         return ints, floats
 
-    def _frame_fn(self, hidden: Tensor, ints: Tensor, floats: Tensor) -> dict[str, Tensor]:
+    def _top_k_cap(self, streams: Sequence[TalkerStream]) -> int:
+        """The frame's ``max_top_k``: the cap when every sampled stream's top-k fits, else 0."""
+        cap = self.predictor_top_k_cap
+        fits = all(s.params.subtalker_temperature <= 0 or 0 < s.params.subtalker_top_k <= cap
+                   for s in streams)
+        return cap if fits else 0
+
+    def _frame_fn(self, hidden: Tensor, ints: Tensor, floats: Tensor, max_top_k: int = 0) -> dict[str, Tensor]:
         """The code predictor's whole frame (as ``Talker.complete_frames`` then
-        ``Talker.embed_frames``) over fixed shapes: keys/values in a position-masked buffer."""
+        ``Talker.embed_frames``) over fixed shapes: keys/values in a position-masked buffer;
+        ``max_top_k`` as :func:`~voxline.kernels.sampling.sample_rows`."""
         first, top_k, seed, counter = ints
         temperature, top_p = floats
         t = self.talker
@@ -283,7 +301,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
             pos = q_pos.expand(b, -1)
             head = (cp.model.norm.weight, cp.model.norm.eps, cp.lm_head[step].weight,
                     cp.model.codec_embedding[step].weight, self._cp_next[step],
-                    temperature, top_k, top_p, seed, counter + self._cp_cb[step])
+                    temperature, top_k, top_p, seed, counter + self._cp_cb[step], max_top_k)
             if self.fuse_predictor:
                 masks = [self._cp_masks[step][w] for w in cp.windows]
                 code, emb, x, keys, values = self._substep(
@@ -306,23 +324,25 @@ class GraphedTalkerGenerator(TalkerGenerator):
         # One reduction over the stacked codebook embeddings, as embed_frames does.
         return {"frames": torch.stack(codes, dim=1), "embeds": torch.stack(embeds, dim=1).sum(1)}
 
-    def _make_frame(self, b: int) -> StaticStep:
+    def _make_frame(self, key: tuple[int, int]) -> StaticStep:
+        b, cap = key
         t = self.talker
         ints, floats = self._frame_settings([], b)
         hidden = torch.zeros(b, t.config.hidden_size, dtype=t.dtype, device=t.device)
-        return StaticStep(self._frame_fn, {"hidden": hidden, "ints": ints.to(t.device),
-                                           "floats": floats.to(t.device)})
+        return StaticStep(functools.partial(self._frame_fn, max_top_k=cap),
+                          {"hidden": hidden, "ints": ints.to(t.device), "floats": floats.to(t.device)})
 
     def _complete(self, streams: Sequence[TalkerStream]) -> tuple[Tensor, Tensor]:
         """Frames ``[n, G]`` and their talker input embeddings ``[n, D]``."""
         n = len(streams)
         hidden = torch.stack([s.hidden for s in streams])  # type: ignore[misc]
         b = bucket_for(n, self.batch_buckets)
+        cap = self._top_k_cap(streams)
         if b is None:  # no bucket: the same function on the exact shape
             ints, floats = self._frame_settings(streams, n)
-            out = self._frame_fn(hidden, ints.to(hidden.device), floats.to(hidden.device))
+            out = self._frame_fn(hidden, ints.to(hidden.device), floats.to(hidden.device), cap)
             return out["frames"], out["embeds"]
-        step = self.frame_steps.get(b)
+        step = self.frame_steps.get((b, cap))
         ints, floats = self._frame_settings(streams, b)
         step.inputs["hidden"][:n].copy_(hidden)
         step.inputs["ints"].copy_(ints)
@@ -557,12 +577,13 @@ def _predictor_head(
     h: Tensor, norm_w: Tensor, eps: float, lm_w: Tensor, table: Tensor,
     next_table: Tensor,
     temperature: Tensor, top_k: Tensor, top_p: Tensor, seed: Tensor, counter: Tensor,
+    max_top_k: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One predictor sub-step's tail: final norm, codebook head, sampling, and the pick's
     embedding (talker width) and next input (predictor width, ``[B, 1, D]``, a row of
     ``next_table``: the codebook's table through the predictor's input projection)."""
-    logits = F.linear(rms_norm_eager(h, norm_w, eps), lm_w).float()
-    code = sample_rows(logits, temperature, top_k, top_p, seed, counter)
+    logits = small_linear(rms_norm_eager(h, norm_w, eps), lm_w).float()
+    code = sample_rows(logits, temperature, top_k, top_p, seed, counter, max_top_k)
     emb = F.embedding(code, table)
     x = F.embedding(code, next_table)
     return code, emb, x[:, None]

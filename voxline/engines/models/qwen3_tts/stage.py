@@ -13,7 +13,18 @@ whose next audio chunk is due:
 - the decoder is stateful (:class:`Code2WavState` per job), so every frame is decoded
   exactly once and the concatenated chunks equal a one-shot decode of all frames;
 - frames stay on the model's device; only the chunk's audio is copied to the host (on
-  CUDA through a pinned buffer, non-blocking, waited on by an event).
+  CUDA into pinned memory, non-blocking, waited on by an event).
+
+Overlap (``overlap_codec``, default on when the decoder is on CUDA): chunks that are
+due from frames of earlier steps (every chunk but a stream's first) are decoded at the
+start of the next step, on a CUDA stream of their own, while the talker and code
+predictor run theirs on the main stream; their PCM is collected after the talker's
+step. Only first chunks (first audio) are decoded right after the step that made
+their frames. The audio and texts are the same either way, and so are the chunks,
+except that text arriving between steps may cut them differently and a stream that
+stops on codec EOS right after a chunk was due ends with that chunk (``finished``)
+instead of an empty output after it; later chunks leave one step later, off the step's
+critical path.
 
 One stream per reply (streaming text input): a job started with ``more_text`` takes
 later segments (:meth:`Qwen3SpeechStage.append_text`) into the same talker stream, one text
@@ -50,6 +61,7 @@ job's codec decoder with the reference codes (eager decoder state, also when gra
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -69,7 +81,7 @@ from .checkpoint import Qwen3TTSModel
 from .code2wav import Code2WavState
 from .codec_encoder import CodecEncoder
 from .generation import TalkerGenerator, TalkerSampling, TalkerStream, awaits_text
-from .graphs import GraphedCode2Wav, GraphedTalkerGenerator
+from .graphs import PREDICTOR_TOP_K_CAP, GraphedCode2Wav, GraphedTalkerGenerator
 from .prompt import TalkerPrompt, assistant_ids, build_prompt, ref_text_ids
 from .reference import (
     EncodedReference,
@@ -123,6 +135,18 @@ class _Job:
     done: bool = False  # no talker stream will run again; pending frames are the last
 
 
+@dataclass(eq=False)
+class _Chunks:
+    """Chunks handed to code2wav, maybe still running on the codec stream."""
+
+    jobs: list[_Job]
+    sizes: list[int]  # samples per job, in ``jobs`` order
+    host: Tensor | None = None  # pinned PCM, valid once ``event`` has completed (CUDA)
+    event: torch.cuda.Event | None = None
+    audio: np.ndarray | None = None  # the PCM, when decoded synchronously
+    keep: list[Tensor] = field(default_factory=list)  # frames the codec stream reads
+
+
 class Qwen3SpeechStage:
     """Continuous-batching Qwen3-TTS speech stage (see the module docstring)."""
 
@@ -152,6 +176,7 @@ class Qwen3SpeechStage:
         batch_buckets: Sequence[int] | None = None,
         codec_encoder: CodecEncoder | None = None,
         reference_cache: int = 16,
+        overlap_codec: bool | None = None,
     ) -> None:
         """``model``: a loaded model (then ``tokenizer`` is required) or a checkpoint
         directory in the official layout (loaded on ``device``: talker in ``dtype``,
@@ -177,6 +202,9 @@ class Qwen3SpeechStage:
         runs in the smallest bucket that holds it).
         ``codec_encoder`` (Base checkpoints, in-context cloning) defaults to the checkpoint
         directory's, loaded on first use; ``reference_cache`` encoded references are kept.
+        ``overlap_codec`` (default: the decoder is on CUDA) decodes later chunks at the
+        start of the next step, overlapping the talker (see the module docstring); on
+        CUDA on a stream of their own.
         """
         if initial_chunk_frames < 1 or chunk_frames < 1:
             raise ValueError("initial_chunk_frames and chunk_frames must be >= 1")
@@ -231,8 +259,14 @@ class Qwen3SpeechStage:
             if batch_buckets is not None and not all(1 <= b <= max_streams for b in batch_buckets):
                 raise ValueError(f"batch_buckets must lie in 1..max_streams ({max_streams}), "
                                  f"got {list(batch_buckets)}")
+            sub = self.sampling
+            # Frame steps rank a top-k of the predictor's logits when the stage's top-k fits
+            # (captured at load); otherwise they sort them all (then those are captured).
+            cap = PREDICTOR_TOP_K_CAP if (sub.subtalker_temperature <= 0
+                                          or 0 < sub.subtalker_top_k <= PREDICTOR_TOP_K_CAP) else 0
             graphed = GraphedTalkerGenerator(model.talker, max_streams=max_streams, max_len=max_len,
-                                             compile=compile, batch_buckets=batch_buckets)
+                                             compile=compile, batch_buckets=batch_buckets,
+                                             predictor_top_k_cap=cap)
             self.codec = GraphedCode2Wav(self.decoder, max_streams=max_streams,
                                          max_frames=max(chunk_frames, initial_chunk_frames),
                                          batch_buckets=batch_buckets, compile=graphed.compiled,
@@ -244,8 +278,10 @@ class Qwen3SpeechStage:
             self.generator = graphed
         else:
             self.generator = TalkerGenerator(model.talker, max_streams=max_streams, max_len=max_len)
-        self._pinned: Tensor | None = None  # host staging buffer for the PCM (CUDA)
-        self._copied = torch.cuda.Event() if self.decoder.device.type == "cuda" else None
+        on_cuda = self.decoder.device.type == "cuda"
+        self.overlap_codec = on_cuda if overlap_codec is None else overlap_codec
+        # Every code2wav op (slot resets, decodes, the PCM copy) runs on this stream.
+        self._codec_stream = torch.cuda.Stream(self.decoder.device) if on_cuda else None
         self._jobs: dict[int, _Job] = {}  # every job not yet finished, in start order
         self._queue: deque[_Job] = deque()  # started, waiting for a talker slot
         self._warned_speed = False
@@ -356,11 +392,22 @@ class Qwen3SpeechStage:
         try:
             return self._step()
         except BaseException:
+            if self._codec_stream is not None:
+                self._codec_stream.synchronize()  # nothing may still read freed frames
             for job_id in list(self._jobs):
                 self.cancel(job_id)
             raise
 
     def _step(self) -> list[SpeechOut]:
+        # Chunks due from earlier frames start first (before _admit changes any job's
+        # talker stream, so the due rule sees what the previous step left).
+        early = self._launch(self._due(first_only=False)) if self.overlap_codec else None
+        self._talk()
+        late = self._launch(self._due(first_only=self.overlap_codec))
+        return self._outputs([c for c in (early, late) if c is not None])
+
+    def _talk(self) -> None:
+        """Admit queued jobs, then one batched talker step over every live stream."""
         self._admit()
         eos = self.generator.eos
         live = [j for j in self._jobs.values()
@@ -374,7 +421,6 @@ class Qwen3SpeechStage:
                     entry.frames += 1
                 if r.finish is not None:
                     self._stream_stopped(entry)
-        return self._decode_due()
 
     def _stream_stopped(self, entry: _Job) -> None:
         """The job's talker stream stopped: the job is done unless text came (or may
@@ -530,7 +576,8 @@ class Qwen3SpeechStage:
                 entry.state = self.decoder.new_state()
                 self.decoder.prime(entry.state, clone.ref_codes.T.to(self.decoder.device))  # type: ignore[union-attr]
             elif self.codec is not None:
-                entry.codec_slot = self.codec.open()
+                with self._on_codec_stream():
+                    entry.codec_slot = self.codec.open()
             else:
                 entry.state = self.decoder.new_state()
             entry.decoder_ready = True
@@ -541,12 +588,15 @@ class Qwen3SpeechStage:
         entry.run_start = (entry.frames, entry.fed)
         self._feed(entry, len(ids))
 
-    def _decode_due(self) -> list[SpeechOut]:
+    def _due(self, first_only: bool) -> list[_Job]:
+        """Jobs whose next chunk is due (only first chunks with ``first_only``)."""
         due: list[_Job] = []
         eos = self.generator.eos
         for entry in self._jobs.values():
             if entry.decoded == 0:
                 want = self.initial_chunk_frames
+            elif first_only:
+                continue
             elif self.ramp:
                 want = min(self.chunk_frames, entry.decoded)
             else:
@@ -555,12 +605,28 @@ class Qwen3SpeechStage:
             waits = entry.stream is None or awaits_text(entry.stream, eos)
             if entry.pending and (entry.done or waits or len(entry.pending) >= want):
                 due.append(entry)
-        audio: dict[int, np.ndarray] = {}
-        if due:
-            # Graphed slots and eager states (primed clones) decode in separate batches.
-            due.sort(key=lambda e: e.codec_slot is None)
-            graphed = [e for e in due if e.codec_slot is not None]
-            eager = due[len(graphed):]
+        return due
+
+    def _on_codec_stream(self) -> contextlib.AbstractContextManager:
+        if self._codec_stream is None:
+            return contextlib.nullcontext()
+        return torch.cuda.stream(self._codec_stream)
+
+    def _launch(self, due: list[_Job]) -> _Chunks | None:
+        """Decode the due jobs' pending frames and start the PCM's copy to the host; on
+        CUDA all on the codec stream (after the work queued so far on the current one),
+        returning at once."""
+        if not due:
+            return None
+        # Graphed slots and eager states (primed clones) decode in separate batches.
+        due.sort(key=lambda e: e.codec_slot is None)
+        graphed = [e for e in due if e.codec_slot is not None]
+        eager = due[len(graphed):]
+        out = _Chunks(due, [], keep=[f for e in due for f in e.pending])
+        main = torch.cuda.current_stream(self.decoder.device) if self._codec_stream is not None else None
+        with self._on_codec_stream():
+            if main is not None:  # after the frames (and primed states) queued on the main stream
+                self._codec_stream.wait_stream(main)  # type: ignore[union-attr]
             wavs: list[Tensor] = []
             if graphed:
                 wavs += self.codec.decode([e.codec_slot for e in graphed],  # type: ignore[union-attr,misc]
@@ -568,22 +634,44 @@ class Qwen3SpeechStage:
             if eager:
                 wavs += self.decoder.decode_batch([e.state for e in eager],  # type: ignore[misc]
                                                   [torch.stack(e.pending, dim=1) for e in eager])
-            host = self._to_host(torch.cat(wavs).float())  # one device -> host copy
-            offset = 0
-            for entry, wav in zip(due, wavs, strict=True):
-                audio[entry.job.job_id] = host[offset : offset + wav.shape[0]]
-                offset += wav.shape[0]
-                entry.decoded += len(entry.pending)
-                entry.pending = []
+            pcm = torch.cat(wavs).float()  # one device -> host copy
+            if pcm.device.type == "cuda":
+                out.host = torch.empty(pcm.shape, dtype=torch.float32, pin_memory=True)
+                out.host.copy_(pcm, non_blocking=True)
+                out.event = torch.cuda.Event()
+                out.event.record()
+            else:
+                out.audio = pcm.numpy()
+        out.sizes = [w.shape[0] for w in wavs]
+        for entry in due:
+            entry.decoded += len(entry.pending)
+            entry.pending = []
+        return out
 
+    def _to_host(self, chunks: _Chunks) -> np.ndarray:
+        """The chunks' PCM on the host (waits for its copy: an event, not a device sync)."""
+        if chunks.audio is None:
+            chunks.event.synchronize()  # type: ignore[union-attr]
+            chunks.audio = chunks.host.numpy().copy()  # type: ignore[union-attr]
+            chunks.keep.clear()
+        return chunks.audio
+
+    def _outputs(self, launched: list[_Chunks]) -> list[SpeechOut]:
+        """One output per job with new audio or finished, its chunks in launch order."""
+        audio: dict[int, list[np.ndarray]] = {}
+        for chunks in launched:
+            host = self._to_host(chunks)
+            offset = 0
+            for entry, n in zip(chunks.jobs, chunks.sizes, strict=True):
+                audio.setdefault(entry.job.job_id, []).append(host[offset : offset + n])
+                offset += n
         outs: list[SpeechOut] = []
         for job_id, entry in list(self._jobs.items()):
-            wav = audio.get(job_id)
+            parts = audio.get(job_id)
             finished = entry.done and not entry.pending
-            if wav is None and not finished:
+            if parts is None and not finished:
                 continue
-            if wav is None:
-                wav = np.zeros(0, np.float32)
+            wav = np.concatenate(parts) if parts else np.zeros(0, np.float32)
             text = self._span_text(entry, finished) if len(wav) or finished else ""
             outs.append(SpeechOut(job_id, wav, self.sample_rate, text, finished))
             if finished:
@@ -606,21 +694,6 @@ class Qwen3SpeechStage:
         if entry.codec_slot is not None and self.codec is not None:
             self.codec.release(entry.codec_slot)
         entry.codec_slot = None
-
-    def _to_host(self, x: Tensor) -> np.ndarray:
-        """``x`` as a numpy array of its own; on CUDA copied into pinned memory without
-        blocking the stream, then waited for by an event (not a device-wide sync)."""
-        if self._copied is None or x.device.type != "cuda":
-            return x.cpu().numpy()
-        n = x.numel()
-        if self._pinned is None or self._pinned.numel() < n:
-            self._pinned = torch.empty(max(n, 2 * (0 if self._pinned is None else self._pinned.numel())),
-                                       dtype=torch.float32, pin_memory=True)
-        buf = self._pinned[:n]
-        buf.copy_(x, non_blocking=True)
-        self._copied.record()
-        self._copied.synchronize()
-        return buf.numpy().copy()  # the pinned buffer is reused by the next chunk
 
 
 def _is_random_weights(model_dir: Path) -> bool:

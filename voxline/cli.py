@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="weights of the embedded LLM: int8 (float32 math; decodes about 2x "
                             "faster than float32 on a CPU, default), float32, or bfloat16; "
                             "env VOXLINE_LLM_DTYPE")
+    serve.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                       help="torch device of the embedded LLM and of Qwen3-TTS (Piper always "
+                            "runs on the CPU): cuda puts both on the GPU (the LLM in bfloat16 "
+                            "unless --llm-dtype; Qwen3-TTS with CUDA graphs); env "
+                            "VOXLINE_LLM_DEVICE / VOXLINE_TTS_DEVICE")
     serve.add_argument("--llm-model", default=None,
                        help="model name sent to the remote server (required with --llm openai:)")
     serve.add_argument("--llm-api-key", default=None,

@@ -22,6 +22,9 @@ class Settings(BaseSettings):
     llm_dtype: str = Field(default="int8", pattern="^(int8|float32|bfloat16)$",
                            description="embedded LLM weights: int8 (CPU; float32 math, about "
                                        "2x faster decoding), float32 or bfloat16")
+    llm_device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$",
+                            description="torch device of the embedded LLM: cpu or cuda (with "
+                                        "llm_dtype bfloat16 or float32; int8 is CPU-only)")
     threads: int = Field(default=0, description="torch/onnxruntime intra-op threads (0 = auto)")
     host: str = Field(default="127.0.0.1", description="bind address of `voxline serve`")
     port: int = Field(default=8000, description="TCP port of `voxline serve`")

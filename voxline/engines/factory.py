@@ -78,8 +78,26 @@ def load_reply_model(settings: Settings, llm_path: str | None, max_slots: int,
     from voxline.engines.models.chat_llm import ChatLLM
     from voxline.engines.models.smollm2 import load_llm
 
-    return ChatLLM(load_llm(llm_path, settings.llm_dtype, cache=settings.cache),
+    device = llm_device(settings)
+    return ChatLLM(load_llm(llm_path, settings.llm_dtype, device=device, cache=settings.cache),
                    max_slots=max_slots, max_len=max_len)
+
+
+def llm_device(settings: Settings) -> str:
+    """``settings.llm_device``, checked: a GPU must exist, and int8 weights are CPU-only."""
+    device = settings.llm_device
+    if device == "cpu":
+        return device
+    if settings.remote_llm:
+        raise ValueError(f"llm_device={device} applies to the embedded LLM; the reply model "
+                         f"is remote (llm={settings.llm})")
+    if not torch.cuda.is_available():
+        raise ValueError(f"llm_device={device}, but this machine has no CUDA GPU (torch "
+                         f"{torch.__version__}); use llm_device=cpu")
+    if settings.llm_dtype == "int8":
+        raise ValueError(f"llm_dtype=int8 runs on the CPU only; with llm_device={device} use "
+                         "llm_dtype=bfloat16 (or float32)")
+    return device
 
 
 def load_tts(settings: Settings) -> SpeechStage:

@@ -28,6 +28,7 @@ def make_engine(settings: Settings) -> EngineClient:
               "cache": str(settings.cache), "tts": settings.tts,
               "speculate_after_ms": settings.speculate_after_ms,
               "tts_device": settings.tts_device, "tts_speaker": settings.tts_speaker,
+              "llm_device": settings.llm_device,
               "llm": settings.llm, "llm_model": settings.llm_model,
               "llm_api_key": settings.llm_api_key, "llm_timeout": settings.llm_timeout,
               "llm_retries": settings.llm_retries,
@@ -63,6 +64,11 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def _device_dtype(device: str | None) -> str | None:
+    """``--device cuda`` without ``--llm-dtype``: bfloat16 (the CPU default int8 is CPU-only)."""
+    return "bfloat16" if device and device.startswith("cuda") else None
+
+
 def serve(args: argparse.Namespace) -> int:
     settings = load_settings(
         host=args.host, port=args.port, api_key=getattr(args, "api_key", None),
@@ -81,7 +87,9 @@ def serve(args: argparse.Namespace) -> int:
         llm_api_key=getattr(args, "llm_api_key", None),
         llm_timeout=getattr(args, "llm_timeout", None),
         llm_retries=getattr(args, "llm_retries", None),
-        llm_dtype=getattr(args, "llm_dtype", None),
+        llm_dtype=getattr(args, "llm_dtype", None) or _device_dtype(getattr(args, "device", None)),
+        llm_device=getattr(args, "device", None),
+        tts_device=getattr(args, "device", None),
     )
     app = create_app(settings, make_engine(settings))
     logger.info("voxline listening on http://%s:%d (realtime: ws://%s:%d/v1/realtime)",

@@ -481,9 +481,11 @@ def sample(
 
     Temperature 0 is greedy (argmax; top-p/top-k ignored). Otherwise softmax at that
     temperature, restricted to the ``top_k`` most likely tokens (0 = off) and the smallest
-    set with probability >= ``top_p`` (1.0 = off), sampled with the row's generator (which
-    must live on logits' device). A row's draw uses only its own generator, so a seeded
-    request is reproducible whatever else shares the batch. No host sync.
+    set with probability >= ``top_p`` (1.0 = off), sampled with the row's generator. A row's
+    draw uses only its own generator, so a seeded request is reproducible whatever else
+    shares the batch. No host sync, except that a generator on another device than the
+    logits (a request seeded on the CPU, the model on a GPU) draws there and is copied
+    over: the same draws as a CPU model gets from it.
     """
     b, vocab = logits.shape
     if len(temperatures) != b:
@@ -514,7 +516,11 @@ def sample(
     noise = torch.empty_like(probs)
     for j, i in enumerate(sampled_rows):
         gen = generators[i] if generators else None
-        noise[j].exponential_(generator=gen)
+        if gen is not None and gen.device != noise.device:
+            draw = torch.empty(noise.shape[1], dtype=noise.dtype, device=gen.device)
+            noise[j].copy_(draw.exponential_(generator=gen))
+        else:
+            noise[j].exponential_(generator=gen)
     picked = (probs / noise).argmax(dim=-1)
     if order is not None:
         picked = order.gather(1, picked[:, None])[:, 0]

@@ -184,3 +184,19 @@ def test_first_segment_without_any_boundary_is_cut_at_a_space():
     first = chunker.push(text)[0]
     assert len(first) <= 40 and text.startswith(first) and not first.endswith("Lav")
     assert all(len(s) <= 250 for s in chunker.flush())
+
+
+def test_a_length_cut_keeps_two_words_even_past_the_limit() -> None:
+    chunker = TextChunker(first_max_chars=12)
+    # the last space within 12 chars leaves one word: wait for the second word's end
+    assert chunker.push("First senten") == []
+    assert chunker.push("ce here.") == ["First sentence"]  # its end is the space after it
+    assert chunker.push(" And") == ["here."]
+    assert chunker.flush() == ["And"]
+    chunker = TextChunker(first_max_chars=12)
+    assert chunker.push("The capital of France is Paris. ") == ["The capital", "of France is Paris."]
+    # no second word within twice the limit: the one word goes alone
+    chunker = TextChunker(first_max_chars=8)
+    assert chunker.push("Hello worldwide") == []
+    assert chunker.push("s") == ["Hello"]
+    assert chunker.flush() == ["worldwides"]

@@ -44,10 +44,11 @@ from voxline.engines.tts_stage import SpeechOwner, TTSStage
 # A reply's first clause may be short ("Sure,") so its audio starts early; later
 # segments are longer, which sounds more natural.
 FIRST_CLAUSE_CHARS = 10
-# A first sentence with no boundary is cut at a space by then: the first audio is a few
-# words ("The capital of France"), which the LLM writes and Piper speaks in a fraction of
-# the time of a whole sentence.
-FIRST_MAX_CHARS = 24
+# A first sentence with no boundary is cut at a space by then (two words at least): the
+# first audio is a few words ("The capital"), which the LLM writes and Piper speaks in a
+# fraction of the time of a whole sentence. 24 -> 12 took the median end of speech -> first
+# audio from 1491 to 1205 ms (benchmarks/bench_pipeline.py, speculation on).
+FIRST_MAX_CHARS = 12
 
 _STATUS = {
     FinishReason.STOP: p.ResponseStatus.COMPLETED,

@@ -11,7 +11,8 @@ writing. Rules, applied left to right:
   (``1. Buy milk``); a ``.`` followed by a non-space (``3.14``, ``example.com``) never cuts;
 - a clause ends at ``, ; : —`` followed by whitespace once the segment holds at least
   `min_clause_chars` characters (early first audio);
-- a segment that reaches `max_chars` with no boundary is cut at its last space.
+- a segment that reaches `max_chars` with no boundary is cut at its last space, keeping
+  at least two words (past `max_chars` if need be).
 
 Each decision depends only on the text itself (at most a few characters of look-ahead, for
 which the chunker waits), so the segments are the same however the text is split into
@@ -44,6 +45,9 @@ _HASHES = re.compile(r"(?<![A-Za-z0-9])#+")
 _UNDERSCORES = re.compile(r"(?<![A-Za-z0-9])_+|_+(?![A-Za-z0-9])")
 _DROP = str.maketrans({"*": None, "`": None, "~": None, "|": " "})
 _SPACES = re.compile(r"\s+")
+_WHITESPACE = re.compile(r"[ \t]")
+# A segment cut for length keeps at least this many words.
+MIN_CUT_WORDS = 2
 
 
 def clean_markdown(text: str) -> str:
@@ -152,7 +156,9 @@ class TextChunker:
         i = self._scanned
         while i < n:
             if self.max_chars is not None and i >= self.max_chars:
-                return self._forced_cut()
+                cut = self._forced_cut()
+                if cut is not None:
+                    return cut
             ch = buf[i]
             if ch == "\n":
                 return i + 1
@@ -185,14 +191,26 @@ class TextChunker:
         self._scanned = n
         return None
 
-    def _forced_cut(self) -> int:
-        """Cut a segment that reached `max_chars`: after its last space, else hard."""
+    def _forced_cut(self) -> int | None:
+        """Cut a segment that reached `max_chars` after its last space, else hard.
+
+        A segment keeps at least `MIN_CUT_WORDS` words: a lone word spoken on its own (a
+        short first segment, "First") sounds choppy. So when the last space leaves one
+        word, the cut moves to the space after the next word, or None until it arrives
+        (at most `max_chars` further; then the one word goes alone).
+        """
         assert self.max_chars is not None
-        head = self._buf[: self.max_chars]
+        buf = self._buf
+        head = buf[: self.max_chars]
         space = max(head.rfind(" "), head.rfind("\t"))
-        if space > 0 and head[:space].strip():
+        if space <= 0 or not head[:space].strip():
+            return self.max_chars  # no word boundary at all (a long URL): hard
+        if len(head[:space].split()) >= MIN_CUT_WORDS:
             return space + 1
-        return self.max_chars
+        for match in _WHITESPACE.finditer(buf, space + 1):
+            if len(buf[: match.start()].split()) >= MIN_CUT_WORDS:
+                return match.start() + 1
+        return space + 1 if len(buf) >= 2 * self.max_chars else None
 
     def _keeps_dot(self, i: int) -> bool:
         """True if the "." at `i` closes an abbreviation or a leading list number."""

@@ -325,6 +325,11 @@ def test_factory_builds_the_qwen3_stage_from_settings(model_dir):
     with pytest.raises(ValueError):
         load_settings(tts="espeak")
     assert load_tts(load_settings(tts=f"qwen3:{model_dir}", tts_max_streams=3)).max_streams == 3
+    chunked = load_tts(load_settings(tts=f"qwen3:{model_dir}", tts_first_chunk_frames=2,
+                                     tts_chunk_frames=6))
+    assert (chunked.initial_chunk_frames, chunked.chunk_frames) == (2, 6)
+    with pytest.raises(ValueError, match="tts_chunk_frames"):
+        load_settings(tts_chunk_frames=0)
     with pytest.raises(ValueError, match="tts_batch_buckets"):  # graph buckets need CUDA
         load_tts(load_settings(tts=f"qwen3:{model_dir}", tts_batch_buckets="1,2"))
     with pytest.raises(ValueError, match="tts_batch_buckets"):

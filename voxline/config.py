@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     tts_language: str = Field(default="auto", description="Qwen3-TTS language, or auto")
     tts_max_streams: int = Field(default=8, ge=1, description="Qwen3-TTS replies spoken at once "
                                  "(talker slots; more wait for a free one)")
+    tts_first_chunk_frames: int = Field(default=1, ge=1, le=48, description="Qwen3-TTS: "
+                                        "12 Hz codec frames (80 ms each) in a reply's first "
+                                        "audio chunk (fewer: earlier first audio)")
+    tts_chunk_frames: int = Field(default=4, ge=1, le=48, description="Qwen3-TTS: codec "
+                                  "frames in each later audio chunk (more: fewer, larger "
+                                  "decoder calls; on CUDA one graph per length)")
     tts_batch_buckets: str = Field(default="", pattern=r"^(\d+(,\d+)*)?$",
                                    description="Qwen3-TTS on CUDA: comma-separated batch sizes its "
                                                "CUDA graphs are captured for, each <= tts_max_streams "

@@ -114,7 +114,9 @@ def load_tts(settings: Settings) -> SpeechStage:
         stage = Qwen3SpeechStage(model_dir, device=settings.tts_device,
                                  dtype=torch.bfloat16 if cuda else torch.float32,
                                  speaker=settings.tts_speaker, language=settings.tts_language,
-                                 max_streams=settings.tts_max_streams, batch_buckets=buckets)
+                                 max_streams=settings.tts_max_streams, batch_buckets=buckets,
+                                 initial_chunk_frames=settings.tts_first_chunk_frames,
+                                 chunk_frames=settings.tts_chunk_frames)
         logger.info("Qwen3-TTS %s (voice %s) loaded on %s in %.2f s%s", model_dir, stage.speaker,
                     settings.tts_device, time.perf_counter() - t0,
                     " -- RANDOM-WEIGHT TEST CHECKPOINT, not a voice" if stage.random_weights else "")

@@ -33,7 +33,9 @@ def make_engine(settings: Settings) -> EngineClient:
               "llm_api_key": settings.llm_api_key, "llm_timeout": settings.llm_timeout,
               "llm_retries": settings.llm_retries,
               "tts_language": settings.tts_language, "tts_max_streams": settings.tts_max_streams,
-              "tts_batch_buckets": settings.tts_batch_buckets, "max_sessions": settings.max_sessions,
+              "tts_batch_buckets": settings.tts_batch_buckets,
+              "tts_first_chunk_frames": settings.tts_first_chunk_frames,
+              "tts_chunk_frames": settings.tts_chunk_frames, "max_sessions": settings.max_sessions,
               "max_responses": settings.max_responses}
     if settings.engine == "inprocess":
         return InProcessEngineClient(DEFAULT_CORE, kwargs)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from voxline.engines.models.llama import LlamaModel, sample
+from voxline.engines.models.llama_graphs import GraphedLlamaDecoder
 from voxline.engines.models.smollm2 import LoadedLLM, stop_token_ids
 
 _ANCHOR = [{"role": "system", "content": "A"}]
@@ -25,12 +26,21 @@ _PROBE = "\x00probe\x00"
 class ChatLLM:
     """Slot allocation, cache edits, batched forward, sampling and the chat format."""
 
-    def __init__(self, loaded: LoadedLLM, max_slots: int = 8, max_len: int = 2048) -> None:
+    def __init__(self, loaded: LoadedLLM, max_slots: int = 8, max_len: int = 2048,
+                 cuda_graphs: bool | None = None) -> None:
+        """``cuda_graphs`` (default: whether the model is on CUDA) replays pure decode steps
+        as CUDA graphs (:mod:`~voxline.engines.models.llama_graphs`), captured here."""
         self.model: LlamaModel = loaded.model
         self.tokenizer: Any = loaded.tokenizer
         limit = int(getattr(loaded.config, "max_position_embeddings", max_len) or max_len)
         self.max_len = min(max_len, limit)
-        self.cache = self.model.allocate_cache(max_slots, self.max_len)
+        graphs = self.model.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        # One slot more for the graphs' padding rows; streams never get it.
+        self.cache = self.model.allocate_cache(max_slots + int(graphs), self.max_len)
+        self.decoder: GraphedLlamaDecoder | None = None
+        if graphs:
+            self.decoder = GraphedLlamaDecoder(self.model, max_streams=max_slots, capture=True)
+            self.decoder.prepare()
         # K/V of prompt prefixes every stream starts with (system prompts), newest last
         self._prefixes: OrderedDict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = (
             OrderedDict())
@@ -104,6 +114,8 @@ class ChatLLM:
         return self.cache.import_prefix(slot, self._prefixes[best])
 
     def forward(self, slots: list[int], tokens: list[list[int]]) -> torch.Tensor:
+        if self.decoder is not None and all(len(toks) == 1 for toks in tokens):
+            return self.decoder.step(slots, [toks[0] for toks in tokens])
         return self.model.forward_batch(slots, tokens)
 
     def sample(self, logits: torch.Tensor, temperatures: Sequence[float],

@@ -408,6 +408,29 @@ class LlamaModel(nn.Module):
             h = layer(h, plan, None)
         return self.lm_head(self.model.norm(h)).float()
 
+    def check_step(self, slots: Sequence[int], tokens: Sequence[Sequence[int]]) -> KVCache:
+        """Validate one step's slots and new tokens (see :meth:`forward_batch`); the cache."""
+        cache = self.cache
+        if cache is None:
+            raise RuntimeError("no KV cache: call allocate_cache() first")
+        if len(slots) != len(tokens) or not slots:
+            raise ValueError("slots and tokens must be non-empty and of equal length")
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"duplicate slots in one step: {list(slots)}")
+        vocab = self.config.vocab_size
+        for slot, toks in zip(slots, tokens, strict=True):
+            cache._check_slot(slot)
+            q = len(toks)
+            if q == 0:
+                raise ValueError(f"slot {slot}: no new tokens")
+            if min(toks) < 0 or max(toks) >= vocab:  # on a GPU this would be a device assert
+                raise ValueError(f"slot {slot}: token id outside [0, {vocab})")
+            if cache.lengths[slot] + q > cache.max_len:
+                raise ValueError(
+                    f"slot {slot}: {cache.lengths[slot]} + {q} tokens exceed max_len {cache.max_len}"
+                )
+        return cache
+
     @torch.inference_mode()
     def forward_batch(
         self,
@@ -427,25 +450,8 @@ class LlamaModel(nn.Module):
         or with ``all_logits`` every position ``[B, max_q, V]`` (rows past a slot's count
         are padding, unspecified).
         """
-        cache = self.cache
-        if cache is None:
-            raise RuntimeError("no KV cache: call allocate_cache() first")
-        if len(slots) != len(tokens) or not slots:
-            raise ValueError("slots and tokens must be non-empty and of equal length")
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"duplicate slots in one step: {list(slots)}")
+        cache = self.check_step(slots, tokens)
         counts = [len(toks) for toks in tokens]
-        vocab = self.config.vocab_size
-        for slot, toks, q in zip(slots, tokens, counts, strict=True):
-            cache._check_slot(slot)
-            if q == 0:
-                raise ValueError(f"slot {slot}: no new tokens")
-            if min(toks) < 0 or max(toks) >= vocab:  # on a GPU this would be a device assert
-                raise ValueError(f"slot {slot}: token id outside [0, {vocab})")
-            if cache.lengths[slot] + q > cache.max_len:
-                raise ValueError(
-                    f"slot {slot}: {cache.lengths[slot]} + {q} tokens exceed max_len {cache.max_len}"
-                )
         q_max = max(counts)
         ids = torch.zeros(len(slots), q_max, dtype=torch.long)
         for b, toks in enumerate(tokens):

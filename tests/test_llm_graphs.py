@@ -1,0 +1,147 @@
+"""Graphed decode of the embedded Llama (:mod:`voxline.engines.models.llama_graphs`).
+
+The static-buffer step runs eagerly on the CPU (its twin): it gives ``forward_batch``'s
+logits and tokens for decode batches of mixed lengths on scattered slots, across length
+buckets and after a rollback, and its padding rows touch only the scratch slot. On CUDA
+(skipped without it) the captured graphs replay the same steps in bfloat16. Imports stay
+minimal: the CUDA tests run on a GPU machine without the server's dependencies.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from voxline.engines.models.llama import LlamaModel
+from voxline.engines.models.llama_graphs import GraphedLlamaDecoder
+
+STREAMS = 6
+MAX_LEN = 96
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+def config() -> LlamaConfig:
+    # head_dim 64 and 2 query heads per key/value head: the Triton decode attention's case.
+    return LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                       max_position_embeddings=256, tie_word_embeddings=True,
+                       rope_theta=10000.0, rms_norm_eps=1e-5)
+
+
+def ids(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 300, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def pair(device: str, **buckets) -> tuple[LlamaModel, LlamaModel, GraphedLlamaDecoder]:
+    """The same weights twice (default init: peaked logits, stable greedy picks): an eager
+    reference and a graphed decoder (captured on CUDA), caches prefilled alike."""
+    torch.manual_seed(0)
+    src = LlamaModel(config())
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    ref, ours = (LlamaModel.from_state_dict(src.config, src.state_dict(), dtype=dtype, device=device)
+                 for _ in range(2))
+    ref.allocate_cache(STREAMS, MAX_LEN)
+    ours.allocate_cache(STREAMS + 1, MAX_LEN)
+    dec = GraphedLlamaDecoder(ours, max_streams=STREAMS, **buckets)
+    prompts = {4: ids(13, 1), 0: ids(3, 2), 2: ids(30, 3), 5: ids(8, 4)}
+    for m in (ref, ours):
+        m.forward_batch(list(prompts), list(prompts.values()))
+    return ref, ours, dec
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> None:
+    if got.dtype == torch.float32 and got.device.type == "cpu" and want.device.type == "cpu":
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    else:  # bfloat16 on the GPU: Triton attention vs SDPA, graph vs eager
+        err = (got.float() - want.float()).norm() / want.float().norm()
+        assert err < 2e-2, f"relative error {err:.3g}"
+
+
+def decode_both(ref: LlamaModel, dec: GraphedLlamaDecoder, slots: list[int],
+                toks: list[int], steps: int) -> list[list[int]]:
+    """Greedy decode ``steps`` steps on both; the picks of each step (the reference's fed)."""
+    picks = []
+    for _ in range(steps):
+        want = ref.forward_batch(slots, [[t] for t in toks])
+        got = dec.step(slots, toks)
+        close(got, want)
+        assert got.argmax(-1).tolist() == want.argmax(-1).tolist()
+        toks = want.argmax(-1).tolist()
+        picks.append(toks)
+    return picks
+
+
+def same_cache(a: LlamaModel, b: LlamaModel) -> None:
+    assert a.cache.lengths == b.cache.lengths[:STREAMS]
+    for s in range(STREAMS):
+        n = a.cache.lengths[s]
+        if n == 0:  # a slot no stream used
+            continue
+        close(b.cache.k[:, s, :, :n], a.cache.k[:, s, :, :n])
+        close(b.cache.v[:, s, :, :n], a.cache.v[:, s, :, :n])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_graphed_decode_gives_forward_batch_logits_and_tokens(device):
+    # Small length buckets: the 30-token stream crosses 32 -> 64 during the decode.
+    ref, ours, dec = pair(device, length_buckets=[16, 32, 64, MAX_LEN])
+    decode_both(ref, dec, [4, 0, 2], ids(3, 9), steps=5)  # 3 rows in a 4-row bucket
+    decode_both(ref, dec, [5], [7], steps=2)
+    decode_both(ref, dec, [0, 2, 4, 5], ids(4, 10), steps=2)
+    same_cache(ref, ours)
+    assert dec.graph_steps == 9 and dec.eager_steps == 0
+    assert {k[1] for k in dec.steps.steps} >= {32, 64}
+    assert all(s.graph is not None for s in dec.steps.steps.values()) == (device == "cuda")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_padding_rows_write_only_the_scratch_slot(device):
+    _, ours, dec = pair(device)
+    cache = ours.cache
+    cache.k.normal_()
+    cache.v.normal_()
+    k0, v0 = cache.k.clone(), cache.v.clone()
+    pos = cache.lengths[2]
+    dec.step([2], [11])  # one real row in a 1-row bucket ...
+    dec.step([2, 4, 0], [12, 13, 14])  # ... and three in a 4-row bucket: one padding row
+    assert dec.bucket(1, 1)[0] == 1 and dec.bucket(3, 1)[0] == 4
+    changed = ((cache.k != k0) | (cache.v != v0)).any(dim=(0, 2, 4))  # [slots, positions]
+    real = {(2, pos), (2, pos + 1), (4, cache.lengths[4] - 1), (0, cache.lengths[0] - 1)}
+    for s, p in changed.nonzero().tolist():
+        assert (s, p) in real or s == dec.scratch, f"slot {s} position {p} was written"
+    assert changed[dec.scratch].any()  # the padding rows did run, on the scratch slot
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rollback_then_graphed_decode_equals_eager(device):
+    ref, ours, dec = pair(device)
+    slots = [2, 4]
+    picks = decode_both(ref, dec, slots, [5, 6], steps=4)
+    for m in (ref, ours):  # a speculation rejected: drop the last three fed tokens of slot 2
+        m.cache.truncate(2, m.cache.lengths[2] - 3)
+    decode_both(ref, dec, slots, picks[0], steps=4)
+    same_cache(ref, ours)
+
+
+def test_shapes_past_the_buckets_run_eagerly():
+    ref, _, dec = pair("cpu", batch_buckets=[1, 2], length_buckets=[16])
+    want = ref.forward_batch([4, 0, 2], [[1], [2], [3]])  # 3 rows: past the largest batch
+    torch.testing.assert_close(dec.step([4, 0, 2], [1, 2, 3]), want, atol=1e-4, rtol=1e-4)
+    want = ref.forward_batch([2], [[4]])  # 32 positions: past the largest length
+    torch.testing.assert_close(dec.step([2], [4]), want, atol=1e-4, rtol=1e-4)
+    assert dec.eager_steps == 2 and dec.graph_steps == 0 and not dec.steps.steps
+
+
+def test_the_scratch_slot_is_required_and_reserved():
+    _, ours, _ = pair("cpu")
+    with pytest.raises(ValueError, match="needs 8 .*scratch"):
+        GraphedLlamaDecoder(ours, max_streams=7)
+    dec = GraphedLlamaDecoder(ours, max_streams=STREAMS)
+    with pytest.raises(ValueError, match="scratch slot"):
+        dec.step([STREAMS], [1])
+    with pytest.raises(ValueError, match="token id outside"):
+        dec.step([0], [300])
+    with pytest.raises(ValueError, match="capture needs the model on CUDA"):
+        GraphedLlamaDecoder(ours, max_streams=STREAMS, capture=True)

@@ -220,7 +220,7 @@ async def test_text_item_max_tokens_truncate_and_delete(server):
                                                      "audio": {"input": {"turn_detection": None}}})
         await c.send(type="conversation.item.create", item={
             "id": "u1", "type": "message", "role": "user",
-            "content": [{"type": "input_text", "text": "Name three animals that live in the sea."}]})
+            "content": [{"type": "input_text", "text": "Count from one to ten, please."}]})
         added = await c.until_type("conversation.item.added")
         assert added["item"]["id"] == "u1"
         await c.send(type="response.create", response={"max_output_tokens": 6})

@@ -60,6 +60,10 @@ DECODE_TOKENS = 32
 def build(variant: str) -> ChatLLM:
     loaded = load_llm(dtype=variant if variant in ("int8", "bfloat16") else "float32")
     if variant == "compiled":
+        # every layer shares one forward whose guards include its layer index: without
+        # room for one graph per layer, dynamo stops compiling after 8 and runs the rest eager
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                                   2 * len(loaded.model.model.layers))
         for layer in loaded.model.model.layers:
             layer.forward = torch.compile(layer.forward, dynamic=True)
     return ChatLLM(loaded, max_slots=BATCH, max_len=1024)

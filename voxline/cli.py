@@ -68,9 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "SGLang, llama.cpp, Ollama), e.g. openai:http://127.0.0.1:8080/v1; "
                             "env VOXLINE_LLM")
     serve.add_argument("--llm-dtype", choices=["int8", "float32", "bfloat16"], default=None,
-                       help="weights of the embedded LLM: int8 (float32 math; decodes about 2x "
-                            "faster than float32 on a CPU, default), float32, or bfloat16; "
-                            "env VOXLINE_LLM_DTYPE")
+                       help="weights of the embedded LLM: int8 (decode steps read int8 "
+                            "weights, about 2x faster than float32 on a CPU; prefill, "
+                            "attention and the cache stay float32; default on the CPU), "
+                            "float32, or bfloat16; env VOXLINE_LLM_DTYPE")
     serve.add_argument("--device", choices=["cpu", "cuda"], default=None,
                        help="torch device of the embedded LLM and of Qwen3-TTS (Piper always "
                             "runs on the CPU): cuda puts both on the GPU (the LLM in bfloat16 "

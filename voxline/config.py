@@ -20,8 +20,8 @@ class Settings(BaseSettings):
     cache: Path = Field(default_factory=_default_cache, description="converted-weights cache")
     api_key: str | None = Field(default=None, description="require this bearer key if set")
     llm_dtype: str = Field(default="int8", pattern="^(int8|float32|bfloat16)$",
-                           description="embedded LLM weights: int8 (CPU; float32 math, about "
-                                       "2x faster decoding), float32 or bfloat16")
+                           description="embedded LLM weights: int8 (CPU: decode steps read "
+                                       "int8 weights, about 2x faster), float32 or bfloat16")
     llm_device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$",
                             description="torch device of the embedded LLM: cpu or cuda (with "
                                         "llm_dtype bfloat16 or float32; int8 is CPU-only)")

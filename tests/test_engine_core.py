@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from core_driver import CoreDriver
 from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS, tone
@@ -278,9 +276,8 @@ def test_a_transcript_of_the_closed_stream_never_reaches_its_successor():
     h.run_until(has(p.SpeechStopped))
     assert h.core._asr_worker.running is not None  # the final transcript is being made
     h.send(p.CloseStream("s1"), p.OpenStream("s1"))
-    for _ in range(5):
-        step(h)
-        time.sleep(0.01)
+    # the barrier: the closed stream's transcript is back from the ASR worker and routed
+    h.run_until(lambda outs: h.core._asr_worker.idle and not h.core.has_work())
     assert h.asr.calls >= 1 and not h.of(p.TranscriptFinal)
     assert not h.core.streams["s1"].conversation.items
     assert h.kinds()[-1] == "StreamClosed" and not h.of(p.StreamError)

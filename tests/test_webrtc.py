@@ -3,7 +3,7 @@ models) over loopback; both peers offer 127.0.0.1 host candidates only, no STUN.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import gc
 import threading
 
@@ -42,6 +42,12 @@ def spoken(text: str, tail_s: float = 1.0) -> np.ndarray:
 
 def words(text: str) -> set[str]:
     return {w.strip(".,!?;:'\"").lower() for w in text.split() if len(w.strip(".,!?;:'\"")) >= 3}
+
+
+def audible_seconds(audio: list[tuple[float, np.ndarray]], since: float) -> float:
+    """Seconds of reply frames arrived since `since` that carry sound, not silence."""
+    return sum(len(pcm) for at, pcm in audio
+               if at >= since and len(pcm) and np.abs(pcm).max() > 1000) / RATE
 
 
 def open_peer_connections() -> list[RTCPeerConnection]:
@@ -84,17 +90,16 @@ async def test_spoken_question_gets_a_spoken_answer_over_webrtc(server, asr):
             assert t in types, t
         # audio travels on the track, never as base64 deltas on the data channel
         assert "response.output_audio.delta" not in types
-        await asyncio.sleep(0.3)  # the last frames are still on the wire
+        # the last frames are still on the wire: wait for the track to pass the window's end
+        await call.until_audio(lambda audio: bool(audio) and audio[-1][0] >= stopped_at + 0.3)
         reply = call.audio_between(started_at - 0.5, stopped_at + 0.3).astype(np.float32) / 32768
         heard = asr.transcribe(soxr.resample(reply, RATE, 16000).astype(np.float32))
         assert len(words(said) & words(heard)) >= len(words(said)) / 2, (heard, said)
 
         r = await call.hangup()
         assert r.status_code == 200
-        for _ in range(100):
-            if call.pc.connectionState == "closed":
-                break
-            await asyncio.sleep(0.05)
+        with contextlib.suppress(TimeoutError):
+            await call.until_closed(timeout=5)
         assert call.pc.connectionState == "closed"  # the server closed its side
     finally:
         await call.close()
@@ -119,9 +124,10 @@ async def test_barge_in_clears_the_outgoing_track(server):
             "type": "message", "role": "user",
             "content": [{"type": "input_text", "text": "Tell me a long story."}]})
         call.send(type="response.create", response={"max_output_tokens": 300})
-        _, first = await call.until(lambda e: e["type"] == "output_audio_buffer.started")
+        started_at, first = await call.until(lambda e: e["type"] == "output_audio_buffer.started")
         rid = first["response_id"]
-        await asyncio.sleep(1.0)  # let some of the story play
+        # let some of the story play: a second of audible audio on the track
+        await call.until_audio(lambda audio: audible_seconds(audio, started_at) >= 1.0)
         call.mic.say(spoken("Stop, wait a moment please."))
         cleared_at, cleared = await call.until(
             lambda e: e["type"] == "output_audio_buffer.cleared")

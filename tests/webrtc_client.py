@@ -73,6 +73,8 @@ class CallClient:
     call_id: str = ""
     channel: object = None
     _new: asyncio.Event = field(default_factory=asyncio.Event)
+    _new_audio: asyncio.Event = field(default_factory=asyncio.Event)
+    _closed: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
     @classmethod
@@ -85,6 +87,7 @@ class CallClient:
         client.channel = channel
         channel.on("message", client._on_message)
         pc.on("track", client._on_track)
+        pc.on("connectionstatechange", client._on_state)
         restrict_gathering(pc, [LOOPBACK])
         await pc.setLocalDescription(await pc.createOffer())
         async with httpx.AsyncClient(base_url=base, timeout=30) as http:
@@ -105,6 +108,10 @@ class CallClient:
         self.events.append((time.monotonic(), json.loads(message)))
         self._new.set()
 
+    def _on_state(self) -> None:
+        if self.pc.connectionState == "closed":
+            self._closed.set()
+
     def _on_track(self, track: MediaStreamTrack) -> None:
         self._tasks.append(asyncio.create_task(self._record(track)))
 
@@ -116,6 +123,7 @@ class CallClient:
                 return
             pcm = np.frombuffer(mono_pcm16(frame), dtype="<i2")
             self.audio.append((time.monotonic(), pcm))
+            self._new_audio.set()
 
     def send(self, **event: object) -> None:
         self.channel.send(json.dumps(event))  # type: ignore[attr-defined]
@@ -137,6 +145,19 @@ class CallClient:
 
     async def until_type(self, type_: str, timeout: float = 120) -> dict:
         return (await self.until(lambda e: e["type"] == type_, timeout))[1]
+
+    async def until_audio(self, pred, timeout: float = 60) -> None:
+        """Wait until `pred(self.audio)` holds, checked as each reply frame arrives."""
+        async def wait() -> None:
+            while not pred(self.audio):
+                self._new_audio.clear()
+                await self._new_audio.wait()
+        await asyncio.wait_for(wait(), timeout)
+
+    async def until_closed(self, timeout: float = 5) -> None:
+        """Wait until the peer connection reaches `closed` (e.g. the server hung up)."""
+        if self.pc.connectionState != "closed":
+            await asyncio.wait_for(self._closed.wait(), timeout)
 
     def of(self, type_: str) -> list[dict]:
         return [e for _, e in self.events if e["type"] == type_]

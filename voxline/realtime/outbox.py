@@ -4,18 +4,28 @@ A session never waits on its client's socket: `put` queues and returns, the writ
 sends. A client that stops reading fills the OS buffers, then the transport's, then this
 queue; once the queue passes its bound, `put` raises `SlowClient` and the transport drops
 the connection. Nothing here blocks the event loop, so other sessions keep their pace.
+
+The bound (`limit_bytes`, the `send_buffer_kb` setting) counts every unsent message but
+one: the largest, when it alone is larger than the bound. Such a message is the client's
+own input echoed back (a `session.updated` carrying megabytes of instructions, bounded by
+`max_event_bytes`); a client that reads normally takes it, however large, so it is never
+a backlog. Two of them waiting, or a backlog of ordinary events past the bound, is a
+client that stopped reading.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
 from fastapi import WebSocket, WebSocketDisconnect
 
 from voxline.realtime.metrics import Metrics
+
+logger = logging.getLogger(__name__)
 
 CLOSE_POLICY = 1008
 CLOSE_FLUSH_S = 2.0  # how long queued events may take to leave before the close
@@ -37,18 +47,29 @@ class Outbox:
         self.limit_bytes = limit_bytes
         self.pending_bytes = 0
         self._queue: deque[str] = deque()
+        self._oversized: list[int] = []  # sizes of the queued messages larger than the bound
         self._ready = asyncio.Event()
+        self._drained = asyncio.Event()  # set while nothing is queued
+        self._drained.set()
         self._task: asyncio.Task[None] | None = None
         self.overflowed = False
 
+    @property
+    def backlog_bytes(self) -> int:
+        """The unsent bytes that count against the bound (see the module docstring)."""
+        return self.pending_bytes - max(self._oversized, default=0)
+
     def put(self, text: str) -> None:
-        """Queue one message; raises `SlowClient` once the unsent bytes pass the bound."""
+        """Queue one message; raises `SlowClient` once the backlog passes the bound."""
         self.pending_bytes += len(text)
+        if len(text) > self.limit_bytes:
+            self._oversized.append(len(text))
         self._queue.append(text)
+        self._drained.clear()
         self._ready.set()
-        if self.pending_bytes > self.limit_bytes:
+        if self.backlog_bytes > self.limit_bytes:
             self.overflowed = True
-            raise SlowClient(self.pending_bytes, self.limit_bytes)
+            raise SlowClient(self.backlog_bytes, self.limit_bytes)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="outbox-writer")
@@ -61,18 +82,23 @@ class Outbox:
                 await self._write(text)
                 self._queue.popleft()
                 self.pending_bytes -= len(text)
+                if len(text) > self.limit_bytes:
+                    self._oversized.remove(len(text))
             self._ready.clear()
+            self._drained.set()
 
     async def flush(self, timeout: float) -> bool:
         """Wait until everything queued was handed to the socket (or the socket is gone);
         False if that took longer than `timeout` s: the client is not reading."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self._queue and self._task is not None and not self._task.done():
-            if loop.time() >= deadline:
-                return False
-            await asyncio.sleep(0.01)
-        return True
+        if not self._queue or self._task is None or self._task.done():
+            return True
+        drained = asyncio.ensure_future(self._drained.wait())
+        try:
+            await asyncio.wait({drained, self._task}, timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            drained.cancel()
+        return not self._queue or self._task.done()
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -87,6 +113,8 @@ async def close_after(ws: WebSocket, outbox: Outbox, code: int, reason: str,
     overflowed, or it will not take them within a few seconds) is dropped at once: no
     close frame can pass a full pipe, and its socket must not outlive the session."""
     if outbox.overflowed or not await outbox.flush(CLOSE_FLUSH_S):
+        logger.warning("dropping a client that stopped reading (%d KiB unsent, limit %d KiB)",
+                       outbox.pending_bytes // 1024, outbox.limit_bytes // 1024)
         metrics.inc("voxline_slow_clients_dropped_total", "connections dropped because the "
                     "client stopped reading")
         await outbox.stop()

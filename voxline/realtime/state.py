@@ -10,6 +10,7 @@ from voxline.config import Settings
 from voxline.engines.client import EngineClient
 from voxline.realtime.auth import ClientSecrets
 from voxline.realtime.metrics import Metrics
+from voxline.realtime.session_host import SessionHost, SessionLimits
 
 
 @dataclass
@@ -17,10 +18,19 @@ class ServerState:
     settings: Settings
     engine: EngineClient
     metrics: Metrics = field(default_factory=Metrics)
-    sessions: int = 0
     started: float = field(default_factory=time.time)
     client_secrets: ClientSecrets = field(default_factory=ClientSecrets)
     calls: dict[str, Any] = field(default_factory=dict)  # WebRTC calls by id (webrtc.Call)
+
+    def __post_init__(self) -> None:
+        # every transport admits, builds and counts its sessions here
+        self.host = SessionHost(self.engine, SessionLimits.from_settings(self.settings),
+                                metrics=self.metrics)
+
+    @property
+    def sessions(self) -> int:
+        """Sessions holding a slot: open, or admitted and still connecting."""
+        return self.host.active
 
 
 def get_state(request_or_ws: object) -> ServerState:

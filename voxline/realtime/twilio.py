@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,15 +26,14 @@ from fastapi import APIRouter, Request, Response, WebSocket, WebSocketDisconnect
 from voxline.errors import ProtocolError
 from voxline.realtime import twilio_wire as tw
 from voxline.realtime.outbox import Outbox, SlowClient, close_after
+from voxline.realtime.session_host import Admission, SessionRefused
 from voxline.realtime.state import get_state
 from voxline.realtime.voices import session_voice_check
-from voxline.realtime.websocket import CLOSE_GOING_AWAY, SHUTDOWN_REASON, open_sessions
+from voxline.realtime.websocket import OpenSessions, open_sessions, refusal_close
 from voxline.realtime.wire_session import validate_session
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
-from voxline.sessions.actor import SessionActor
-from voxline.sessions.ids import new_id
-from voxline.sessions.runner import SessionEnded, SessionRunner
+from voxline.sessions.runner import SessionEnded
 from voxline.sessions.settings import AudioFormat, SessionSettings, Transcription
 
 logger = logging.getLogger(__name__)
@@ -45,7 +43,6 @@ STREAM_PATH = "/v1/telephony/twilio"
 FRAME_BYTES = 160  # 20 ms of 8 kHz μ-law, the frame Twilio sends and expects
 COMMAND_LIMIT = 1024  # caller frames the session has not taken yet (20 s of audio)
 CLOSE_POLICY = 1008
-CLOSE_TRY_AGAIN = 1013
 
 PHONE_SETTINGS = SessionSettings(input_format=AudioFormat.of("ulaw"),
                                  output_format=AudioFormat.of("ulaw"),
@@ -230,31 +227,27 @@ async def twilio_stream(ws: WebSocket) -> None:
     state = get_state(ws)
     settings = state.settings
     if not _signed(settings.twilio_auth_token, str(ws.url), ws.headers, [], ("wss", "ws")):
-        state.metrics.inc("voxline_sessions_refused_total", "sessions refused")
+        state.host.count_refusal()
         await ws.close(code=CLOSE_POLICY, reason="invalid X-Twilio-Signature")
         return
     await ws.accept()
     sessions = open_sessions(ws.app)
-    refusal = None
-    if sessions.draining:
-        refusal = (CLOSE_GOING_AWAY, SHUTDOWN_REASON)
-    elif state.sessions >= settings.max_sessions:
-        refusal = (CLOSE_TRY_AGAIN, f"server is at its limit of {settings.max_sessions} sessions")
-    elif not state.engine.ready:
-        refusal = (CLOSE_TRY_AGAIN, "engine is not ready, try again shortly")
-    if refusal is not None:
-        state.metrics.inc("voxline_sessions_refused_total", "sessions refused")
-        await ws.close(code=refusal[0], reason=refusal[1])
+    try:
+        admission = state.host.admit(draining=sessions.draining)
+    except SessionRefused as refused:
+        code, reason = refusal_close(refused)
+        await ws.close(code=code, reason=reason)
         return
-    session_id = new_id("sess")
-    actor = SessionActor(session_id, f"{session_id}-{uuid.uuid4().hex[:6]}",
-                         settings=PHONE_SETTINGS, lead_ms=settings.output_lead_ms,
-                         transport_reports_playout=True,
-                         tools_supported=settings.remote_llm,
-                         voice_error=session_voice_check(ws.app.state))
+    with admission:  # the slot is released however the call ends
+        await _serve(ws, admission, sessions)
+
+
+async def _serve(ws: WebSocket, admission: Admission, sessions: OpenSessions) -> None:
+    state = get_state(ws)
+    settings = state.settings
+    session_id = admission.session_id
     bridge = TwilioBridge()
     inbox: asyncio.Queue[cmd.ClientCommand | None] = asyncio.Queue(COMMAND_LIMIT)
-
     outbox = Outbox(ws.send_text, settings.send_buffer_kb * 1024)
 
     async def send(event: ev.ServerEvent) -> None:
@@ -264,11 +257,10 @@ async def twilio_stream(ws: WebSocket) -> None:
         for command in commands:
             await inbox.put(command)  # one per barge-in
 
-    runner = SessionRunner(actor, state.engine, send, max_seconds=settings.max_session_seconds,
-                           observe=state.metrics.observe)
+    runner = admission.runner(send, settings=PHONE_SETTINGS, transport_reports_playout=True,
+                              voice_error=session_voice_check(ws.app.state))
     reader = asyncio.create_task(_read_twilio(ws, bridge, inbox), name="twilio-reader")
-    state.sessions += 1
-    state.metrics.inc("voxline_sessions_total", "realtime sessions opened")
+    admission.opened()
     logger.info("twilio session %s opened", session_id)
     with sessions.track():  # a drain waits for this call's close
         code, reason = 1000, ""
@@ -287,7 +279,7 @@ async def twilio_stream(ws: WebSocket) -> None:
                 state.metrics.inc("voxline_session_errors_total", "sessions ended by a server error")
                 code, reason = 1011, "internal server error"
         finally:
-            state.sessions -= 1
+            admission.release()  # before the close frame: a new call finds the slot free
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
             logger.info("%s: twilio session %s closed", bridge.ids, session_id)

@@ -23,7 +23,6 @@ import fractions
 import json
 import logging
 import time
-import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
@@ -45,16 +44,16 @@ from voxline.realtime.client_secrets import error_response, settings_from_sessio
 from voxline.realtime.dialect import Dialect
 from voxline.realtime.ice import default_hosts, restrict_gathering, rtc_configuration
 from voxline.realtime.outbox import SlowClient
+from voxline.realtime.session_host import Admission, Refusal, SessionRefused
 from voxline.realtime.state import ServerState, get_state
 from voxline.realtime.voices import session_voice_check
-from voxline.realtime.websocket import SHUTDOWN_REASON, OpenSessions, open_sessions
+from voxline.realtime.websocket import OpenSessions, open_sessions
 from voxline.realtime.wire_client import parse_command
 from voxline.realtime.wire_server import render_json
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
-from voxline.sessions.actor import MEDIA_FRAME_MS, SessionActor
-from voxline.sessions.ids import new_id
-from voxline.sessions.runner import SessionEnded, SessionRunner
+from voxline.sessions.actor import MEDIA_FRAME_MS
+from voxline.sessions.runner import SessionEnded
 from voxline.sessions.settings import AudioFormat, SessionSettings
 
 logger = logging.getLogger(__name__)
@@ -64,7 +63,8 @@ EVENTS_CHANNEL = "oai-events"
 MEDIA_RATE = 48_000  # Opus in WebRTC
 MEDIA_FORMAT = AudioFormat("pcm16", MEDIA_RATE)
 FRAME_SAMPLES = MEDIA_RATE * MEDIA_FRAME_MS // 1000
-INCOMING_LIMIT = 512  # client events + 20 ms mic frames waiting for the session
+EVENTS_LIMIT = 512  # client events waiting for the session; past it the call is hung up
+MIC_FRAMES_LIMIT = 512  # 20 ms mic frames waiting for the session (10 s); the mic then waits
 PENDING_EVENTS_LIMIT = 1024  # server events held until the data channel opens
 CONNECT_TIMEOUT_S = 30.0  # a call whose peer never connects is hung up
 MAX_SDP_BYTES = 64 * 1024
@@ -127,33 +127,76 @@ def mono_pcm16(frame: av.AudioFrame) -> bytes:
     return samples.astype(np.int32).mean(axis=1).astype("<i2").tobytes()
 
 
-class Call:
-    """One WebRTC call: a peer connection around a session runner."""
+Incoming = cmd.ClientCommand | ProtocolError
 
-    def __init__(self, call_id: str, pc: RTCPeerConnection, state: ServerState,
+
+class CallInbox:
+    """What a call's session reads: client events from the data channel first, then mic
+    frames. A control event (`response.cancel`, `session.update`, ...) never waits behind
+    queued audio, as a system frame jumps a pipeline's data queue; each kind keeps its own
+    order. Both are bounded: `put_audio` waits for room (aiortc holds the track's frames
+    meanwhile); `offer` refuses (False) an event past its bound. After `end`, the events
+    already offered are still read, queued audio is not."""
+
+    def __init__(self, events_limit: int = EVENTS_LIMIT,
+                 audio_limit: int = MIC_FRAMES_LIMIT) -> None:
+        self._events: deque[Incoming] = deque()
+        self._events_limit = events_limit
+        self._audio: asyncio.Queue[cmd.AppendAudio] = asyncio.Queue(audio_limit)
+        self._ready = asyncio.Event()
+        self._ended = False
+
+    def offer(self, item: Incoming) -> bool:
+        """Queue a client event ahead of any audio; False when `events_limit` are waiting."""
+        if self._ended or len(self._events) >= self._events_limit:
+            return False
+        self._events.append(item)
+        self._ready.set()
+        return True
+
+    async def put_audio(self, frame: cmd.AppendAudio) -> None:
+        await self._audio.put(frame)
+        self._ready.set()
+
+    def end(self) -> None:
+        self._ended = True
+        self._ready.set()
+
+    async def items(self) -> AsyncIterator[Incoming]:
+        while True:
+            if self._events:
+                yield self._events.popleft()
+            elif self._ended:
+                return
+            elif not self._audio.empty():
+                yield self._audio.get_nowait()
+            else:
+                self._ready.clear()
+                await self._ready.wait()
+
+
+class Call:
+    """One WebRTC call: a peer connection around a session runner. The call holds its
+    admission (its slot on the session host) until it closes."""
+
+    def __init__(self, admission: Admission, pc: RTCPeerConnection, state: ServerState,
                  settings: SessionSettings, sessions: OpenSessions | None = None,
                  voice_error: Callable[[str], str | None] | None = None) -> None:
-        self.id = call_id
+        self.admission = admission  # the call takes it over in `start`; `close` releases it
+        self.id = admission.session_id
         self.sessions = sessions or OpenSessions()  # the app's, so a shutdown drains calls too
         self.pc = pc
         self.state = state
         self.track = PacedAudioTrack()
         self.channel: RTCDataChannel | None = None
         self._pending: deque[str] = deque()
-        self._incoming: asyncio.Queue[cmd.ClientCommand | ProtocolError | None] = \
-            asyncio.Queue(INCOMING_LIMIT)
+        self._inbox = CallInbox()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self.done = asyncio.Event()
-        config = state.settings
-        self.actor = SessionActor(call_id, f"{call_id}-{uuid.uuid4().hex[:6]}", settings=settings,
-                                  lead_ms=config.output_lead_ms,
-                                  max_event_bytes=config.max_event_bytes,
-                                  media_format=MEDIA_FORMAT,
-                                  tools_supported=config.remote_llm, voice_error=voice_error)
-        self.runner = SessionRunner(self.actor, state.engine, self._send,
-                                    max_seconds=config.max_session_seconds,
-                                    observe=state.metrics.observe)
+        self.runner = admission.runner(self._send, settings=settings, media_format=MEDIA_FORMAT,
+                                       voice_error=voice_error)
+        self.actor = self.runner.actor
         pc.on("datachannel", self._on_datachannel)
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_connection_state)
@@ -181,14 +224,8 @@ class Call:
             logger.warning("call %s: data channel not open, dropped %s", self.id,
                            type(event).__name__)
 
-    async def _commands(self) -> AsyncIterator[cmd.ClientCommand | ProtocolError]:
-        while (item := await self._incoming.get()) is not None:
-            yield item
-
-    def _offer(self, item: cmd.ClientCommand | ProtocolError) -> None:
-        try:
-            self._incoming.put_nowait(item)
-        except asyncio.QueueFull:
+    def _offer(self, item: Incoming) -> None:
+        if not self._inbox.offer(item):
             logger.warning("call %s: client events arrive faster than the session takes "
                            "them; hanging up", self.id)
             self.hangup()
@@ -242,7 +279,7 @@ class Call:
                 frame = await track.recv()
             except MediaStreamError:
                 return
-            await self._incoming.put(cmd.AppendAudio(audio=mono_pcm16(frame)))
+            await self._inbox.put_audio(cmd.AppendAudio(audio=mono_pcm16(frame)))
 
     def _on_connection_state(self) -> None:
         state = self.pc.connectionState
@@ -253,6 +290,8 @@ class Call:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
+        self.admission.detach()  # held past the HTTP request, until `close`
+        self.admission.opened()
         self._tasks.append(asyncio.create_task(self._run(), name="call-session"))
         self._tasks.append(asyncio.create_task(self._watch_connect(), name="call-connect"))
 
@@ -265,7 +304,7 @@ class Call:
     async def _run(self) -> None:
         with self.sessions.track():
             try:
-                await self.sessions.serve(self.runner, self._commands())
+                await self.sessions.serve(self.runner, self._inbox.items())
             except (SessionEnded, SlowClient) as end:
                 logger.info("call %s: session ended: %s", self.id, end.reason)
             except Exception:
@@ -278,12 +317,7 @@ class Call:
 
     def hangup(self) -> None:
         """End the call: the session stops reading, then everything closes."""
-        while True:
-            try:
-                self._incoming.put_nowait(None)
-                return
-            except asyncio.QueueFull:
-                self._incoming.get_nowait()  # the session is ending: what it did not read goes
+        self._inbox.end()
 
     async def close(self) -> None:
         if self._closed:
@@ -296,7 +330,7 @@ class Call:
         self.track.stop()
         await self.pc.close()
         self.state.calls.pop(self.id, None)
-        self.state.sessions -= 1
+        self.admission.release()
         self.state.metrics.set("voxline_webrtc_calls", "open WebRTC calls", len(self.state.calls))
         logger.info("call %s closed", self.id)
         self.done.set()
@@ -362,25 +396,31 @@ def _check_offer(sdp: str) -> None:
                             "microphone track", code="invalid_sdp", param="sdp")
 
 
+REFUSAL_CODES = {Refusal.SHUTTING_DOWN: "server_shutting_down", Refusal.AT_LIMIT: "server_busy",
+                 Refusal.ENGINE_NOT_READY: "engine_not_ready"}
+
+
 @router.post("/v1/realtime/calls")
 async def create_call(request: Request) -> Response:
     state = get_state(request)
-    config = state.settings
-    access = authenticate(request, config.api_key, state.client_secrets)
+    access = authenticate(request, state.settings.api_key, state.client_secrets)
     if not isinstance(access, Access):
-        state.metrics.inc("voxline_sessions_refused_total", "sessions refused")
+        state.host.count_refusal()
         return error_response(401, access, code="invalid_api_key")
     sessions = open_sessions(request.app)
-    if sessions.draining:
-        return error_response(503, SHUTDOWN_REASON, code="server_shutting_down",
+    try:  # the slot is held from before the first await: concurrent offers cannot pass the limit
+        admission = state.host.admit(prefix="rtc", draining=sessions.draining)
+    except SessionRefused as refused:
+        return error_response(503, refused.reason, code=REFUSAL_CODES[refused.refusal],
                               type="server_error")
-    if state.sessions >= config.max_sessions:
-        state.metrics.inc("voxline_sessions_refused_total", "sessions refused")
-        return error_response(503, f"server is at its limit of {config.max_sessions} sessions",
-                              code="server_busy", type="server_error")
-    if not state.engine.ready:
-        return error_response(503, "engine is not ready, try again shortly",
-                              code="engine_not_ready", type="server_error")
+    with admission:  # released on every way out, unless the answered call took it over
+        return await _answer_call(request, access, admission, sessions)
+
+
+async def _answer_call(request: Request, access: Access, admission: Admission,
+                       sessions: OpenSessions) -> Response:
+    state = get_state(request)
+    config = state.settings
     try:
         sdp, session_doc = await _read_offer(request)
         _check_offer(sdp)
@@ -393,28 +433,27 @@ async def create_call(request: Request) -> Response:
 
     pc = RTCPeerConnection(rtc_configuration(config.ice_server_list(), config.turn_username,
                                              config.turn_credential))
-    call_id = new_id("rtc")
-    call = Call(call_id, pc, state, settings, sessions, session_voice_check(request.app.state))
+    call = Call(admission, pc, state, settings, sessions, session_voice_check(request.app.state))
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         pc.addTrack(call.track)
         _only_opus(pc)
         restrict_gathering(pc, config.ice_host_list() or default_hosts(), config.rtc_port_range())
         await pc.setLocalDescription(await pc.createAnswer())
-    except Exception as exc:  # aiortc reports a bad offer as ValueError and others
+    except BaseException as exc:  # aiortc reports a bad offer as ValueError and others
         await pc.close()
         call.track.stop()
-        logger.info("call %s refused: %s", call_id, exc)
+        if not isinstance(exc, Exception):
+            raise  # cancelled: nothing of the call stays
+        logger.info("call %s refused: %s", call.id, exc)
         return error_response(400, f"cannot answer the SDP offer: {exc or type(exc).__name__}",
                               code="invalid_sdp", param="sdp")
-    state.calls[call_id] = call
-    state.sessions += 1
-    state.metrics.inc("voxline_sessions_total", "realtime sessions opened")
+    state.calls[call.id] = call
     state.metrics.set("voxline_webrtc_calls", "open WebRTC calls", len(state.calls))
     call.start()
-    logger.info("call %s answered", call_id)
+    logger.info("call %s answered", call.id)
     return Response(pc.localDescription.sdp, status_code=201, media_type="application/sdp",
-                    headers={"Location": f"/v1/realtime/calls/{call_id}"})
+                    headers={"Location": f"/v1/realtime/calls/{call.id}"})
 
 
 @router.post("/v1/realtime/calls/{call_id}/hangup")

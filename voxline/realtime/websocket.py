@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 
@@ -17,14 +16,13 @@ from voxline.errors import ProtocolError
 from voxline.realtime.auth import Access, authenticate, offered_subprotocols
 from voxline.realtime.dialect import detect_dialect
 from voxline.realtime.outbox import Outbox, SlowClient, close_after
+from voxline.realtime.session_host import SHUTDOWN_REASON, Admission, Refusal, SessionRefused
 from voxline.realtime.state import get_state
 from voxline.realtime.voices import session_voice_check
 from voxline.realtime.wire_client import parse_command
 from voxline.realtime.wire_server import render_json
-from voxline.sessions.actor import SessionActor
 from voxline.sessions.commands import ClientCommand
 from voxline.sessions.events import ServerEvent
-from voxline.sessions.ids import new_id
 from voxline.sessions.runner import SessionEnded, SessionRunner
 from voxline.sessions.settings import SessionSettings
 
@@ -34,7 +32,6 @@ router = APIRouter()
 CLOSE_POLICY = 1008  # bad credentials / abuse
 CLOSE_TRY_AGAIN = 1013  # capacity
 CLOSE_GOING_AWAY = 1001  # server shutdown
-SHUTDOWN_REASON = "server is shutting down"
 
 
 class OpenSessions:
@@ -135,6 +132,12 @@ async def _client_events(ws: WebSocket, max_bytes: int) -> AsyncIterator[ClientC
             yield exc
 
 
+def refusal_close(refused: SessionRefused) -> tuple[int, str]:
+    """The close frame for a session the host did not admit."""
+    code = CLOSE_GOING_AWAY if refused.refusal is Refusal.SHUTTING_DOWN else CLOSE_TRY_AGAIN
+    return code, refused.reason
+
+
 @router.websocket("/v1/realtime")
 async def realtime(ws: WebSocket) -> None:
     state = get_state(ws)
@@ -142,34 +145,32 @@ async def realtime(ws: WebSocket) -> None:
     offered = offered_subprotocols(ws)
     access = authenticate(ws, settings.api_key, state.client_secrets)
     if not isinstance(access, Access):
-        state.metrics.inc("voxline_sessions_refused_total", "sessions refused")
+        state.host.count_refusal()
         await ws.close(code=CLOSE_POLICY, reason=access)
         return
     await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
     sessions = open_sessions(ws.app)
-    if sessions.draining:
-        await ws.close(code=CLOSE_GOING_AWAY, reason=SHUTDOWN_REASON)
+    try:
+        admission = state.host.admit(draining=sessions.draining)
+    except SessionRefused as refused:
+        code, reason = refusal_close(refused)
+        await ws.close(code=code, reason=reason)
         return
-    if state.sessions >= settings.max_sessions:
-        state.metrics.inc("voxline_sessions_refused_total", "sessions refused")
-        await ws.close(code=CLOSE_TRY_AGAIN,
-                       reason=f"server is at its limit of {settings.max_sessions} sessions")
-        return
-    if not state.engine.ready:
-        await ws.close(code=CLOSE_TRY_AGAIN, reason="engine is not ready, try again shortly")
-        return
+    with admission:  # the slot is released however the session ends
+        await _serve(ws, admission, access, sessions)
+
+
+async def _serve(ws: WebSocket, admission: Admission, access: Access,
+                 sessions: OpenSessions) -> None:
+    state = get_state(ws)
+    settings = state.settings
     dialect = detect_dialect(list(ws.headers.items()))
-    session_id = new_id("sess")
+    session_id = admission.session_id
     # the session echoes the model the client asked for (`?model=`), as OpenAI does
     requested = ws.query_params.get("model")
     initial = access.settings or SessionSettings()  # a client secret's session, if any
     if requested:
         initial = replace(initial, model=requested)
-    actor = SessionActor(session_id, f"{session_id}-{uuid.uuid4().hex[:6]}", settings=initial,
-                         lead_ms=settings.output_lead_ms, max_event_bytes=settings.max_event_bytes,
-                         tools_supported=settings.remote_llm,
-                         voice_error=session_voice_check(ws.app.state))
-
     outbox = Outbox(ws.send_text, settings.send_buffer_kb * 1024)
 
     async def send(event: ServerEvent) -> None:
@@ -177,10 +178,9 @@ async def realtime(ws: WebSocket) -> None:
         if wire is not None:
             outbox.put(wire)  # never waits on the client; raises SlowClient past the bound
 
-    runner = SessionRunner(actor, state.engine, send, max_seconds=settings.max_session_seconds,
-                           observe=state.metrics.observe)
-    state.sessions += 1
-    state.metrics.inc("voxline_sessions_total", "realtime sessions opened")
+    runner = admission.runner(send, settings=initial,
+                              voice_error=session_voice_check(ws.app.state))
+    admission.opened()
     logger.info("session %s opened (%s dialect)", session_id, dialect.value)
     with sessions.track():
         code, reason = 1000, ""
@@ -196,6 +196,6 @@ async def realtime(ws: WebSocket) -> None:
             state.metrics.inc("voxline_session_errors_total", "sessions ended by a server error")
             code, reason = 1011, "internal server error"
         finally:
-            state.sessions -= 1
+            admission.release()  # before the close frame: a reconnect finds the slot free
             logger.info("session %s closed%s", session_id, f": {reason}" if reason else "")
         await close_after(ws, outbox, code, reason, state.metrics)

@@ -1,60 +1,79 @@
 """The engine in this process, and sessions on it with no HTTP in between.
 
 :class:`Engine` owns an engine client (the shipped models on a thread by default, or a
-supervised child process); each :meth:`Engine.session` runs a SessionActor under a
-SessionRunner, exactly as the ``/v1/realtime`` WebSocket does, with asyncio queues for
-a socket.
+supervised child process); each :meth:`Engine.session` is admitted and built by the
+session host (:mod:`voxline.realtime.session_host`), a SessionActor under a SessionRunner
+exactly as the ``/v1/realtime`` WebSocket's, with bounded asyncio queues for a socket.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
+import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from voxline.config import Settings, load_settings
 from voxline.engines.client import EngineClient, InProcessEngineClient
 from voxline.realtime.server import make_engine
+from voxline.realtime.session_host import Admission, SessionHost, SessionLimits, SessionRefused
 from voxline.sdk.session import SessionError, SessionFactory, Transport
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
-from voxline.sessions.actor import SessionActor
-from voxline.sessions.ids import new_id
 from voxline.sessions.runner import SessionEnded, SessionRunner
 
 COMMAND_QUEUE_LIMIT = 1024  # commands the session has not taken yet (audio frames mostly)
+OUTBOX_LIMIT = 256  # events the session wrote that the Session's reader has not taken yet
+SESSION_SECONDS = 24 * 3600.0  # an embedded session's time limit (a server's is shorter)
+
+logger = logging.getLogger(__name__)
 
 
 class LocalTransport(Transport):
-    """A session running here: a SessionRunner task between two queues."""
+    """A session running here: a SessionRunner task between two bounded queues.
+
+    Events are handed over with back-pressure, as a socket would: while the reader keeps
+    taking them nothing is ever dropped or refused, however fast they come. A reader that
+    stops reading fills this outbox, then the runner's own bound; past that the session
+    ends as a WebSocket client that stops reading does ("client is not reading its
+    events"): the reason is logged, kept in `end_reason`, and `send` raises it.
+    """
 
     def __init__(self, engine: EngineClient, *, lead_ms: float = 200.0,
-                 max_session_seconds: float = 24 * 3600.0, tools_supported: bool = False) -> None:
-        self._engine = engine
-        self._lead_ms = lead_ms
-        self._tools_supported = tools_supported
-        self._max_seconds = max_session_seconds
+                 max_session_seconds: float = SESSION_SECONDS, tools_supported: bool = False,
+                 host: SessionHost | None = None) -> None:
+        self._host = host or SessionHost(engine, SessionLimits(
+            lead_ms=lead_ms, max_session_seconds=max_session_seconds,
+            tools_supported=tools_supported))
         self._inbox: asyncio.Queue[cmd.ClientCommand | None] = asyncio.Queue(COMMAND_QUEUE_LIMIT)
-        self._outbox: asyncio.Queue[ev.ServerEvent | None] = asyncio.Queue()
+        self._outbox: asyncio.Queue[ev.ServerEvent | None] = asyncio.Queue(OUTBOX_LIMIT)
+        self._finished = False  # the runner is done: once the outbox is empty, events end
         self._task: asyncio.Task[None] | None = None
+        self.end_reason: str | None = None  # why the session ended, when not cleanly
 
     async def open(self) -> None:
-        session_id = new_id("sess")
-        actor = SessionActor(session_id, f"{session_id}-{uuid.uuid4().hex[:6]}",
-                             lead_ms=self._lead_ms, tools_supported=self._tools_supported)
-        runner = SessionRunner(actor, self._engine, self._outbox.put,
-                               max_seconds=self._max_seconds)
-        self._task = asyncio.create_task(self._run(runner), name="voxline-local-session")
-
-    async def _run(self, runner: SessionRunner) -> None:
         try:
-            await runner.run(self._commands())
-        except SessionEnded:
-            pass  # the final error event (if any) is already in the outbox
-        finally:
-            self._outbox.put_nowait(None)
+            admission = self._host.admit()
+        except SessionRefused as refused:
+            raise SessionError(f"the session was not opened: {refused.reason}") from None
+        runner = admission.runner(self._outbox.put)  # waits for room: back-pressure
+        self._task = asyncio.create_task(self._run(admission, runner),
+                                         name="voxline-local-session")
+
+    async def _run(self, admission: Admission, runner: SessionRunner) -> None:
+        with admission:
+            admission.opened()
+            try:
+                await runner.run(self._commands())
+            except SessionEnded as end:  # the final error event (if any) is in the outbox
+                if end.code != 1000:
+                    self.end_reason = end.reason
+                    logger.warning("session %s ended: %s", admission.session_id, end.reason)
+            finally:
+                self._finished = True
+                with contextlib.suppress(asyncio.QueueFull):  # wakes a reader waiting on get
+                    self._outbox.put_nowait(None)
 
     async def _commands(self) -> AsyncIterator[cmd.ClientCommand]:
         while (command := await self._inbox.get()) is not None:
@@ -62,11 +81,15 @@ class LocalTransport(Transport):
 
     async def send(self, command: cmd.ClientCommand) -> None:
         if self._task is None or self._task.done():
-            raise SessionError("the session has ended")
+            why = f": {self.end_reason}" if self.end_reason else ""
+            raise SessionError(f"the session has ended{why}")
         await self._inbox.put(command)
 
     async def events(self) -> AsyncIterator[ev.ServerEvent]:
-        while (event := await self._outbox.get()) is not None:
+        while not (self._finished and self._outbox.empty()):
+            event = await self._outbox.get()
+            if event is None:
+                return
             yield event
 
     async def close(self) -> None:
@@ -95,6 +118,7 @@ class Engine(SessionFactory):
                  core: str | None = None, core_options: Mapping[str, Any] | None = None) -> None:
         self.settings = settings or load_settings(engine="inprocess")
         self._owned = client is None
+        self._session_host: SessionHost | None = None
         if client is not None:
             self.client = client
         elif core is not None:
@@ -125,5 +149,12 @@ class Engine(SessionFactory):
     def _transport(self) -> Transport:
         if not self.client.ready:
             raise SessionError("the engine is not running; use `async with Engine() as engine`")
-        return LocalTransport(self.client, lead_ms=self.settings.output_lead_ms,
-                              tools_supported=self.settings.remote_llm)
+        return LocalTransport(self.client, host=self._host())
+
+    def _host(self) -> SessionHost:
+        """One host for this engine's sessions (no session limit, as before)."""
+        if self._session_host is None:
+            self._session_host = SessionHost(self.client, SessionLimits(
+                lead_ms=self.settings.output_lead_ms, max_session_seconds=SESSION_SECONDS,
+                tools_supported=self.settings.remote_llm))
+        return self._session_host

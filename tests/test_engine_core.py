@@ -274,10 +274,10 @@ def test_a_transcript_of_the_closed_stream_never_reaches_its_successor():
     h = Harness()
     h.send(p.OpenStream("s1"), p.AppendAudio("s1", speech_turn()))
     h.run_until(has(p.SpeechStopped))
-    assert h.core._asr_worker.running is not None  # the final transcript is being made
+    assert h.core.table["asr"].worker.running is not None  # the final transcript is being made
     h.send(p.CloseStream("s1"), p.OpenStream("s1"))
     # the barrier: the closed stream's transcript is back from the ASR worker and routed
-    h.run_until(lambda outs: h.core._asr_worker.idle and not h.core.has_work())
+    h.run_until(lambda outs: h.core.table["asr"].worker.idle and not h.core.has_work())
     assert h.asr.calls >= 1 and not h.of(p.TranscriptFinal)
     assert not h.core.streams["s1"].conversation.items
     assert h.kinds()[-1] == "StreamClosed" and not h.of(p.StreamError)

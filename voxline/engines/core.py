@@ -1,14 +1,25 @@
-"""The engine core: the loop body that owns the streams and routes work between stages.
+"""The engine core: the loop body that owns the streams, takes the inputs and holds the
+stage table.
 
 Stages (`voxline.engines.stage` says what schedule/execute/update mean for each):
 
-    input audio -> VAD -> turns (`InputAudio`) -> ASR -> conversation
-    CreateResponse -> LLM -> text chunker -> TTS -> audio out   (`Responses`)
+    input audio -> VAD -> turns (`InputAudio`) -> ASR -> conversation      (`Turns`)
+    CreateResponse -> LLM -> text chunker -> TTS -> audio out           (`Responses`)
 
-VAD runs inline (one batched call per round over every stream with a frame); ASR, LLM
-and TTS each run on their own `StageWorker` thread while the loop keeps taking inputs.
-Only the loop thread touches state. A TTS segment starts as soon as the text chunker
-closes it (async chunk): the first clause is spoken while the LLM writes the rest.
+Every stage is one row of the stage table (`voxline.engines.stage_table`): its stage,
+the `StageWorker` that runs its model (VAD inline, one batched call per round; ASR, LLM
+and TTS each on their own thread while the loop keeps taking inputs), and the callbacks
+that route its outcomes and fail the owners of a failed plan. `has_work`, `step` and
+`close` loop over the table, so every stage takes the same collect -> log -> fail ->
+update -> route path. Only the loop thread touches state. A TTS segment starts as soon
+as the text chunker closes it (async chunk): the first clause is spoken while the LLM
+writes the rest.
+
+Adding a stage takes one new module and one table row: the module holds the stage (the
+three calls, over its own queue) and the routing of its outcomes to their owners, by
+internal stream id; the row in `_stage_table` names it, gives it a worker (a thread
+name) and those callbacks, at its place in the table (plans land and start in table
+order). A new kind of input gets its own `protocol` message and one `_dispatch` case.
 
 Routing is by internal stream id: an outcome whose stream has closed (or whose response
 was cancelled or replaced) is dropped, so a stale chunk is never sent, and outputs
@@ -24,24 +35,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from voxline.engines import protocol as p
-from voxline.engines.asr_stage import ASRJob, ASRModel, ASRStage
-from voxline.engines.input_audio import (
-    MAX_UTTERANCE_MS,
-    InputAudio,
-    PartialDue,
-    TurnPaused,
-    TurnResumed,
-    TurnStarted,
-    TurnStopped,
-)
-from voxline.engines.llm_stage import ChatModel, FinishReason, LLMStage
+from voxline.engines.asr_stage import ASRModel, ASRStage
+from voxline.engines.input_audio import MAX_UTTERANCE_MS, InputAudio
+from voxline.engines.llm_stage import ChatModel, LLMStage
 from voxline.engines.prompt_cache import Conversation
 from voxline.engines.remote_llm import RemoteChat, RemoteLLMStage
 from voxline.engines.responses import Responses
 from voxline.engines.speech_stage import SpeechStage
 from voxline.engines.stage import RequestRefused, StageWorker
+from voxline.engines.stage_table import StageSlot, StageTable
 from voxline.engines.streams import StreamRegistry, StreamState
 from voxline.engines.tts_stage import TTSStage
+from voxline.engines.turns import Turns
 from voxline.engines.vad_stage import MAX_BACKLOG_MS, ROUNDS_PER_STEP, VADModel, VADStage
 
 logger = logging.getLogger(__name__)
@@ -50,8 +55,6 @@ logger = logging.getLogger(__name__)
 # enough that the gaps between words rarely reach it, short enough that transcript,
 # first clause and first audio are mostly ready when a 500 ms silence window closes.
 DEFAULT_SPECULATE_AFTER_MS = 160.0
-# With speculation off, semantic turn detection still transcribes pauses this long.
-SEMANTIC_PAUSE_MS = 160.0
 
 
 @dataclass
@@ -77,7 +80,6 @@ class EngineCore:
                  max_utterance_ms: float = MAX_UTTERANCE_MS, max_responses: int = 8,
                  speculate_after_ms: float = DEFAULT_SPECULATE_AFTER_MS) -> None:
         self.models = models
-        self.speculate_after_ms = speculate_after_ms
         self.max_responses = max_responses
         self.max_utterance_ms = max_utterance_ms
         self.registry = StreamRegistry(max_streams)
@@ -88,12 +90,35 @@ class EngineCore:
             RemoteLLMStage(models.llm, wake) if isinstance(models.llm, RemoteChat)
             else LLMStage(models.llm))
         self.tts = TTSStage(models.tts)
-        self._vad_worker = StageWorker(self.vad, wake, thread_name=None)
-        self._asr_worker = StageWorker(self.asr, wake, "voxline-asr")
-        self._llm_worker = StageWorker(self.llm, wake, "voxline-llm")
-        self._tts_worker = StageWorker(self.tts, wake, "voxline-tts")
         self._outputs: list[p.EngineOutput] = []
-        self.responses = Responses(models.llm, self.llm, self.tts, self._outputs.append)
+        self.responses = Responses(models.llm, self.llm, self.tts, self._outputs.append,
+                                   self.registry.live)
+        self.turns = Turns(self.registry, self.vad, self.asr, self.responses,
+                           self._outputs.append, speculate_after_ms, max_responses)
+        # `_release_closed` reads the LLM's running plan: KV slots a step in flight writes
+        self._llm_worker = StageWorker(self.llm, wake, "voxline-llm")
+        self.table = self._stage_table(wake)
+
+    def _stage_table(self, wake: Callable[[], None]) -> StageTable:
+        """The stages in table order. VAD runs first and inline, so the turns it ends
+        reach ASR and the LLM in the same step; the LLM's plan lands before ASR's, so the
+        KV slots it held for closed streams are free before a transcript starts a reply."""
+        turns, responses, llm = self.turns, self.responses, self.llm
+        llm_row = StageSlot("llm", llm, self._llm_worker, route=responses.route_llm,
+                            fail=responses.fail_llm, settle=responses.end_refused,
+                            landed=self._release_closed)
+        if isinstance(llm, RemoteLLMStage):
+            llm_row.on_close = llm.close  # its HTTP requests run outside the worker
+        return StageTable([
+            StageSlot("vad", self.vad, StageWorker(self.vad, wake, thread_name=None),
+                      route=turns.on_frames, fail=turns.vad_failed, rounds=ROUNDS_PER_STEP),
+            llm_row,
+            StageSlot("asr", self.asr, StageWorker(self.asr, wake, "voxline-asr"),
+                      route=turns.on_transcript, fail=turns.asr_failed),
+            StageSlot("tts", self.tts, StageWorker(self.tts, wake, "voxline-tts"),
+                      route=responses.route_speech, fail=responses.fail_speech,
+                      waiting=responses.speech_ready, prepare=responses.start_speech),
+        ])
 
     @property
     def streams(self) -> Mapping[str, StreamState]:
@@ -103,39 +128,18 @@ class EngineCore:
     # ------------------------------------------------------------------ loop interface
 
     def has_work(self) -> bool:
-        if self._outputs:
-            return True
-        workers = (self._asr_worker, self._llm_worker, self._tts_worker)
-        if any(w.done() for w in workers):
-            return True
-        if self._asr_worker.idle and self.asr.has_work():
-            return True
-        if self._llm_worker.idle and self.llm.has_work():
-            return True
-        if self._tts_worker.idle and (self.tts.has_work() or self.responses.speech_ready()):
-            return True
-        return self.vad.has_work()
+        return bool(self._outputs) or self.table.has_work()
 
     def step(self) -> list[p.EngineOutput]:
-        self._finish_llm()
-        self._release_closed()
-        self._finish_asr()
-        self._finish_tts()
-        self._run_vad()
-        self._asr_worker.start()
-        self._start_tts()
-        self._start_llm()
+        self.table.step()
         out = list(self._outputs)
-        self._outputs.clear()  # cleared in place: `Responses` appends to this list
+        self._outputs.clear()  # cleared in place: `Responses` and `Turns` append to it
         return out
 
     def close(self) -> None:
         for external_id in list(self.streams):
             self._close_stream(external_id, announce=False)
-        for worker in (self._asr_worker, self._tts_worker, self._llm_worker):
-            worker.close()
-        if isinstance(self.llm, RemoteLLMStage):
-            self.llm.close()
+        self.table.close()
         self._release_closed(force=True)
 
     def add_input(self, msg: p.EngineInput) -> None:
@@ -145,7 +149,8 @@ class EngineCore:
             self._error(msg.stream_id, str(exc), exc.code, exc.fatal)
         except Exception as exc:  # one bad input must not take down the engine
             logger.exception("input %s failed", type(msg).__name__)
-            self._error(msg.stream_id, f"{type(msg).__name__} failed: {exc}", "engine_error")
+            self._error(msg.stream_id, f"{type(msg).__name__} failed: {exc}",
+                        p.ErrorCode.ENGINE_ERROR)
 
     # ---------------------------------------------------------------------- inputs
 
@@ -156,29 +161,21 @@ class EngineCore:
         stream = self.registry.get(msg.stream_id)
         if stream is None:
             self._error(msg.stream_id, f"{type(msg).__name__}: no open stream {msg.stream_id!r}",
-                        "unknown_stream")
+                        p.ErrorCode.UNKNOWN_STREAM)
             return
-        responses = self.responses
+        responses, turns = self.responses, self.turns
         match msg:
             case p.UpdateStream():
                 responses.discard_speculation(stream)  # it answered with the old settings
                 stream.config = msg.config
-                stream.input.pause_ms = self._pause_ms(msg.config)
-                stream.input.configure(msg.config.turn_detection)
-                self.vad.enable(stream.internal_id, stream.input.detector is not None)
+                turns.configure(stream, msg.config)
             case p.AppendAudio():
-                audio = np.frombuffer(msg.audio, dtype="<f4")
-                if stream.input.detector is None:
-                    stream.input.append_manual(audio)
-                else:
-                    self.vad.append(stream.internal_id, audio)
+                turns.append(stream, np.frombuffer(msg.audio, dtype="<f4"))
             case p.CommitAudio():
-                utt = stream.input.commit()
-                self._queue_final(stream, msg.item_id, utt.audio())
+                turns.commit(stream, msg.item_id)
             case p.ClearAudio():
                 responses.discard_speculation(stream)
-                self.vad.clear(stream.internal_id)
-                stream.input.clear()
+                turns.clear(stream)
             case p.AddItem():
                 responses.conversation_changed(stream)
                 stream.conversation.add(msg.item_id, msg.role, msg.text, msg.previous_item_id)
@@ -196,6 +193,8 @@ class EngineCore:
                 responses.create(stream, msg)
             case p.Speak():
                 responses.speak(stream, msg)
+            case p.RegisterVoice():
+                self._register_voice(msg)
             case p.CancelResponse():
                 responses.cancel(stream)
             case p.CloseStream():
@@ -204,18 +203,17 @@ class EngineCore:
     def _open_stream(self, msg: p.OpenStream) -> None:
         internal_id = self.registry.new_id(msg.stream_id)
         audio_in = InputAudio(msg.config.turn_detection, self.max_utterance_ms,
-                              self._pause_ms(msg.config))
+                              self.turns.pause_ms(msg.config))
         stream = StreamState(internal_id, msg.stream_id, msg.config,
                              Conversation(self.models.llm.render_message), audio_in)
-        self.vad.add_stream(internal_id, enabled=audio_in.detector is not None)
+        self.turns.opened(stream)
         self.registry.add(stream)
 
     def _close_stream(self, external_id: str, announce: bool) -> None:
         """Abort every stream behind `external_id`; its resources go once no step uses them."""
         for stream in self.registry.close(external_id):
             self.responses.abort(stream)
-            self.asr.drop(stream.internal_id)
-            self.vad.remove_stream(stream.internal_id)
+            self.turns.closed(stream)
         self._release_closed()
         if announce:
             self._outputs.append(p.StreamClosed(external_id))
@@ -240,207 +238,21 @@ class EngineCore:
             return False
         self.responses.discard_speculation(stream)
         self._error(stream.external_id, f"the engine is generating its limit of "
-                    f"{self.max_responses} responses at once; try again shortly", "server_busy")
+                    f"{self.max_responses} responses at once; try again shortly",
+                    p.ErrorCode.SERVER_BUSY)
         self._outputs.append(p.ResponseDone(stream.external_id, msg.response_id,
                                             p.ResponseStatus.FAILED, ""))
         return True
 
-    def _error(self, stream_id: str, message: str, code: str, fatal: bool = False) -> None:
+    def _register_voice(self, msg: p.RegisterVoice) -> None:
+        """Queued for the speech model's next step, so it is there for any later speech."""
+        name = msg.reference.name
+        if not name:
+            raise RequestRefused("RegisterVoice: reference.name is required (the voice "
+                                 "name later speech asks for)", p.ErrorCode.INVALID_VALUE)
+        self.tts.register_voice(msg.reference)
+        self._outputs.append(p.VoiceRegistered(msg.stream_id, name))
+
+    def _error(self, stream_id: str, message: str, code: p.ErrorCode, fatal: bool = False) -> None:
         self._outputs.append(p.StreamError(stream_id, message, code, fatal))
 
-    # ------------------------------------------------------------------ VAD and ASR
-
-    def _run_vad(self) -> None:
-        """Batched VAD: one model call per round, one 32 ms frame from each stream."""
-        for _ in range(ROUNDS_PER_STEP):  # bounded: a backlog is worked off over several steps
-            if self._vad_worker.start() is None:
-                return
-            done = self._vad_worker.collect()
-            assert done is not None  # inline: finished within start()
-            if done.error is not None:
-                logger.error("VAD failed", exc_info=done.error)
-                self.vad.drop(done.plan)
-                for sid in done.plan.stream_ids:
-                    if (stream := self.registry.live(sid)) is not None:
-                        self._error(stream.external_id, f"voice activity detection failed: "
-                                    f"{done.error}; the audio waiting for it was discarded",
-                                    "vad_error")
-                return
-            for frame in self.vad.update(done.plan, done.result):
-                stream = self.registry.live(frame.stream_id)
-                if stream is not None and stream.input.detector is not None:
-                    self._on_vad_frame(stream, frame.frame, frame.prob)
-
-    def _on_vad_frame(self, stream: StreamState, frame: np.ndarray, prob: float) -> None:
-        cfg = stream.config
-        turn = stream.input.on_frame(frame, prob, cfg.transcribe_partials, cfg.partial_interval_ms)
-        sid = stream.external_id
-        match turn:
-            case TurnStarted():
-                self.responses.discard_speculation(stream)  # (a lingering one: never asked for)
-                self._outputs.append(p.SpeechStarted(sid, int(turn.audio_start_ms),
-                                                     turn.utterance.item_id))
-            case TurnStopped():
-                utt = turn.utterance
-                self._outputs.append(p.SpeechStopped(sid, int(turn.audio_end_ms), utt.item_id))
-                if utt.pause_text is not None:  # no speech since the pause: it is the final
-                    self._final_transcript(stream, utt.item_id, utt.pause_text, utt.pause_asr_ms)
-                elif utt.pause_asr:  # the pause transcript becomes the final when it lands
-                    utt.ended = True
-                    stream.pending_finals += 1
-                else:
-                    self._queue_final(stream, utt.item_id, utt.audio())
-            case TurnPaused():
-                utt = turn.utterance
-                utt.pause_asr = True
-                self.asr.add(ASRJob(stream.internal_id, utt.item_id, utt.audio(), final=False,
-                                    pause=utt, generation=utt.generation))
-            case TurnResumed():
-                self.responses.discard_speculation(stream)
-            case PartialDue():
-                utt = turn.utterance
-                self.asr.add(ASRJob(stream.internal_id, utt.item_id, utt.audio(), final=False))
-
-    def _pause_ms(self, config: p.StreamConfig) -> float:
-        """How long a pause in a turn must last before it is transcribed: to speculate, or
-        for semantic turn detection to judge the words (0: never)."""
-        td = config.turn_detection
-        if td is None:
-            return 0.0
-        if self.speculate_after_ms > 0:
-            return self.speculate_after_ms
-        return SEMANTIC_PAUSE_MS if td.eagerness is not None else 0.0
-
-    def _queue_final(self, stream: StreamState, item_id: str, audio: np.ndarray) -> None:
-        stream.pending_finals += 1
-        self.asr.add(ASRJob(stream.internal_id, item_id, audio, final=True))
-
-    def _finish_asr(self) -> None:
-        done = self._asr_worker.collect()
-        if done is None:
-            return
-        job = done.plan
-        stream = self.registry.live(job.stream_id)
-        if stream is None:
-            return  # closed meanwhile
-        if job.pause is not None:
-            self._pause_transcribed(stream, job, done.result, done.error, done.seconds)
-            return
-        if done.error is not None:
-            logger.error("ASR failed", exc_info=done.error)
-            self._error(stream.external_id, f"transcription failed: {done.error}", "asr_error")
-            if job.final:
-                self.responses.transcript_landed(stream)
-            return
-        assert done.result is not None
-        text = self.asr.update(job, done.result)
-        if not job.final:
-            utt = stream.input.utterance
-            if utt is not None and utt.item_id == job.item_id:
-                utt.partial_queued = False
-                if text:
-                    self._outputs.append(p.TranscriptPartial(stream.external_id, job.item_id, text))
-            return
-        self._final_transcript(stream, job.item_id, text, done.seconds * 1000)
-        self.responses.transcript_landed(stream)
-
-    def _final_transcript(self, stream: StreamState, item_id: str, text: str,
-                          asr_ms: float) -> None:
-        """The user item joins the conversation (a speculation may have added it already)."""
-        if text and not stream.conversation.has(item_id):
-            self.responses.conversation_changed(stream)
-            stream.conversation.add(item_id, "user", text)
-        self.responses.turn_ended(stream, item_id)
-        self._outputs.append(p.TranscriptFinal(stream.external_id, item_id, text, asr_ms))
-
-    def _pause_transcribed(self, stream: StreamState, job: ASRJob, result: str | None,
-                           error: BaseException | None, seconds: float) -> None:
-        """A pause transcript landed: the final one if the turn ended meanwhile; else the
-        words semantic turn detection judges and a speculative reply starts from."""
-        utt = job.pause
-        assert utt is not None
-        if job.generation != utt.generation:
-            return  # speech resumed after the pause: void
-        utt.pause_asr = False
-        if error is not None:
-            logger.error("ASR failed", exc_info=error)
-            if utt.ended:  # no other transcript is coming: the turn's final failed
-                self._error(stream.external_id, f"transcription failed: {error}", "asr_error")
-                self.responses.transcript_landed(stream)
-            return  # a failed pause transcript just means no speculation
-        assert result is not None
-        text = self.asr.update(job, result)
-        if utt.ended:
-            self._final_transcript(stream, job.item_id, text, seconds * 1000)
-            self.responses.transcript_landed(stream)
-            return
-        utt.pause_text, utt.pause_asr_ms = text, seconds * 1000
-        if stream.input.utterance is utt and stream.input.detector is not None:
-            stream.input.detector.judge(text)
-        # speculate only with room to spare: never at the cost of replies already running
-        if self.speculate_after_ms > 0 and self.responses.in_progress() < self.max_responses:
-            self.responses.speculate(stream, job.item_id, text)
-
-    # -------------------------------------------------------------------------- LLM
-
-    def _start_llm(self) -> None:
-        if not self._llm_worker.idle:
-            return
-        self._llm_rejected()
-        self._llm_worker.start()
-        self._llm_rejected()
-
-    def _llm_rejected(self) -> None:
-        """Requests the scheduler refused (context too long) end their responses."""
-        for req in self.llm.finished_with_error():
-            stream = self.registry.live(req.stream_id)
-            if stream is not None:
-                self.responses.llm_finished(stream, req)
-
-    def _finish_llm(self) -> None:
-        done = self._llm_worker.collect()
-        if done is None:
-            return
-        plan = done.plan
-        if done.error is not None:
-            logger.error("LLM step failed", exc_info=done.error)
-            for entry in plan.entries:
-                req = self.llm.abort(entry.request.request_id)
-                if req is not None:
-                    req.finish = FinishReason.ERROR
-                    stream = self.registry.live(req.stream_id)
-                    if stream is not None:
-                        self.responses.llm_finished(stream, req, f"LLM step failed: {done.error}")
-            return
-        assert done.result is not None
-        self.llm.update(plan, done.result)
-        for entry in plan.entries:
-            stream = self.registry.live(entry.request.stream_id)
-            if stream is not None:
-                self.responses.on_llm_step(stream, entry.request, done.seconds)
-
-    # -------------------------------------------------------------------------- TTS
-
-    def _start_tts(self) -> None:
-        """Between steps: hand each response its next segment, then run a step."""
-        if not self._tts_worker.idle:
-            return
-        self.responses.start_speech()
-        self._tts_worker.start()
-
-    def _finish_tts(self) -> None:
-        done = self._tts_worker.collect()
-        if done is None:
-            return
-        if done.error is not None:
-            logger.error("TTS step failed", exc_info=done.error)
-            for _job_id, owner in self.tts.fail(done.plan):
-                stream = self.registry.live(owner.stream_id)
-                if stream is not None:
-                    self.responses.speech_failed(stream, owner, done.error)
-            return
-        assert done.result is not None
-        for owner, out in self.tts.update(done.plan, done.result):
-            stream = self.registry.live(owner.stream_id)
-            if stream is not None:
-                self.responses.on_speech(stream, owner, out, done.seconds * 1000)

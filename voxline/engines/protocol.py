@@ -166,9 +166,17 @@ class Speak(msgspec.Struct, tag=True, frozen=True):
     speed: float = 1.0
     seed: int | None = None
     voice: str | None = None
-    # A voice to clone. With blank ``text`` nothing is spoken: a named reference is only
-    # registered (empty ``audio``: the name is unregistered) and the response completes.
-    reference: VoiceReference | None = None
+    reference: VoiceReference | None = None  # a voice to clone for this text
+
+
+class RegisterVoice(msgspec.Struct, tag=True, frozen=True):
+    """Register the named `reference` in the speech stage, so that a later ``voice`` of
+    that name speaks with it; empty ``audio`` unregisters the name. Answered by
+    `VoiceRegistered`; it reaches the model ahead of any speech asked for after it. A
+    speech model that cannot clone ignores it. Refused (`INVALID_VALUE`) without a name."""
+
+    stream_id: str
+    reference: VoiceReference
 
 
 class CancelResponse(msgspec.Struct, tag=True, frozen=True):
@@ -194,6 +202,7 @@ EngineInput = (
     | TruncateItem
     | CreateResponse
     | Speak
+    | RegisterVoice
     | CancelResponse
     | CloseStream
 )
@@ -312,12 +321,56 @@ class Speculation(msgspec.Struct, tag=True, frozen=True):
     outcome: str
 
 
+class VoiceRegistered(msgspec.Struct, tag=True, frozen=True):
+    """The voice `name` of a `RegisterVoice` is registered (or unregistered)."""
+
+    stream_id: str
+    name: str
+
+
+class ErrorCode(enum.StrEnum):
+    """Why a request failed (`StreamError.code`); the wire carries the value.
+
+    `server_side`: the engine failed or is at its limits (try again later); every other
+    code says what was wrong with the request.
+    """
+
+    ENGINE_ERROR = "engine_error"  # an input failed unexpectedly
+    VAD_ERROR = "vad_error"
+    ASR_ERROR = "asr_error"
+    LLM_BACKEND_ERROR = "llm_backend_error"
+    TTS_ERROR = "tts_error"
+    SERVER_BUSY = "server_busy"  # `max_responses` in progress
+    CAPACITY = "capacity"  # no free stream or KV slot
+    ENGINE_DEAD = "engine_dead"  # (fatal, from the client) the engine process died
+    ENGINE_CLOSED = "engine_closed"  # (fatal, from the client) the client was closed
+    OUTPUT_OVERFLOW = "output_overflow"  # (fatal, from the client) the consumer fell behind
+    UNKNOWN_STREAM = "unknown_stream"
+    STREAM_EXISTS = "stream_exists"
+    INPUT_AUDIO_BUFFER_FULL = "input_audio_buffer_full"
+    INPUT_AUDIO_BUFFER_COMMIT_EMPTY = "input_audio_buffer_commit_empty"
+    CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE = "conversation_already_has_active_response"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    INVALID_VALUE = "invalid_value"
+
+    @property
+    def server_side(self) -> bool:
+        return self in _SERVER_SIDE
+
+
+_SERVER_SIDE = frozenset({
+    ErrorCode.ENGINE_ERROR, ErrorCode.VAD_ERROR, ErrorCode.ASR_ERROR,
+    ErrorCode.LLM_BACKEND_ERROR, ErrorCode.TTS_ERROR, ErrorCode.SERVER_BUSY,
+    ErrorCode.CAPACITY, ErrorCode.ENGINE_DEAD, ErrorCode.ENGINE_CLOSED,
+})
+
+
 class StreamError(msgspec.Struct, tag=True, frozen=True):
     """A request failed; the stream stays usable unless `fatal`."""
 
     stream_id: str
     message: str
-    code: str = "engine_error"
+    code: ErrorCode = ErrorCode.ENGINE_ERROR
     fatal: bool = False
 
 
@@ -337,6 +390,7 @@ EngineOutput = (
     | ResponseDone
     | ItemTruncated
     | Speculation
+    | VoiceRegistered
     | StreamError
     | StreamClosed
 )

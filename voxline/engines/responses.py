@@ -32,14 +32,21 @@ import numpy as np
 import torch
 
 from voxline.engines import protocol as p
-from voxline.engines.llm_stage import ChatModel, FinishReason, GenerationRequest, LLMStage, Slot
+from voxline.engines.llm_stage import (
+    ChatModel,
+    FinishReason,
+    GenerationRequest,
+    LLMStage,
+    Slot,
+    StepPlan,
+)
 from voxline.engines.prompt_cache import AudioSpan, ItemNotFound, cut_spans
-from voxline.engines.remote_llm import function_call_text
+from voxline.engines.remote_llm import RemoteLLMStage, RemotePlan, function_call_text
 from voxline.engines.speech_stage import SpeechOut
 from voxline.engines.stage import StreamId
 from voxline.engines.streams import StreamState
 from voxline.engines.text_chunker import TextChunker
-from voxline.engines.tts_stage import SpeechOwner, TTSStage
+from voxline.engines.tts_stage import SpeechOwner, TTSPlan, TTSStage
 
 # A reply's first clause may be short ("Sure,") so its audio starts early; later
 # segments are longer, which sounds more natural.
@@ -123,15 +130,19 @@ class Responses:
     """Starts, advances and ends the responses of every stream; outputs go to `emit`.
 
     Holds each stream's running response and the one waiting for a transcript
-    (`deferred`); a stream has at most one of the two.
+    (`deferred`); a stream has at most one of the two. The `route_*`/`fail_*` methods are
+    the LLM and TTS rows of the engine's stage table: a finished step's outcomes reach the
+    responses of the streams still open.
     """
 
-    def __init__(self, model: ChatModel, llm: LLMStage, tts: TTSStage,
-                 emit: Callable[[p.EngineOutput], None]) -> None:
+    def __init__(self, model: ChatModel, llm: LLMStage | RemoteLLMStage, tts: TTSStage,
+                 emit: Callable[[p.EngineOutput], None],
+                 live: Callable[[StreamId], StreamState | None]) -> None:
         self.model = model
         self.llm = llm
         self.tts = tts
         self._emit = emit
+        self._live = live  # an open stream by internal id (None: closed or closing)
         self._runs: dict[StreamId, ResponseRun] = {}
         self._deferred: dict[StreamId, p.CreateResponse] = {}
 
@@ -147,7 +158,7 @@ class Responses:
         """Some response has a segment for the TTS stage."""
         return any(run.speech_ready for run in self._runs.values())
 
-    def _error(self, stream: StreamState, message: str, code: str,
+    def _error(self, stream: StreamState, message: str, code: p.ErrorCode,
                run: ResponseRun | None = None) -> None:
         self._send(run, p.StreamError(stream.external_id, message, code))
 
@@ -173,7 +184,7 @@ class Responses:
         active = self._runs.get(sid) or self._deferred.get(sid)
         if active is not None:
             self._error(stream, "response: the conversation already has an active "
-                        f"response {active.response_id!r}", "conversation_already_has_active_response")
+                        f"response {active.response_id!r}", p.ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE)
             return
         if stream.pending_finals > 0:
             self._deferred[sid] = msg
@@ -195,7 +206,7 @@ class Responses:
             index = llm.alloc_slot()
             if index is None:
                 self._error(stream, "response: no free LLM slot (engine at capacity), try "
-                            "again later", "capacity")
+                            "again later", p.ErrorCode.CAPACITY)
                 return None
             stream.slot = Slot(index)
         system = llm.render_message("system", cfg.instructions or stream.config.instructions)
@@ -214,7 +225,7 @@ class Responses:
         if tools and not getattr(llm, "supports_tools", False):
             self._error(stream, "response: tools need a reply model that can call functions "
                         "(a remote OpenAI-compatible server); the embedded model has none",
-                        "invalid_value")
+                        p.ErrorCode.INVALID_VALUE)
             return None
         request = GenerationRequest(
             request_id=f"{stream.internal_id}/{stream.responses}",
@@ -292,10 +303,8 @@ class Responses:
         self.discard_speculation(stream)
         if sid in self._runs or sid in self._deferred:
             self._error(stream, "speak: the stream already has an active response",
-                        "conversation_already_has_active_response")
+                        p.ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE)
             return
-        if msg.reference is not None and msg.reference.name and not msg.text.strip():
-            self.tts.register_voice(msg.reference)  # registration only: nothing to speak
         cfg = p.ResponseConfig(seed=msg.seed, voice=msg.voice, reference=msg.reference)
         run = ResponseRun(msg.response_id, "", cfg, None, new_chunker(), msg.speed,
                           emitted=msg.text, llm_done=True)
@@ -357,11 +366,11 @@ class Responses:
         response.llm_done = True
         if req.finish == FinishReason.ERROR:
             if error or req.error:
-                self._error(stream, error or req.error or "", "llm_backend_error", response)
+                self._error(stream, error or req.error or "", p.ErrorCode.LLM_BACKEND_ERROR, response)
             else:
                 self._error(stream, "the conversation no longer fits the model's context "
                             "window; delete items or start a new session",
-                            "context_length_exceeded", response)
+                            p.ErrorCode.CONTEXT_LENGTH_EXCEEDED, response)
         if response.config.audio:
             response.tts_queue.extend(response.chunker.flush())
         self.finish_if_done(stream)
@@ -414,12 +423,51 @@ class Responses:
         """The TTS step speaking the response's segment failed; the job is already dropped."""
         response = self._runs.get(stream.internal_id)
         if response is None or response.key != owner.response_id:
-            self._error(stream, f"speech synthesis failed: {error}", "tts_error")
+            self._error(stream, f"speech synthesis failed: {error}", p.ErrorCode.TTS_ERROR)
         else:
-            self._error(stream, f"speech synthesis failed: {error}", "tts_error", response)
+            self._error(stream, f"speech synthesis failed: {error}", p.ErrorCode.TTS_ERROR, response)
             response.tts_job = None
             response.tts_open = False
             self.finish_if_done(stream)
+
+    # ------------------------------------------------------------- stage table rows
+
+    def route_llm(self, plan: StepPlan | RemotePlan, _tokens: object, seconds: float) -> None:
+        """An LLM step landed (its tokens confirmed by `update`): each response reads them."""
+        for entry in plan.entries:
+            stream = self._live(entry.request.stream_id)
+            if stream is not None:
+                self.on_llm_step(stream, entry.request, seconds)
+
+    def fail_llm(self, plan: StepPlan | RemotePlan, error: Exception) -> None:
+        """The step failed: every request in it ends, its response failed."""
+        for entry in plan.entries:
+            req = self.llm.abort(entry.request.request_id)
+            if req is not None:
+                req.finish = FinishReason.ERROR
+                stream = self._live(req.stream_id)
+                if stream is not None:
+                    self.llm_finished(stream, req, f"LLM step failed: {error}")
+
+    def end_refused(self) -> None:
+        """Requests the LLM scheduler refused (context too long) end their responses."""
+        for req in self.llm.finished_with_error():
+            stream = self._live(req.stream_id)
+            if stream is not None:
+                self.llm_finished(stream, req)
+
+    def route_speech(self, plan: TTSPlan, routed: list[tuple[SpeechOwner, SpeechOut]],
+                     seconds: float) -> None:
+        for owner, out in routed:
+            stream = self._live(owner.stream_id)
+            if stream is not None:
+                self.on_speech(stream, owner, out, seconds * 1000)
+
+    def fail_speech(self, plan: TTSPlan, error: Exception) -> None:
+        for _job_id, owner in self.tts.fail(plan):
+            stream = self._live(owner.stream_id)
+            if stream is not None:
+                self.speech_failed(stream, owner, error)
 
     # -------------------------------------------------------------------------- end
 
@@ -507,7 +555,7 @@ class Responses:
             return
         if item.role != "assistant":
             self._error(stream, f"truncate: item {msg.item_id!r} is a {item.role} message; "
-                        "only assistant audio can be truncated", "invalid_value")
+                        "only assistant audio can be truncated", p.ErrorCode.INVALID_VALUE)
             return
         end_ms = min(msg.audio_end_ms, int(item.audio_ms))
         spans = cut_spans(item.spans, end_ms)

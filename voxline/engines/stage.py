@@ -30,6 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from voxline.engines.protocol import ErrorCode
 from voxline.errors import VoxlineError
 
 StreamId = int  # engine-internal, unique per opened stream; callers' ids live in StreamState
@@ -53,10 +54,11 @@ class Stage(Protocol[PlanT, ResultT, OutT_co]):
 
 class RequestRefused(VoxlineError):
     """An input was not accepted (nothing of it was kept); becomes a `StreamError` with
-    `code`, fatal (the stream is not usable) when `fatal`."""
+    `code`, fatal (the stream is not usable) when `fatal`. A code given by its value is
+    converted here, so a code `ErrorCode` lacks fails where it is made."""
 
-    def __init__(self, message: str, code: str, fatal: bool = False) -> None:
-        self.code = code
+    def __init__(self, message: str, code: ErrorCode | str, fatal: bool = False) -> None:
+        self.code = ErrorCode(code)
         self.fatal = fatal
         super().__init__(message)
 
@@ -103,6 +105,11 @@ class StageWorker(Generic[PlanT, ResultT]):
     @property
     def idle(self) -> bool:
         return self._running is None
+
+    @property
+    def inline(self) -> bool:
+        """Plans run inside `start()` (no thread): one is always ready to collect after it."""
+        return self._pool is None
 
     def done(self) -> bool:
         """A finished plan waits to be collected."""

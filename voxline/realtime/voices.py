@@ -26,7 +26,6 @@ import json
 import logging
 import re
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,11 +242,10 @@ async def _tell_engine(state: ServerState, reference: p.VoiceReference) -> None:
     """Register (or, with empty audio, unregister) a named reference in the speech stage."""
     handle = await open_stream(state, "voice")
     try:
-        handle.send(p.Speak(handle.stream_id, f"voice_{uuid.uuid4().hex}", "",
-                            reference=reference))
+        handle.send(p.RegisterVoice(handle.stream_id, reference))
         while True:
             out = await handle.next()
-            if isinstance(out, p.ResponseDone):
+            if isinstance(out, p.VoiceRegistered):
                 return
             if isinstance(out, p.StreamError):
                 raise stream_error(out)

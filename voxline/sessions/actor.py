@@ -676,9 +676,8 @@ class SessionActor:
             self.closed = it.ErrorDetail(type="server_error", code=out.code, message=out.message)
             self._emit(ev.ErrorEvent(error=self.closed))
             return
-        server_side = out.code.endswith("_error") or out.code in ("server_busy", "capacity")
         self._error(out.message, code=out.code, type="server_error"
-                    if server_side else "invalid_request_error")
+                    if ep.ErrorCode(out.code).server_side else "invalid_request_error")
 
     # ---------------------------------------------------------------------- the clock
 

@@ -1,0 +1,137 @@
+"""The stage table: one `StageSlot` per stage, and the one path every plan takes.
+
+A slot holds a stage (`voxline.engines.stage`), the `StageWorker` that runs its model,
+and the callbacks that say where its work goes: `route` takes what `update` returned for
+a plan that ran, `fail` fails the owners of a plan whose `execute` raised (and drops its
+work from the stage). The path is written once, here:
+
+    collect -> (error: log -> fail) | (update -> route) -> landed
+
+`StageTable.step` runs that for every slot in table order, then starts each idle slot in
+table order: `prepare`, `worker.start()`, `settle`. An inline slot (a worker with no
+thread, VAD) does the whole path within its start, up to `rounds` plans a step, and stops
+at the first failed one. Callbacks run on the loop thread only, so they may touch any
+engine state; a slot never sees another slot's plan.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast
+
+from voxline.engines.stage import Stage, StageWorker
+
+logger = logging.getLogger(__name__)
+
+PlanT = TypeVar("PlanT")
+ResultT = TypeVar("ResultT")
+OutT = TypeVar("OutT")
+
+
+def _nothing() -> None:
+    return None
+
+
+def _no_work() -> bool:
+    return False
+
+
+@dataclass(eq=False)
+class StageSlot(Generic[PlanT, ResultT, OutT]):
+    """One row of the table; only `name`, `stage`, `worker`, `route` and `fail` are needed.
+
+    - `route(plan, outcomes, seconds)`: what `update` returned; `seconds` is execute's time.
+    - `fail(plan, error)`: `execute` raised; the plan's owners get their errors.
+    - `waiting()`: work held outside the stage that `prepare` hands it (TTS: segments).
+    - `prepare()`: before each start, with the worker idle (TTS: hand over segments).
+    - `settle()`: after each start (LLM: end requests the scheduler refused).
+    - `landed()`: after each collected plan, routed or failed (LLM: free KV slots that
+      only that plan still wrote).
+    - `on_close()`: after the worker stopped (a remote LLM: cancel its HTTP requests).
+    """
+
+    name: str
+    stage: Stage[PlanT, ResultT, OutT]
+    worker: StageWorker[PlanT, ResultT]
+    route: Callable[[PlanT, OutT, float], None]
+    fail: Callable[[PlanT, Exception], None]
+    waiting: Callable[[], bool] = _no_work
+    prepare: Callable[[], None] = _nothing
+    settle: Callable[[], None] = _nothing
+    landed: Callable[[], None] = _nothing
+    on_close: Callable[[], None] = _nothing
+    rounds: int = 1  # plans per step; more than one only for an inline worker
+
+    def __post_init__(self) -> None:
+        if self.rounds > 1 and not self.worker.inline:
+            raise ValueError(f"stage {self.name!r}: rounds={self.rounds} needs an inline "
+                             "worker (thread_name=None); a threaded one runs one plan at a time")
+
+    def has_work(self) -> bool:
+        """A plan waits to be collected, or the idle worker has something to start."""
+        if self.worker.done():
+            return True
+        return self.worker.idle and (self.stage.has_work() or self.waiting())
+
+    def collect(self) -> bool:
+        """Take the finished plan (if any) down the path; False if none or it failed."""
+        done = self.worker.collect()
+        if done is None:
+            return False
+        if done.error is not None:
+            logger.error("%s step failed", self.name, exc_info=done.error)
+            self.fail(done.plan, done.error)
+        else:
+            outcomes = self.stage.update(done.plan, cast(ResultT, done.result))
+            self.route(done.plan, outcomes, done.seconds)
+        self.landed()
+        return done.error is None
+
+    def start(self) -> None:
+        """If the worker is idle: prepare, start the next plan(s), settle."""
+        if not self.worker.idle:
+            return
+        self.prepare()
+        for _ in range(self.rounds):
+            if self.worker.start() is None:
+                break
+            if self.worker.inline and not self.collect():  # finished within start()
+                break
+        self.settle()
+
+    def close(self) -> None:
+        self.worker.close()
+        self.on_close()
+
+
+class StageTable:
+    """The engine's stages in table order; see the module docstring for that order's use."""
+
+    def __init__(self, slots: Sequence[StageSlot[Any, Any, Any]]) -> None:
+        names = [slot.name for slot in slots]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stage table: duplicate stage names in {names}")
+        self._slots = {slot.name: slot for slot in slots}
+
+    def __getitem__(self, name: str) -> StageSlot[Any, Any, Any]:
+        return self._slots[name]
+
+    def __iter__(self) -> Iterator[StageSlot[Any, Any, Any]]:
+        return iter(self._slots.values())
+
+    def has_work(self) -> bool:
+        return any(slot.has_work() for slot in self)
+
+    def step(self) -> None:
+        """Route every finished plan, then start every idle stage (both in table order)."""
+        for slot in self:
+            slot.collect()
+        for slot in self:
+            slot.start()
+
+    def close(self) -> None:
+        """Stop every worker (a plan executing finishes; its outcome is not routed)."""
+        for slot in self:
+            slot.close()

@@ -1,0 +1,215 @@
+"""Turn routing, in one home: input audio -> VAD frames -> turns -> ASR jobs -> transcripts.
+
+Each stream's audio goes to the VAD stage (server turn detection) or straight into its
+manual-commit buffer. VAD frames drive the stream's `InputAudio`, whose turn events
+become `SpeechStarted`/`SpeechStopped` and ASR jobs: partials while the user speaks, a
+pause transcript when a pause lasts `pause_ms`, and the final one when the turn ends.
+
+A turn's final transcript comes from exactly one job: the final job, or the pause job
+when no speech followed the pause (its transcript is reused when it is already in, or
+becomes the final when it lands). Every final counted in `stream.pending_finals` lands
+exactly once, transcribed or failed, so a response waiting for it always starts. A pause
+transcript feeds semantic turn detection and may start a speculative reply
+(`Responses.speculate`); one made stale by speech resuming (an older `generation`) is
+void, and a failed one just means no speculation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+
+from voxline.engines import protocol as p
+from voxline.engines.asr_stage import ASRJob, ASRStage
+from voxline.engines.input_audio import (
+    PartialDue,
+    TurnPaused,
+    TurnResumed,
+    TurnStarted,
+    TurnStopped,
+)
+from voxline.engines.responses import Responses
+from voxline.engines.streams import StreamRegistry, StreamState
+from voxline.engines.vad_stage import VADFrame, VADPlan, VADStage
+
+logger = logging.getLogger(__name__)
+
+# With speculation off, semantic turn detection still transcribes pauses this long.
+SEMANTIC_PAUSE_MS = 160.0
+
+
+class Turns:
+    """Routes every stream's input audio through VAD and ASR; outputs go to `emit`.
+
+    `speculate_after_ms` (0: off): a pause this long starts a speculative reply, while
+    fewer than `max_responses` are in progress (never at the cost of running ones).
+    """
+
+    def __init__(self, registry: StreamRegistry, vad: VADStage, asr: ASRStage,
+                 responses: Responses, emit: Callable[[p.EngineOutput], None],
+                 speculate_after_ms: float, max_responses: int) -> None:
+        self.registry = registry
+        self.vad = vad
+        self.asr = asr
+        self.responses = responses
+        self._emit = emit
+        self.speculate_after_ms = speculate_after_ms
+        self.max_responses = max_responses
+
+    def _error(self, stream: StreamState, message: str, code: p.ErrorCode) -> None:
+        self._emit(p.StreamError(stream.external_id, message, code))
+
+    # ----------------------------------------------------------------------- inputs
+
+    def pause_ms(self, config: p.StreamConfig) -> float:
+        """How long a pause in a turn must last before it is transcribed: to speculate, or
+        for semantic turn detection to judge the words (0: never)."""
+        td = config.turn_detection
+        if td is None:
+            return 0.0
+        if self.speculate_after_ms > 0:
+            return self.speculate_after_ms
+        return SEMANTIC_PAUSE_MS if td.eagerness is not None else 0.0
+
+    def opened(self, stream: StreamState) -> None:
+        self.vad.add_stream(stream.internal_id, enabled=stream.input.detector is not None)
+
+    def configure(self, stream: StreamState, config: p.StreamConfig) -> None:
+        """New stream settings: its turn detection (VAD on or off) and pause length."""
+        stream.input.pause_ms = self.pause_ms(config)
+        stream.input.configure(config.turn_detection)
+        self.vad.enable(stream.internal_id, stream.input.detector is not None)
+
+    def append(self, stream: StreamState, audio: np.ndarray) -> None:
+        """Audio for VAD, or (manual turns) for the buffer; raises `RequestRefused` past
+        either one's bound, keeping none of it."""
+        if stream.input.detector is None:
+            stream.input.append_manual(audio)
+        else:
+            self.vad.append(stream.internal_id, audio)
+
+    def commit(self, stream: StreamState, item_id: str) -> None:
+        utt = stream.input.commit()
+        self._queue_final(stream, item_id, utt.audio())
+
+    def clear(self, stream: StreamState) -> None:
+        self.vad.clear(stream.internal_id)
+        stream.input.clear()
+
+    def closed(self, stream: StreamState) -> None:
+        """Forget a closing stream's queued audio and jobs (a running job is void)."""
+        self.asr.drop(stream.internal_id)
+        self.vad.remove_stream(stream.internal_id)
+
+    # -------------------------------------------------------------------- VAD slot
+
+    def on_frames(self, plan: VADPlan, frames: list[VADFrame], seconds: float) -> None:
+        for frame in frames:
+            stream = self.registry.live(frame.stream_id)
+            if stream is not None and stream.input.detector is not None:
+                self._on_frame(stream, frame.frame, frame.prob)
+
+    def vad_failed(self, plan: VADPlan, error: Exception) -> None:
+        self.vad.drop(plan)
+        for sid in plan.stream_ids:
+            if (stream := self.registry.live(sid)) is not None:
+                self._error(stream, f"voice activity detection failed: {error}; the audio "
+                            "waiting for it was discarded", p.ErrorCode.VAD_ERROR)
+
+    def _on_frame(self, stream: StreamState, frame: np.ndarray, prob: float) -> None:
+        cfg = stream.config
+        turn = stream.input.on_frame(frame, prob, cfg.transcribe_partials, cfg.partial_interval_ms)
+        sid = stream.external_id
+        match turn:
+            case TurnStarted():
+                self.responses.discard_speculation(stream)  # (a lingering one: never asked for)
+                self._emit(p.SpeechStarted(sid, int(turn.audio_start_ms), turn.utterance.item_id))
+            case TurnStopped():
+                utt = turn.utterance
+                self._emit(p.SpeechStopped(sid, int(turn.audio_end_ms), utt.item_id))
+                if utt.pause_text is not None:  # no speech since the pause: it is the final
+                    self._final_transcript(stream, utt.item_id, utt.pause_text, utt.pause_asr_ms)
+                elif utt.pause_asr:  # the pause transcript becomes the final when it lands
+                    utt.ended = True
+                    stream.pending_finals += 1
+                else:
+                    self._queue_final(stream, utt.item_id, utt.audio())
+            case TurnPaused():
+                utt = turn.utterance
+                utt.pause_asr = True
+                self.asr.add(ASRJob(stream.internal_id, utt.item_id, utt.audio(), final=False,
+                                    pause=utt, generation=utt.generation))
+            case TurnResumed():
+                self.responses.discard_speculation(stream)
+            case PartialDue():
+                utt = turn.utterance
+                self.asr.add(ASRJob(stream.internal_id, utt.item_id, utt.audio(), final=False))
+
+    def _queue_final(self, stream: StreamState, item_id: str, audio: np.ndarray) -> None:
+        stream.pending_finals += 1
+        self.asr.add(ASRJob(stream.internal_id, item_id, audio, final=True))
+
+    # -------------------------------------------------------------------- ASR slot
+
+    def on_transcript(self, job: ASRJob, text: str, seconds: float) -> None:
+        stream = self.registry.live(job.stream_id)
+        if stream is None:
+            return  # closed meanwhile
+        if job.pause is not None:
+            self._pause_transcribed(stream, job, text, seconds)
+        elif job.final:
+            self._final_transcript(stream, job.item_id, text, seconds * 1000)
+            self.responses.transcript_landed(stream)
+        else:
+            utt = stream.input.utterance
+            if utt is not None and utt.item_id == job.item_id:
+                utt.partial_queued = False
+                if text:
+                    self._emit(p.TranscriptPartial(stream.external_id, job.item_id, text))
+
+    def asr_failed(self, job: ASRJob, error: Exception) -> None:
+        """A failed final lands as failed; a failed partial or pause transcript is only
+        missing (unless the turn ended meanwhile: then the pause one was its final)."""
+        stream = self.registry.live(job.stream_id)
+        if stream is None:
+            return
+        utt = job.pause
+        if utt is not None:
+            if job.generation != utt.generation:
+                return  # speech resumed after the pause: void
+            utt.pause_asr = False
+            if not utt.ended:
+                return  # a failed pause transcript just means no speculation
+        self._error(stream, f"transcription failed: {error}", p.ErrorCode.ASR_ERROR)
+        if job.final or utt is not None:
+            self.responses.transcript_landed(stream)
+
+    def _final_transcript(self, stream: StreamState, item_id: str, text: str,
+                          asr_ms: float) -> None:
+        """The user item joins the conversation (a speculation may have added it already)."""
+        if text and not stream.conversation.has(item_id):
+            self.responses.conversation_changed(stream)
+            stream.conversation.add(item_id, "user", text)
+        self.responses.turn_ended(stream, item_id)
+        self._emit(p.TranscriptFinal(stream.external_id, item_id, text, asr_ms))
+
+    def _pause_transcribed(self, stream: StreamState, job: ASRJob, text: str,
+                           seconds: float) -> None:
+        """The final transcript if the turn ended meanwhile; else the words semantic turn
+        detection judges and a speculative reply starts from."""
+        utt = job.pause
+        assert utt is not None
+        if job.generation != utt.generation:
+            return  # speech resumed after the pause: void
+        utt.pause_asr = False
+        if utt.ended:
+            self._final_transcript(stream, job.item_id, text, seconds * 1000)
+            self.responses.transcript_landed(stream)
+            return
+        utt.pause_text, utt.pause_asr_ms = text, seconds * 1000
+        if stream.input.utterance is utt and stream.input.detector is not None:
+            stream.input.detector.judge(text)
+        if self.speculate_after_ms > 0 and self.responses.in_progress() < self.max_responses:
+            self.responses.speculate(stream, job.item_id, text)

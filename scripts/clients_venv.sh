@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Creates (once) the virtualenv holding the third-party realtime clients that
 # tests/test_third_party_clients.py drives against a live voxline server: pipecat
-# (OpenAIRealtimeLLMService) and the OpenAI Agents SDK (RealtimeRunner).
+# (OpenAIRealtimeLLMService), the OpenAI Agents SDK (RealtimeRunner) and LiveKit Agents'
+# OpenAI plugin (openai.realtime.RealtimeModel).
 #
 # Their pins (openai 2.x, websockets, numba...) differ from voxline's own venv, so they live
-# in a separate venv, cached outside the repo. Neither needs torch; the check below fails
+# in a separate venv, cached outside the repo. None needs torch; the check below fails
 # the build if something pulls it in anyway (a bare `torch` is a multi-GB CUDA download).
 #
 # Idempotent and quiet: a second run with the same pins returns in well under a second.
@@ -21,6 +22,8 @@ PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 PINS=(
   "pipecat-ai[openai]==1.14.0"
   "openai-agents==0.24.0"
+  "livekit-agents==1.8.9"
+  "livekit-plugins-openai==1.8.9"
 )
 SPEC="$(printf '%s\n' "${PINS[@]}" | sha256sum | cut -c1-16)"
 STAMP="$VENV/.voxline-clients-$SPEC"
@@ -49,6 +52,7 @@ rm -rf "$VENV"
 "$VENV/bin/python" -c "import importlib.util as u
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 from agents.realtime import RealtimeRunner
+from livekit.plugins.openai.realtime import RealtimeModel
 assert u.find_spec('torch') is None, 'torch was pulled in'" >&2
 touch "$STAMP"
 echo "[clients-venv] ready in $(( $(date +%s) - start )) s ($(du -sh "$VENV" | cut -f1))" >&2

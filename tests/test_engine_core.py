@@ -363,3 +363,39 @@ def test_a_response_refused_for_want_of_a_kv_slot_still_ends():
     h.run_until(has(p.ResponseDone, response_id="r2"))
     assert h.of(p.ResponseDone)[-1].status == p.ResponseStatus.COMPLETED
     h.close()
+
+
+class CloningSpeech(SentenceSpeechStage):
+    """Records, in order, the voices registered and the jobs started on the model."""
+
+    def __init__(self) -> None:
+        super().__init__(ToneTTS())
+        self.calls: list[str] = []
+
+    def register_voice(self, reference: p.VoiceReference) -> None:
+        self.calls.append(f"register {reference.name} ({len(reference.audio)} bytes)")
+
+    def start(self, job) -> None:
+        self.calls.append(f"speak {job.text!r} as {job.voice}")
+        super().start(job)
+
+
+def test_register_voice_is_its_own_request_and_reaches_the_model_before_later_speech():
+    h = Harness()
+    h.core.close()
+    speech = CloningSpeech()
+    h.core = EngineCore(Models(EnergyVAD(), h.asr, h.lm, speech), h.woke.set)
+    ref = p.VoiceReference(np.zeros(160, "<f4").tobytes(), 16000, "hi", "alice")
+    h.send(p.OpenStream("v"), p.RegisterVoice("v", ref),
+           p.Speak("v", "r1", "Hello there.", voice="alice"))
+    h.run_until(has(p.ResponseDone))
+    assert h.kinds()[0] == "VoiceRegistered" and h.of(p.VoiceRegistered)[0].name == "alice"
+    assert speech.calls == ["register alice (640 bytes)", "speak 'Hello there.' as alice"]
+    assert not h.of(p.StreamError)
+    # unnamed: refused naming the field; the stream lives on
+    h.send(p.RegisterVoice("v", p.VoiceReference(b"", 16000)))
+    h.outputs.extend(h.core.step())
+    err, = h.of(p.StreamError)
+    assert err.code == p.ErrorCode.INVALID_VALUE and "reference.name" in err.message
+    assert not err.fatal and "v" in h.core.streams
+    h.close()

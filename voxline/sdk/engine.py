@@ -24,7 +24,8 @@ from voxline.sessions import events as ev
 from voxline.sessions.runner import SessionEnded, SessionRunner
 
 COMMAND_QUEUE_LIMIT = 1024  # commands the session has not taken yet (audio frames mostly)
-OUTBOX_LIMIT = 256  # events the session wrote that the Session's reader has not taken yet
+OUTBOX_LIMIT = 4096  # events the session wrote that its reader has not taken yet
+CLOSE_POLICY = 1008  # as the WebSocket closes on a client that stopped reading
 SESSION_SECONDS = 24 * 3600.0  # an embedded session's time limit (a server's is shorter)
 
 logger = logging.getLogger(__name__)
@@ -33,11 +34,12 @@ logger = logging.getLogger(__name__)
 class LocalTransport(Transport):
     """A session running here: a SessionRunner task between two bounded queues.
 
-    Events are handed over with back-pressure, as a socket would: while the reader keeps
-    taking them nothing is ever dropped or refused, however fast they come. A reader that
-    stops reading fills this outbox, then the runner's own bound; past that the session
-    ends as a WebSocket client that stops reading does ("client is not reading its
-    events"): the reason is logged, kept in `end_reason`, and `send` raises it.
+    As the WebSocket's outbox does, the session never waits on its reader: each event is
+    queued at once, and once more than `OUTBOX_LIMIT` wait unread the session ends
+    ("client is not reading: ... events unread"), the reason logged, kept in `end_reason`
+    and raised by `send`. A reader that keeps taking events is never near the bound, however
+    fast they come (the session produces at most an inbox of commands' worth between two
+    reads). Commands wait for room in the inbox; an ended session refuses them.
     """
 
     def __init__(self, engine: EngineClient, *, lead_ms: float = 200.0,
@@ -57,7 +59,7 @@ class LocalTransport(Transport):
             admission = self._host.admit()
         except SessionRefused as refused:
             raise SessionError(f"the session was not opened: {refused.reason}") from None
-        runner = admission.runner(self._outbox.put)  # waits for room: back-pressure
+        runner = admission.runner(self._deliver)
         self._task = asyncio.create_task(self._run(admission, runner),
                                          name="voxline-local-session")
 
@@ -75,15 +77,36 @@ class LocalTransport(Transport):
                 with contextlib.suppress(asyncio.QueueFull):  # wakes a reader waiting on get
                     self._outbox.put_nowait(None)
 
+    async def _deliver(self, event: ev.ServerEvent) -> None:
+        if self._outbox.full():  # the runner ends the session with this
+            raise SessionEnded(CLOSE_POLICY, f"client is not reading: {self._outbox.qsize()} "
+                                             f"events unread (limit {OUTBOX_LIMIT})")
+        self._outbox.put_nowait(event)
+
     async def _commands(self) -> AsyncIterator[cmd.ClientCommand]:
         while (command := await self._inbox.get()) is not None:
             yield command
 
     async def send(self, command: cmd.ClientCommand) -> None:
-        if self._task is None or self._task.done():
+        if not await self._put(command):
             why = f": {self.end_reason}" if self.end_reason else ""
             raise SessionError(f"the session has ended{why}")
-        await self._inbox.put(command)
+
+    async def _put(self, item: cmd.ClientCommand | None) -> bool:
+        """Queue for the session, waiting for room; False once the session has ended (also
+        while waiting: an ended session no longer makes room)."""
+        task = self._task
+        if task is None or task.done():
+            return False
+        if not self._inbox.full():
+            self._inbox.put_nowait(item)
+            return True
+        put = asyncio.ensure_future(self._inbox.put(item))
+        await asyncio.wait({put, task}, return_when=asyncio.FIRST_COMPLETED)
+        if put.done():
+            return True
+        put.cancel()
+        return False
 
     async def events(self) -> AsyncIterator[ev.ServerEvent]:
         while not (self._finished and self._outbox.empty()):
@@ -95,8 +118,7 @@ class LocalTransport(Transport):
     async def close(self) -> None:
         if self._task is None:
             return
-        if not self._task.done():
-            await self._inbox.put(None)
+        await self._put(None)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.shield(self._task), 10.0)
         if not self._task.done():

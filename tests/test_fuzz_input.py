@@ -242,7 +242,8 @@ def test_the_server_answers_a_burst_of_malformed_events_and_keeps_the_session():
         assert all(e["type"] == "error" and e["error"]["message"] for e in errors)
         named = [e["error"] for e in errors if (e["error"]["event_id"] or "").startswith("e-")]
         assert named and all(e["event_id"][2:] in e["message"] for e in named)
-        probes = [e["error"]["event_id"] for e in errors if e["error"]["code"] == "item_not_found"]
+        probes = [e["error"]["event_id"] for e in errors
+                  if e["error"]["code"] == "item_retrieve_invalid_item_id"]
         assert probes == [f"probe{i}" for i in range(0, len(bad), 50)]
         ws.send_json({"type": "input_audio_buffer.commit"})
         committed = ws.receive_json()  # the audio sent before the burst is all there

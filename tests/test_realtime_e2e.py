@@ -242,7 +242,8 @@ async def test_text_item_max_tokens_truncate_and_delete(server):
         assert (await c.until_type("conversation.item.deleted"))["item_id"] == "u1"
         await c.send(type="conversation.item.retrieve", item_id="u1", event_id="r1")
         err = await c.until_type("error")
-        assert err["error"]["code"] == "item_not_found" and err["error"]["param"] == "item_id"
+        assert err["error"]["code"] == "item_retrieve_invalid_item_id"
+        assert err["error"]["param"] == "item_id"
         # a second response works after the edits, and a cancel of nothing is an error
         await c.send(type="response.cancel", event_id="c1")
         err = await c.until_type("error")

@@ -377,7 +377,12 @@ def test_field_errors(obj: dict, code: str, param: str) -> None:
     err = error_of({**obj, "event_id": "evt_bad"})
     assert (err.code, err.param) == (code, param)
     assert err.event_id == "evt_bad"
-    assert str(err).startswith(f"{obj['type']}: ")
+    # OpenAI's wording opens the message where it has one, then voxline's detail
+    openai = {"missing_required_parameter": f"Missing required parameter: '{param}'. (",
+              "invalid_type": f"Invalid type for '{param}': expected "}.get(code)
+    assert (openai is not None and str(err).startswith(openai)
+            or str(err).startswith(f"{obj['type']}: "))
+    assert f"{obj['type']}: " in str(err)
     assert f"'{param}'" in str(err)
 
 

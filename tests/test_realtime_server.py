@@ -104,4 +104,5 @@ def test_a_deeply_nested_message_is_an_error_and_the_session_lives_on():
             ws.send_text('{"type": "conversation.item.retrieve", "item_id": "x", '
                          '"event_id": "after"}')
             err = ws.receive_json()  # still served: the item does not exist
-            assert err["error"]["code"] == "item_not_found" and err["error"]["event_id"] == "after"
+            assert err["error"]["code"] == "item_retrieve_invalid_item_id"
+            assert err["error"]["event_id"] == "after"

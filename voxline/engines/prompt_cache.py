@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from voxline.engines.protocol import CONVERSATION_START
 from voxline.errors import VoxlineError
 
 
@@ -59,8 +60,14 @@ class Conversation:
         return any(item.item_id == item_id for item in self.items)
 
     def add(self, item_id: str, role: str, text: str, previous_item_id: str | None = None) -> Item:
+        """Insert a message after `previous_item_id`: None appends it, `CONVERSATION_START`
+        puts it first. An anchor this conversation does not hold (a session item the engine
+        never got, such as a reply cancelled before its first token) appends it, so no
+        message is lost. The prompt then differs from the cache only from the insertion on."""
         item = Item(item_id, role, text, self._render(role, text))
-        if previous_item_id is None:
+        if previous_item_id == CONVERSATION_START:
+            self.items.insert(0, item)
+        elif previous_item_id is None or not self.has(previous_item_id):
             self.items.append(item)
         else:
             self.items.insert(self.items.index(self.find(previous_item_id)) + 1, item)

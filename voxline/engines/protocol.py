@@ -123,8 +123,13 @@ class ClearAudio(msgspec.Struct, tag=True, frozen=True):
     stream_id: str
 
 
+# `AddItem.previous_item_id` that puts the message first (OpenAI's "root").
+CONVERSATION_START = "root"
+
+
 class AddItem(msgspec.Struct, tag=True, frozen=True):
-    """Insert a message into the conversation after `previous_item_id` (None = at the end).
+    """Insert a message into the conversation after `previous_item_id` (None = at the end,
+    `CONVERSATION_START` = at the beginning).
 
     Besides the chat roles, `role` may be `function_call` (text: JSON with `call_id`,
     `name`, `arguments`) or `function_call_output` (text: JSON with `call_id`, `output`),
@@ -311,14 +316,18 @@ class ItemTruncated(msgspec.Struct, tag=True, frozen=True):
     text: str
 
 
+class SpeculationOutcome(enum.StrEnum):
+    STARTED = "started"
+    COMMITTED = "committed"  # the turn ended and the caller asked for that reply
+    DISCARDED = "discarded"  # the user went on speaking, or the caller asked for another
+
+
 class Speculation(msgspec.Struct, tag=True, frozen=True):
-    """A speculative turn (a reply started during a pause) `started`, was `committed`
-    (the turn ended and the caller asked for that reply) or `discarded` (the user went
-    on speaking, or the caller asked for something else). For metrics only: nothing of a
-    discarded speculation was ever sent."""
+    """A speculative turn (a reply started during a pause) started, was committed or was
+    discarded. For metrics only: nothing of a discarded speculation was ever sent."""
 
     stream_id: str
-    outcome: str
+    outcome: SpeculationOutcome
 
 
 class VoiceRegistered(msgspec.Struct, tag=True, frozen=True):

@@ -194,7 +194,7 @@ def render_response(response: RealtimeResponse, dialect: Dialect) -> dict[str, A
         "id": response.id,
         "status": response.status,
         "status_details": (
-            response.status_details.model_dump(exclude_none=True)
+            response.status_details.model_dump(mode="json", exclude_none=True)
             if response.status_details
             else None
         ),

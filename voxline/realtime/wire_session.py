@@ -29,6 +29,7 @@ from pydantic_core import PydanticCustomError
 
 from voxline.errors import ProtocolError
 from voxline.realtime.dialect import Dialect
+from voxline.sessions.errors_vocabulary import Mistake, client_error, with_article
 from voxline.sessions.items import StrictModel
 from voxline.sessions.settings import (
     G711_RATE,
@@ -391,19 +392,20 @@ def protocol_error_from_validation(
     where = f"'{param}'" if param else "the event"
     value = err.get("input")
     if kind in _MISSING_TYPES:
-        return ProtocolError(
-            f"{event_type}: missing required field {where}",
-            code="missing_required_parameter", event_id=event_id, param=param,
-        )
+        detail = f"{event_type}: missing required field {where}"
+        if param is not None:  # OpenAI's wording, then ours
+            return client_error(Mistake.MISSING_PARAMETER, detail, param=param,
+                                event_id=event_id)
+        return ProtocolError(detail, code="missing_required_parameter", event_id=event_id)
     if kind in _TYPE_NAMES or kind == "invalid_type":
         expected = _TYPE_NAMES.get(kind)
-        detail = (
-            f"expected {expected}, got {json_type_name(value)}" if expected else err["msg"]
-        )
-        return ProtocolError(
-            f"{event_type}: invalid type for {where}: {detail}",
-            code="invalid_type", event_id=event_id, param=param,
-        )
+        got = json_type_name(value)
+        detail = f"expected {expected}, got {got}" if expected else err["msg"]
+        detail = f"{event_type}: invalid type for {where}: {detail}"
+        if expected is not None and param is not None:
+            return client_error(Mistake.INVALID_TYPE, detail, param=param, event_id=event_id,
+                                expected=expected, got=with_article(got))
+        return ProtocolError(detail, code="invalid_type", event_id=event_id, param=param)
     if kind == "union_tag_invalid":
         detail = f"unknown type {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
     else:

@@ -42,6 +42,7 @@ from voxline.sessions.capabilities import (
     response_config,
     stream_config,
 )
+from voxline.sessions.errors_vocabulary import UNKNOWN_ITEM, Mistake, client_error
 from voxline.sessions.ids import new_id
 from voxline.sessions.pacing import OutFrame, OutputBufferFull, OutputPacer
 from voxline.sessions.records import ActiveResponse, ItemRecord, log_trace
@@ -208,18 +209,18 @@ class SessionActor:
     def _commit(self, e: cmd.CommitAudio, now: float) -> None:
         if self.settings.turn_detection is None:
             if self.manual_buffer_ms < MIN_COMMIT_MS:
-                raise ProtocolError(
-                    "input_audio_buffer.commit: buffer too small: expected at least "
-                    f"{MIN_COMMIT_MS} ms of audio, have {self.manual_buffer_ms:.0f} ms",
-                    code="input_audio_buffer_commit_empty")
+                raise client_error(
+                    Mistake.COMMIT_EMPTY, "input_audio_buffer.commit: buffer too small: expected "
+                    f"at least {MIN_COMMIT_MS} ms of audio, have {self.manual_buffer_ms:.0f} ms",
+                    min_ms=MIN_COMMIT_MS, have_ms=self.manual_buffer_ms)
             item_id = new_id("item")
             self.turn_ms[item_id] = self.manual_buffer_ms
         elif self.in_speech is not None:
             item_id, self.in_speech = self.in_speech, None
         else:
-            raise ProtocolError("input_audio_buffer.commit: the buffer holds no speech to commit "
-                                "(server VAD commits turns itself)",
-                                code="input_audio_buffer_commit_empty")
+            raise client_error(Mistake.COMMIT_EMPTY, "input_audio_buffer.commit: the buffer "
+                               "holds no speech to commit (server VAD commits turns itself)",
+                               min_ms=MIN_COMMIT_MS, have_ms=0.0)
         self.manual_buffer_ms = 0.0
         self.commands.append(ep.CommitAudio(self.stream_id, item_id))
         self._user_audio_item(item_id)
@@ -240,18 +241,21 @@ class SessionActor:
         self._emit(ev.ItemAdded(item=item, previous_item_id=previous))
 
     def _add_record(self, record: ItemRecord, previous_item_id: str | None = None) -> None:
+        """Add after `previous_item_id` (None: at the end; "root": at the start)."""
         assert record.item.id is not None
         self.items[record.item.id] = record
         if previous_item_id is None:
             self.order.append(record.item.id)
+        elif previous_item_id == ep.CONVERSATION_START:
+            self.order.insert(0, record.item.id)
         else:
             self.order.insert(self.order.index(previous_item_id) + 1, record.item.id)
 
     def _find(self, item_id: str, event: str) -> ItemRecord:
         record = self.items.get(item_id)
         if record is None:
-            raise ProtocolError(f"{event}: no item with id {item_id!r} in the conversation",
-                                code="item_not_found", param="item_id")
+            raise client_error(UNKNOWN_ITEM[event], f"{event}: no item with id {item_id!r} in "
+                               "the conversation", param="item_id", item_id=item_id)
         return record
 
     def _item_create(self, e: cmd.CreateItem, now: float) -> None:
@@ -267,17 +271,22 @@ class SessionActor:
         item = item.with_id()
         assert item.id is not None
         if item.id in self.items:
-            raise ProtocolError(f"conversation.item.create: an item with id {item.id!r} already "
-                                "exists", code="invalid_value", param="item.id")
+            raise client_error(Mistake.CREATE_DUPLICATE_ITEM, "conversation.item.create: an item "
+                               f"with id {item.id!r} already exists", param="item.id",
+                               item_id=item.id)
+        if item.id == ep.CONVERSATION_START:
+            raise ProtocolError(f"conversation.item.create: item id {item.id!r} is reserved "
+                                "(previous_item_id 'root' means the start of the conversation)",
+                                code="invalid_value", param="item.id")
+        # "root": at the start (OpenAI's meaning); an item id: right after that item
         previous = e.previous_item_id
-        if previous == "root":
-            raise ProtocolError("conversation.item.create: inserting at the start is not "
-                                "supported", code="invalid_value", param="previous_item_id")
-        if previous is not None:
-            self._find(previous, "conversation.item.create")
+        if previous not in (None, ep.CONVERSATION_START) and previous not in self.items:
+            raise client_error(Mistake.CREATE_UNKNOWN_PREVIOUS_ITEM, "conversation.item.create: "
+                               f"no item with id {previous!r} in the conversation",
+                               param="previous_item_id", previous_item_id=previous)
         self._add_record(ItemRecord(item), previous)
         self.commands.append(ep.AddItem(self.stream_id, item.id, *engine_message(item), previous))
-        prev = previous or (self.order[-2] if len(self.order) > 1 else None)
+        prev = self._previous(item.id)
         self._emit(ev.ItemAdded(item=item, previous_item_id=prev))
         self._emit(ev.ItemDone(item=item, previous_item_id=prev))
 
@@ -320,12 +329,12 @@ class SessionActor:
             raise ProtocolError("conversation.item.truncate: audio_end_ms must be >= 0, got "
                                 f"{e.audio_end_ms}", code="invalid_value", param="audio_end_ms")
         if e.audio_end_ms > record.sent_ms + 1:
-            raise ProtocolError(f"conversation.item.truncate: audio_end_ms {e.audio_end_ms} is "
-                                f"beyond the audio sent for item {e.item_id!r} "
-                                f"({record.sent_ms:.0f} ms)",
-                                code="invalid_value", param="audio_end_ms")
+            raise client_error(Mistake.TRUNCATE_PAST_AUDIO, "conversation.item.truncate: "
+                               f"audio_end_ms {e.audio_end_ms} is beyond the audio sent for item "
+                               f"{e.item_id!r} ({record.sent_ms:.0f} ms)", param="audio_end_ms",
+                               audio_ms=round(record.sent_ms), audio_end_ms=e.audio_end_ms)
         if self.response is not None and self.response.item_id == e.item_id:
-            self._cancel(now, "client_cancelled", interrupt=True)
+            self._cancel(now, it.StatusReason.CLIENT_CANCELLED, interrupt=True)
         # The client owns playback: its cut replaces the server's playout estimate. After
         # an earlier, shorter cut the engine clamps this one to what is left.
         record.client_truncated = True
@@ -356,13 +365,13 @@ class SessionActor:
     def _response_cancel(self, e: cmd.CancelResponse, now: float) -> None:
         r = self.response
         if r is None or r.cancel_reason is not None:
-            raise ProtocolError("response.cancel: there is no response in progress",
-                                code="response_cancel_not_active")
+            raise client_error(Mistake.CANCEL_NOT_ACTIVE,
+                               "response.cancel: there is no response in progress")
         if e.response_id is not None and e.response_id != r.response.id:
-            raise ProtocolError(f"response.cancel: response {e.response_id!r} is not in "
-                                f"progress (the active one is {r.response.id!r})",
-                                code="response_cancel_not_active", param="response_id")
-        self._cancel(now, "client_cancelled", interrupt=False)
+            raise client_error(Mistake.CANCEL_NOT_ACTIVE, f"response.cancel: response "
+                               f"{e.response_id!r} is not in progress (the active one is "
+                               f"{r.response.id!r})", param="response_id")
+        self._cancel(now, it.StatusReason.CLIENT_CANCELLED, interrupt=False)
 
     def _output_clear(self, e: cmd.ClearOutputAudio, now: float) -> None:
         rid = self.playing or self.last_audio_response
@@ -379,9 +388,9 @@ class SessionActor:
     def _start_response(self, settings: SessionSettings, now: float, *, trigger: float,
                         metadata: dict[str, str] | None = None) -> None:
         if self.response is not None:
-            raise ProtocolError("response.create: conversation already has an active response "
-                                f"{self.response.response.id!r}",
-                                code="conversation_already_has_active_response")
+            active = self.response.response.id
+            raise client_error(Mistake.RESPONSE_ALREADY_ACTIVE, "response.create: conversation "
+                               f"already has an active response {active!r}", response_id=active)
         response = it.RealtimeResponse.start(settings, conversation_id=self.conversation_id,
                                              metadata=metadata)
         item_id = new_id("item")
@@ -406,7 +415,7 @@ class SessionActor:
         cfg = capabilities.with_tool_overrides(cfg, settings, self.settings)
         self.commands.append(ep.CreateResponse(self.stream_id, response.id, item_id, cfg))
 
-    def _cancel(self, now: float, reason: str, *, interrupt: bool) -> None:
+    def _cancel(self, now: float, reason: it.StatusReason, *, interrupt: bool) -> None:
         r = self.response
         if r is None or r.cancel_reason is not None:
             return
@@ -437,9 +446,9 @@ class SessionActor:
             status = "cancelled"
         reason = None
         if status == "cancelled":
-            reason = r.cancel_reason or "client_cancelled"
+            reason = r.cancel_reason or it.StatusReason.CLIENT_CANCELLED
         elif status == "incomplete":
-            reason = "max_output_tokens"
+            reason = it.StatusReason.MAX_OUTPUT_TOKENS
         record = self.items.get(item_id)
         heard = self.pacer.heard_ms(item_id, now)
         text = r.transcript.strip()
@@ -470,7 +479,7 @@ class SessionActor:
         self._emit(ev.ResponseDone(response=final))
         self.observations.append(("voxline_response_seconds", now - r.started))
         log_trace(self.settings.tracing, self.session_id, r, final, now)
-        if (r.audio and record is not None and r.cancel_reason == "turn_detected"
+        if (r.audio and record is not None and r.cancel_reason == it.StatusReason.TURN_DETECTED
                 and not record.client_truncated and done.output_tokens
                 and not self.transport_reports_playout):
             # server-VAD barge-in: the conversation keeps only what the user heard, by the
@@ -527,7 +536,7 @@ class SessionActor:
         if td is None or not td.interrupt_response:
             return
         if self.response is not None:  # barge-in
-            self._cancel(now, "turn_detected", interrupt=True)
+            self._cancel(now, it.StatusReason.TURN_DETECTED, interrupt=True)
         elif self.pacer.buffered_ms(now) > 0:
             # the reply finished generating but was still playing: cut it where it stopped
             last = next((i for i in reversed(self.order)
@@ -646,7 +655,7 @@ class SessionActor:
             # a reply far longer than anyone listens to: cut it as if it hit its limit
             self._error(f"the response's audio ran too far ahead of playout: {exc}; the "
                         "response was cut", code="output_buffer_full", type="server_error")
-            self._cancel(now, "max_output_tokens", interrupt=False)
+            self._cancel(now, it.StatusReason.MAX_OUTPUT_TOKENS, interrupt=False)
 
     def _engine_response_done(self, out: ep.ResponseDone, now: float) -> None:
         r = self._current(out.response_id)

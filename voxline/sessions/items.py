@@ -9,6 +9,7 @@ report errors at the client's own field path; unknown fields are ignored.
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -151,7 +152,15 @@ class ResponseUsage(BaseModel):
 
 
 ResponseStatus = Literal["in_progress", "completed", "cancelled", "incomplete", "failed"]
-StatusReason = Literal["turn_detected", "client_cancelled", "max_output_tokens", "content_filter"]
+
+
+class StatusReason(enum.StrEnum):
+    """Why a response ended cancelled or incomplete; the wire carries the value."""
+
+    TURN_DETECTED = "turn_detected"  # server-VAD barge-in
+    CLIENT_CANCELLED = "client_cancelled"  # response.cancel, or a client truncate of it
+    MAX_OUTPUT_TOKENS = "max_output_tokens"
+    CONTENT_FILTER = "content_filter"
 
 
 class ResponseStatusDetails(BaseModel):

@@ -24,7 +24,7 @@ class ActiveResponse:
     transcript: str = ""
     encoder: OutputEncoder | None = None
     engine_done: ep.ResponseDone | None = None
-    cancel_reason: str | None = None
+    cancel_reason: it.StatusReason | None = None
     first_audio: float | None = None
     buffer_started: bool = False
     calls: list[str] = field(default_factory=list)  # its function_call items, in order

@@ -24,8 +24,19 @@ from voxline.engines import protocol as ep
 from voxline.engines.client import InProcessEngineClient
 from voxline.errors import ProtocolError
 from voxline.realtime.app import create_app
-from voxline.realtime.twilio_wire import TwilioMessageError, parse_message
+from voxline.realtime.dialect import Dialect
+from voxline.realtime.twilio_wire import (
+    Connected,
+    Dtmf,
+    Mark,
+    Media,
+    Start,
+    Stop,
+    TwilioMessageError,
+    parse_message,
+)
 from voxline.realtime.wire_client import CLIENT_EVENT_TYPES, parse_command
+from voxline.realtime.wire_server import render_json
 from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
 
@@ -127,9 +138,12 @@ def _known_type(raw: str | bytes) -> str | None:
 def test_any_message_is_a_command_or_an_error_that_names_the_event_and_field(raw):
     actor = make_actor()
     exc = feed(actor, raw)
-    errors = [e for e in actor.take_events() if isinstance(e, ev.ErrorEvent)]
-    if exc is None:
-        return  # a valid event (or one the actor refused with its own error)
+    events = actor.take_events()
+    assert_renders_on_the_wire(events)
+    errors = [e for e in events if isinstance(e, ev.ErrorEvent)]
+    if exc is None:  # a valid event (or one the actor refused with its own error)
+        assert all(e.error.message and e.error.code for e in errors), errors
+        return
     assert len(errors) == 1 and errors[0].error.message
     event_type = _known_type(raw)
     if event_type is not None:
@@ -138,14 +152,42 @@ def test_any_message_is_a_command_or_an_error_that_names_the_event_and_field(raw
             assert errors[0].error.param  # the field at fault
 
 
+NEVER_CREATED = "item_never_created_by_a_burst_of_fuzzed_events"  # longer than any drawn text
+
+
+def assert_renders_on_the_wire(events: list[ev.ServerEvent]) -> None:
+    """Every event has its own id and goes out as a UTF-8 text frame in the GA dialect."""
+    assert len({e.event_id for e in events}) == len(events)
+    for e in events:
+        frame = render_json(e, Dialect.GA)
+        assert frame is not None, type(e).__name__
+        assert json.loads(frame.encode("utf-8"))["event_id"] == e.event_id
+
+
 @FEW
 @given(st.lists(client_events(), min_size=1, max_size=30))
 def test_a_burst_of_events_never_crashes_the_actor(burst):
     actor = make_actor()
+    seen: list[ev.ServerEvent] = []
     for i, event in enumerate(burst):
-        feed(actor, json.dumps(event, allow_nan=True), now=1.0 + i / 1000)
+        raw = json.dumps(event, allow_nan=True)
+        exc = feed(actor, raw, now=1.0 + i / 1000)
+        got = actor.take_events()
+        errors = [e for e in got if isinstance(e, ev.ErrorEvent)]
+        assert all(e.error.message and e.error.code for e in errors), errors
+        if exc is not None:  # refused in parsing: exactly one error, naming the event
+            assert len(errors) == 1 and len(got) == 1, got
+            event_type = _known_type(raw)
+            assert event_type is None or event_type in errors[0].error.message
         actor.tick(1.0 + i / 1000)
-    actor.take_events()
+        seen += got + actor.take_events()
+    assert_renders_on_the_wire(seen)
+    # the session lives on: a valid probe after the burst is answered, and only it
+    feed(actor, json.dumps({"type": "conversation.item.retrieve", "item_id": NEVER_CREATED,
+                            "event_id": "probe"}), now=2.0)
+    answer, = actor.take_events()
+    assert isinstance(answer, ev.ErrorEvent)
+    assert answer.error.event_id == "probe" and NEVER_CREATED in answer.error.message
 
 
 PCM = (2000 * np.sin(np.arange(4800) / 7)).astype("<i2").tobytes()  # 200 ms at 24 kHz
@@ -188,6 +230,8 @@ def test_audio_appended_before_bad_events_is_still_committed(raws):
 
 
 TWILIO_EVENTS = ["connected", "start", "media", "dtmf", "mark", "stop", "other"]
+TWILIO_TYPES = {"connected": Connected, "start": Start, "media": Media, "dtmf": Dtmf,
+                "mark": Mark, "stop": Stop}
 
 
 @st.composite
@@ -213,9 +257,14 @@ def twilio_messages(draw: st.DrawFn) -> Any:
                  st.sampled_from([30, 3000, 100_000]).map(lambda d: "[" * d + "]" * d)))
 def test_twilio_messages_parse_or_raise_the_adapters_error(raw):
     try:
-        parse_message(raw)
+        msg = parse_message(raw)
     except TwilioMessageError as exc:
         assert str(exc)
+        return
+    data = json.loads(raw)  # parsed: a JSON object naming its event
+    assert type(msg) is TWILIO_TYPES.get(data["event"], type(None)), (msg, data)
+    if msg is not None and not isinstance(msg, Connected):
+        assert msg.stream_sid == data["streamSid"]
 
 
 def test_the_server_answers_a_burst_of_malformed_events_and_keeps_the_session():

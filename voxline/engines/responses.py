@@ -263,7 +263,7 @@ class Responses:
         self._runs[sid] = run
         assert run.request is not None
         self.llm.add(run.request)
-        self._emit(p.Speculation(stream.external_id, "started"))
+        self._emit(p.Speculation(stream.external_id, p.SpeculationOutcome.STARTED))
 
     def turn_ended(self, stream: StreamState, item_id: str) -> None:
         """The user turn `item_id` is final: a speculation no longer owns its user item."""
@@ -277,7 +277,7 @@ class Responses:
         assert spec is not None
         run.speculative = None
         run.response_id, run.item_id = msg.response_id, msg.item_id
-        self._emit(p.Speculation(stream.external_id, "committed"))
+        self._emit(p.Speculation(stream.external_id, p.SpeculationOutcome.COMMITTED))
         for out in spec.held:
             if isinstance(out, p.TextDelta | p.AudioChunk):
                 out = msgspec.structs.replace(out, response_id=msg.response_id)
@@ -296,7 +296,7 @@ class Responses:
             stream.conversation.delete(spec.user_item)
         if stream.slot is not None:
             self.llm.roll_back(stream.slot, spec.slot_tokens)
-        self._emit(p.Speculation(stream.external_id, "discarded"))
+        self._emit(p.Speculation(stream.external_id, p.SpeculationOutcome.DISCARDED))
 
     def speak(self, stream: StreamState, msg: p.Speak) -> None:
         sid = stream.internal_id

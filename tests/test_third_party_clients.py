@@ -175,9 +175,11 @@ def test_livekit_realtime_barge_in(clients_python, server, speech):
     assert s["interruptions"] >= 1, s
     if s["barge_in_while"]["speaker_playing"]:
         assert s["truncates"], "livekit sent no conversation.item.truncate after interrupt()"
-    # The first chat-context item went in at previous_item_id "root", the start; the
+    # The agent's pre-filled history (a user and an assistant message) went in at
+    # previous_item_id "root", then after each other, and the text turn after them; the
     # plugin's mirror of the conversation is the server's, in the server's order.
     added = s["items_added"]
-    assert added[0]["role"] == "user" and added[0]["previous_item_id"] is None, added
+    assert added[0]["previous_item_id"] is None, added
+    assert [i["role"] for i in added[:3]] == ["user", "assistant", "user"], added
     assert [i["id"] for i in s["chat_ctx"]] == [i["item_id"] for i in added], s["chat_ctx"]
     assert s["livekit_warnings"] == [], s["livekit_warnings"]

@@ -8,8 +8,8 @@ The plugin is pointed at the server the documented way, `openai.realtime.Realtim
 base_url=..., api_key=...)`, every other option the plugin's default (its session.update is
 part of what this checks). No LiveKit room: the plugin's RealtimeSession is driven
 directly, by a stand-in for the part of the agent layer (voice.AgentActivity) that a voice
-agent exercises, making the same calls in the same order: instructions and tools set at
-start; a text turn as `generate_reply(user_input=...)` does it (update_chat_ctx with the
+agent exercises, making the same calls in the same order: instructions, a pre-filled chat
+context and tools set at start; a text turn as `generate_reply(user_input=...)` does it (update_chat_ctx with the
 user message, then generate_reply); on the server's speech_started `interrupt()`, again
 while the response is still generating, then `truncate()` of the message it cut at what
 the speaker had played. The speaker plays at real time. The session: a text turn, a
@@ -45,6 +45,9 @@ from livekit.plugins import openai as lk_openai
 
 INSTRUCTIONS = "You are a helpful voice assistant. Answer every question in three full sentences."
 GREETING = "Say hello to me in one short sentence."
+# An agent's pre-filled chat context (Agent(chat_ctx=...)): sent at start as items inserted
+# at previous_item_id "root", then after each other
+HISTORY = [("user", "Hi, my name is Ada."), ("assistant", "Nice to meet you, Ada.")]
 PLAY_BEFORE_BARGE_S = 0.8  # how much of the answer the "user" hears before talking over it
 MAX_WARNINGS = 20
 
@@ -127,9 +130,12 @@ class Agent:
         session.on("session_reconnected", lambda _ev: log.note("session reconnected"))
 
     async def start(self) -> None:
-        """AgentActivity's start: instructions, the (empty) chat context, no tools."""
+        """AgentActivity's start: instructions, the agent's chat context, no tools."""
         await self.session.update_instructions(INSTRUCTIONS)
-        await self.session.update_chat_ctx(llm.ChatContext.empty())
+        history = llm.ChatContext.empty()
+        for role, text in HISTORY:
+            history.add_message(role=role, content=text)
+        await self.session.update_chat_ctx(history)
         await self.session.update_tools([])
 
     async def generate_reply(self, user_input: str) -> None:

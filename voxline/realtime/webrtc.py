@@ -146,17 +146,22 @@ class CallInbox:
         self._ready = asyncio.Event()
         self._ended = False
 
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
     def offer(self, item: Incoming) -> bool:
         """Queue a client event ahead of any audio; False when `events_limit` are waiting."""
-        if self._ended or len(self._events) >= self._events_limit:
+        if len(self._events) >= self._events_limit:
             return False
         self._events.append(item)
         self._ready.set()
         return True
 
     async def put_audio(self, frame: cmd.AppendAudio) -> None:
-        await self._audio.put(frame)
-        self._ready.set()
+        if not self._ended:  # the session no longer reads audio
+            await self._audio.put(frame)
+            self._ready.set()
 
     def end(self) -> None:
         self._ended = True
@@ -225,6 +230,8 @@ class Call:
                            type(event).__name__)
 
     def _offer(self, item: Incoming) -> None:
+        if self._inbox.ended:
+            return  # hung up: the session reads no more
         if not self._inbox.offer(item):
             logger.warning("call %s: client events arrive faster than the session takes "
                            "them; hanging up", self.id)
@@ -328,12 +335,15 @@ class Call:
             if task is not current:
                 task.cancel()
         self.track.stop()
-        await self.pc.close()
-        self.state.calls.pop(self.id, None)
         self.admission.release()
-        self.state.metrics.set("voxline_webrtc_calls", "open WebRTC calls", len(self.state.calls))
-        logger.info("call %s closed", self.id)
-        self.done.set()
+        try:
+            await self.pc.close()
+        finally:
+            self.state.calls.pop(self.id, None)
+            self.state.metrics.set("voxline_webrtc_calls", "open WebRTC calls",
+                                   len(self.state.calls))
+            logger.info("call %s closed", self.id)
+            self.done.set()
 
 
 async def close_all_calls(state: ServerState) -> None:

@@ -15,11 +15,16 @@ update -> route path. Only the loop thread touches state. A TTS segment starts a
 as the text chunker closes it (async chunk): the first clause is spoken while the LLM
 writes the rest.
 
-Adding a stage takes one new module and one table row: the module holds the stage (the
-three calls, over its own queue) and the routing of its outcomes to their owners, by
-internal stream id; the row in `_stage_table` names it, gives it a worker (a thread
-name) and those callbacks, at its place in the table (plans land and start in table
-order). A new kind of input gets its own `protocol` message and one `_dispatch` case.
+Adding a stage (a video renderer, a GPU ASR) takes one new module and one table row:
+- the module holds the stage (`has_work`/`schedule`/`execute`/`update` over its own
+  queue) and the routing of its outcomes to their owners by internal stream id, plus a
+  `fail` that tells the owners of a failed plan (see `turns` and `Responses.route_*`);
+- the row in `_stage_table` names it and gives it a worker (a thread name, or None to
+  run inline) and those callbacks, at its place in the table (plans land, then start, in
+  table order); a stage whose model is optional gets its row only when it is loaded.
+Its model arrives on `Models` (an optional field for an optional stage), and a new
+kind of input gets its own `protocol` message and one `_dispatch` case; nothing else
+in the core changes: `has_work`, `step` and `close` already cover every row.
 
 Routing is by internal stream id: an outcome whose stream has closed (or whose response
 was cancelled or replaced) is dropped, so a stale chunk is never sent, and outputs

@@ -1,7 +1,8 @@
 """The engine's stage interface, and the one worker that runs a stage's model off the loop.
 
-A stage is one model with its own queue of work. The engine loop (`EngineCore`) drives
-every stage through the same three calls:
+A stage is one model with its own queue of work. The engine loop (`EngineCore`) holds
+each stage in one row of its stage table (`stage_table`: the stage, its worker, where its
+outcomes go) and drives every stage through the same three calls:
 
 - `schedule() -> plan | None` (loop thread): take the next batch of work off the
   stage's queue. Bookkeeping only, no model call; None when there is nothing to do.

@@ -14,7 +14,8 @@ import torch
 from test_llm_model import random_ids, tiny_config
 from transformers import LlamaForCausalLM
 
-from voxline.engines.models.llama import LlamaModel, sample
+from voxline.engines.models.llama.model import LlamaModel
+from voxline.engines.models.sampling import sample
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -26,11 +27,10 @@ def server_side():
     from pydantic import ValidationError
 
     from voxline.cli import build_parser
-    from voxline.config import Settings
+    from voxline.config import Settings, settings_from_flags
     from voxline.engines import factory
-    from voxline.realtime.server import _device_dtype
 
-    return ValidationError, Settings, factory, build_parser, _device_dtype
+    return ValidationError, Settings, factory, build_parser, settings_from_flags
 
 
 def test_llm_device_defaults_to_the_cpu_and_rejects_unknown_devices(server_side):
@@ -59,11 +59,19 @@ def test_int8_weights_and_remote_models_stay_off_the_gpu(monkeypatch, server_sid
 
 
 def test_serve_device_flag_puts_llm_and_tts_on_the_device(capsys, server_side):
-    _, _, _, build_parser, _device_dtype = server_side
+    _, _, _, build_parser, settings_from_flags = server_side
+
+    def settings(*flags: str):
+        return settings_from_flags(build_parser().parse_args(["serve", *flags]))
+
     args = build_parser().parse_args(["serve", "--device", "cuda"])
     assert args.device == "cuda"
-    assert _device_dtype(args.device) == "bfloat16"  # int8 would be refused on a GPU
-    assert _device_dtype("cpu") is None and _device_dtype(None) is None
+    on_gpu = settings_from_flags(args)
+    assert (on_gpu.llm_device, on_gpu.tts_device) == ("cuda", "cuda")
+    assert on_gpu.llm_dtype == "bfloat16"  # int8 would be refused on a GPU
+    assert settings("--device", "cpu").llm_dtype == "int8" and settings().llm_dtype == "int8"
+    assert settings("--device", "cuda", "--llm-dtype", "float32").llm_dtype == "float32"
+    assert settings("--device", "cuda", "--tts-device", "cpu").tts_device == "cpu"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--device", "tpu"])
     with pytest.raises(SystemExit):

@@ -1,10 +1,26 @@
-"""Typed, read-once configuration. Environment variables are read here and nowhere else."""
+"""Typed, read-once configuration. Environment variables are read here and nowhere else.
+
+`Settings` is the one home of a setting: its field holds the name, type, default,
+constraints and description. Everything else is derived from the fields and never
+restated: `voxline serve`'s flags (`add_setting_flags`: ``--kebab-name``, typed and
+validated as the field, the description and default as help), their reading back into
+`Settings` (`settings_from_flags`), and the README's settings table (`settings_table`).
+A field that is not a flag says why in `NOT_FLAGS`; a flag that sets several fields at
+once (``--device``) is one `DerivedFlag` row. The engine process receives the Settings
+themselves (`model_dump(mode="json")`), not a list of chosen fields.
+"""
 
 from __future__ import annotations
 
+import argparse
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -17,42 +33,61 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="VOXLINE_", extra="ignore")
 
-    cache: Path = Field(default_factory=_default_cache, description="converted-weights cache")
-    api_key: str | None = Field(default=None, description="require this bearer key if set")
+    cache: Path = Field(default_factory=_default_cache,
+                        description="directory of converted weights (the shipped GGUF as "
+                                    "safetensors, converted once)")
+    api_key: str | None = Field(default=None, description="require this key from clients "
+                                "(Authorization: Bearer, or the browser subprotocol "
+                                "openai-insecure-api-key.<key>)")
     llm_dtype: str = Field(default="int8", pattern="^(int8|float32|bfloat16)$",
-                           description="embedded LLM weights: int8 (CPU: decode steps read "
-                                       "int8 weights, about 2x faster), float32 or bfloat16")
+                           description="weights of the embedded LLM: int8 (decode steps read "
+                                       "int8 weights, about 2x faster than float32 on a CPU; "
+                                       "prefill, attention and the cache stay float32; CPU "
+                                       "only), float32, or bfloat16")
     llm_device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$",
+                            json_schema_extra={"metavar": "cpu|cuda[:N]"},
                             description="torch device of the embedded LLM: cpu or cuda (with "
                                         "llm_dtype bfloat16 or float32; int8 is CPU-only)")
-    threads: int = Field(default=0, description="torch/onnxruntime intra-op threads (0 = auto)")
+    threads: int = Field(default=0, description="torch/onnxruntime intra-op threads "
+                         "(0: half the cores)")
     host: str = Field(default="127.0.0.1", description="bind address of `voxline serve`")
     port: int = Field(default=8000, description="TCP port of `voxline serve`")
     # Capacity: each conversation holds one LLM KV-cache slot (the engine sizes its cache to
     # max_sessions), and the engine generates at most max_responses replies at once; past
     # either, clients are refused with a reason (close 1013, HTTP 503 + Retry-After).
-    max_sessions: int = Field(default=8, ge=1, description="concurrent voice sessions "
-                              "(/v1/realtime WebSocket, WebRTC calls, Twilio streams)")
-    max_responses: int = Field(default=8, ge=1, description="replies (and /v1/audio/speech "
-                               "requests) the engine generates at once")
-    send_buffer_kb: int = Field(default=1024, ge=16, description="KiB of server events queued "
-                                "for a connection whose client stopped reading before it is "
-                                "disconnected")
-    speculate_after_ms: float = Field(default=160.0, ge=0, description="a pause this long in a "
-                                      "server-VAD turn starts its transcript and reply "
-                                      "speculatively, released if the turn ends (0: off)")
-    max_session_seconds: float = Field(default=1800.0, gt=0, description="session time limit")
+    max_sessions: int = Field(default=8, ge=1, description="concurrent voice sessions: "
+                              "/v1/realtime WebSockets, WebRTC calls and Twilio streams "
+                              "together; each holds an LLM cache slot, sized to this. Past "
+                              "it: close 1013 / HTTP 503 + Retry-After")
+    max_responses: int = Field(default=8, ge=1, description="replies and /v1/audio/speech "
+                               "requests the engine generates at once; past it a reply fails "
+                               "with error code server_busy and speech gets HTTP 503 + "
+                               "Retry-After")
+    send_buffer_kb: int = Field(default=1024, ge=16, description="KiB of events queued for a "
+                                "client that stopped reading before its connection is "
+                                "dropped; other sessions are unaffected")
+    speculate_after_ms: float = Field(default=160.0, ge=0, description="a pause this long in "
+                                      "a server-VAD turn starts its transcript and reply "
+                                      "speculatively, so the reply is ready when the turn "
+                                      "ends; dropped unsent if the user goes on (0: off)")
+    max_session_seconds: float = Field(default=1800.0, gt=0, description="session time "
+                                       "limit, seconds")
     shutdown_grace: float = Field(default=5.0, ge=0, description="on SIGTERM/SIGINT: seconds "
-                                  "replies in flight may take before sessions close (1001)")
-    max_event_bytes: int = Field(default=15 * 1024 * 1024, description="largest client event")
+                                  "replies in flight may take to finish before sessions close "
+                                  "with 1001")
+    max_event_bytes: int = Field(default=15 * 1024 * 1024,
+                                 description="largest client event, bytes")
     output_lead_ms: float = Field(default=200.0, gt=0, le=1000,
-                                  description="audio sent ahead of real-time playout")
+                                  description="audio sent ahead of real-time playout, ms "
+                                              "(<= 1000)")
     engine: str = Field(default="process", pattern="^(process|inprocess)$",
                         description="run the engine in a supervised child process or a thread")
     tts: str = Field(default="piper", pattern=r"^(piper|qwen3:.+)$",
+                     json_schema_extra={"metavar": "piper|qwen3:DIR"},
                      description="speech model: 'piper' (shipped voice) or 'qwen3:<checkpoint dir>' "
                                  "(Qwen3-TTS, official layout)")
-    tts_device: str = Field(default="cpu", description="torch device of a neural TTS (e.g. cuda)")
+    tts_device: str = Field(default="cpu", description="torch device of a neural TTS (e.g. "
+                            "cuda; Piper always runs on the CPU)")
     tts_speaker: str | None = Field(default=None, description="Qwen3-TTS preset voice "
                                     "(default: the checkpoint's first)")
     tts_language: str = Field(default="auto", description="Qwen3-TTS language, or auto")
@@ -65,13 +100,16 @@ class Settings(BaseSettings):
                                   "frames in each later audio chunk (more: fewer, larger "
                                   "decoder calls; on CUDA one graph per length)")
     tts_batch_buckets: str = Field(default="", pattern=r"^(\d+(,\d+)*)?$",
+                                   json_schema_extra={"metavar": "N,N,..."},
                                    description="Qwen3-TTS on CUDA: comma-separated batch sizes its "
                                                "CUDA graphs are captured for, each <= tts_max_streams "
                                                "(empty: powers of two)")
     llm: str = Field(default="embedded", pattern=r"^(embedded|openai:https?://.+)$",
+                     json_schema_extra={"metavar": "embedded|openai:URL"},
                      description="reply model: 'embedded' (shipped SmolLM2, in the engine) or "
                                  "'openai:<server url>' (any OpenAI-compatible "
-                                 "/v1/chat/completions server: vLLM, SGLang, llama.cpp, Ollama)")
+                                 "/v1/chat/completions server: vLLM, SGLang, llama.cpp, "
+                                 "Ollama), e.g. openai:http://127.0.0.1:8080/v1")
     llm_model: str | None = Field(default=None, description="model name sent to a remote "
                                   "server (required with llm=openai:...)")
     llm_api_key: str | None = Field(default=None, description="bearer key for a remote server")
@@ -82,14 +120,16 @@ class Settings(BaseSettings):
                              "429/5xx)")
     twilio_auth_token: str | None = Field(default=None, description="validate "
                                           "X-Twilio-Signature on /v1/telephony/twilio* if set")
-    ice_hosts: str = Field(default="", description="comma-separated host addresses offered as "
-                           "WebRTC ICE candidates (empty: 127.0.0.1 and every interface address)")
-    ice_servers: str = Field(default="", description="comma-separated STUN/TURN URLs for WebRTC "
-                             "calls, e.g. stun:stun.example.org:3478,turn:turn.example.org:3478")
+    ice_hosts: str = Field(default="", description="WebRTC: comma-separated host addresses "
+                           "offered as ICE candidates (empty: 127.0.0.1 and every interface "
+                           "address)")
+    ice_servers: str = Field(default="", description="WebRTC: comma-separated STUN/TURN URLs, "
+                             "e.g. stun:stun.example.org:3478,turn:turn.example.org:3478")
     turn_username: str | None = Field(default=None, description="username for the TURN servers")
     turn_credential: str | None = Field(default=None, description="password for the TURN servers")
     rtc_ports: str = Field(default="", pattern=r"^(\d+-\d+)?$",
-                           description="UDP port range for WebRTC media, e.g. 40000-40199 "
+                           json_schema_extra={"metavar": "LOW-HIGH"},
+                           description="WebRTC: UDP port range for media, e.g. 40000-40199 "
                                        "(empty: any free port)")
 
     @property
@@ -125,3 +165,176 @@ class Settings(BaseSettings):
 def load_settings(**overrides: object) -> Settings:
     """Read settings once (environment + explicit overrides)."""
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def settings_from_dump(dump: Mapping[str, Any] | None = None, **fields: object) -> Settings:
+    """Settings rebuilt from ``Settings.model_dump(mode="json")`` (as sent to an engine
+    process; no environment is read for the fields it holds), with `fields` over it.
+    Without a dump: the environment and `fields`, as `load_settings`. An unknown field
+    name is an error (a misspelt override would otherwise be ignored silently)."""
+    unknown = sorted(set(fields) - set(Settings.model_fields))
+    if unknown:
+        raise TypeError(f"unknown setting(s): {', '.join(unknown)}")
+    if dump is None:
+        return load_settings(**fields)
+    return Settings.model_validate({**dump, **{k: v for k, v in fields.items() if v is not None}})
+
+
+# --- the command line, generated from the fields -------------------------------------
+
+NOT_FLAGS: dict[str, str] = {
+    "twilio_auth_token": "a secret, and a command line is visible to every local user (ps)",
+    "turn_credential": "a secret, and a command line is visible to every local user (ps)",
+}
+"""Fields with no ``voxline serve`` flag, and why (their environment variable still works)."""
+
+
+def device_fields(device: str) -> dict[str, str]:
+    """``--device``: the embedded LLM and Qwen3-TTS on `device`; on a GPU the LLM in
+    bfloat16 (the CPU default int8 is CPU-only)."""
+    fields = {"llm_device": device, "tts_device": device}
+    if device.startswith("cuda"):
+        fields["llm_dtype"] = "bfloat16"
+    return fields
+
+
+@dataclass(frozen=True)
+class DerivedFlag:
+    """A flag that sets several fields; a field's own flag, when given, wins over it."""
+
+    dest: str
+    choices: tuple[str, ...]
+    help: str
+    fields: Callable[[str], dict[str, str]]
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+
+DERIVED_FLAGS: tuple[DerivedFlag, ...] = (
+    DerivedFlag("device", ("cpu", "cuda"),
+                "torch device of the embedded LLM and of Qwen3-TTS (Piper always runs on the "
+                "CPU): sets llm_device and tts_device; cuda puts both on the GPU (the LLM in "
+                "bfloat16 unless --llm-dtype; Qwen3-TTS with CUDA graphs)", device_fields),
+)
+
+_CHOICES = re.compile(r"^\^\(([\w.-]+(?:\|[\w.-]+)+)\)\$$")  # ^(a|b|c)$: plain alternatives
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def env_name(field: str) -> str:
+    return "VOXLINE_" + field.upper()
+
+
+def _pattern(info: FieldInfo) -> str | None:
+    return next((m.pattern for m in info.metadata if getattr(m, "pattern", None)), None)
+
+
+def _extra(info: FieldInfo, key: str) -> Any:
+    extra = info.json_schema_extra
+    return extra.get(key) if isinstance(extra, dict) else None
+
+
+def field_choices(name: str) -> list[str] | None:
+    """The values a field's pattern allows, when it is a plain ``^(a|b|c)$`` alternation."""
+    match = _CHOICES.match(_pattern(Settings.model_fields[name]) or "")
+    return match.group(1).split("|") if match else None
+
+
+def field_parser(name: str) -> Callable[[str], Any]:
+    """Parse and validate one flag value exactly as the field would (type and constraints);
+    argparse reports a bad value as ``argument --flag: ...``."""
+    info = Settings.model_fields[name]
+    annotation = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+    adapter = TypeAdapter(annotation)
+    expected = _extra(info, "metavar")
+
+    def parse(text: str) -> Any:
+        try:
+            return adapter.validate_python(text)
+        except ValidationError as exc:
+            reason = exc.errors()[0]["msg"]
+            raise argparse.ArgumentTypeError(f"expected {expected} ({reason})" if expected
+                                             else f"{reason}, got {text!r}") from None
+
+    parse.__name__ = name  # argparse names the type in its errors
+    return parse
+
+
+def default_text(name: str) -> str | None:
+    """A field's default as shown to people (None when it has none worth showing)."""
+    value = Settings.model_fields[name].get_default(call_default_factory=True)
+    if value is None or value == "":
+        return None
+    if isinstance(value, Path) and value.is_relative_to(Path.home()):
+        return "~/" + value.relative_to(Path.home()).as_posix()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def flag_help(name: str) -> str:
+    """A field's description, default and environment variable: its ``--help`` line."""
+    default = default_text(name)
+    shown = f"default: {default}; " if default is not None else ""
+    return f"{Settings.model_fields[name].description} ({shown}env {env_name(name)})"
+
+
+def flag_fields() -> list[str]:
+    """The fields that are ``voxline serve`` flags, in declaration order."""
+    return [name for name in Settings.model_fields if name not in NOT_FLAGS]
+
+
+def add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per field (bar `NOT_FLAGS`) and the `DERIVED_FLAGS`. A flag not given is
+    absent from the namespace, so the environment and then the field default apply."""
+    for name in flag_fields():
+        info = Settings.model_fields[name]
+        help_text = flag_help(name).replace("%", "%%")
+        if info.annotation is bool:
+            parser.add_argument(flag_name(name), dest=name, action=argparse.BooleanOptionalAction,
+                                default=argparse.SUPPRESS, help=help_text)
+            continue
+        choices = field_choices(name)  # argparse then names the choices in its error
+        parser.add_argument(flag_name(name), dest=name,
+                            type=str if choices else field_parser(name), choices=choices,
+                            metavar=_extra(info, "metavar"), default=argparse.SUPPRESS,
+                            help=help_text)
+    for derived in DERIVED_FLAGS:
+        parser.add_argument(derived.flag, dest=derived.dest, choices=derived.choices,
+                            default=argparse.SUPPRESS, help=derived.help.replace("%", "%%"))
+
+
+def settings_from_flags(args: argparse.Namespace) -> Settings:
+    """Settings from parsed flags: a field's own flag, else a derived flag, else the
+    environment, else the default."""
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    values: dict[str, object] = {}
+    for derived in DERIVED_FLAGS:
+        if derived.dest in given:
+            values.update(derived.fields(given[derived.dest]))
+    values.update({name: given[name] for name in Settings.model_fields if name in given})
+    return Settings(**values)
+
+
+def settings_table() -> str:
+    """The README's settings table (Markdown), generated from the fields and flags."""
+    rows = ["| flag | environment | default | what |", "|---|---|---|---|"]
+    for name in Settings.model_fields:
+        flag = f"`{flag_name(name)}`" if name not in NOT_FLAGS else "(none)"
+        default = default_text(name)
+        what = Settings.model_fields[name].description or ""
+        if name in NOT_FLAGS:
+            what += f" (environment only: {NOT_FLAGS[name]})"
+        rows.append(f"| {flag} | `{env_name(name)}` | {f'`{default}`' if default else ''} "
+                    f"| {_cell(what)} |")
+    for derived in DERIVED_FLAGS:
+        rows.append(f"| `{derived.flag} {{{','.join(derived.choices)}}}` | | "
+                    f"| {_cell(derived.help)} |")
+    return "\n".join(rows) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")

@@ -1,19 +1,31 @@
-"""Build the default engine: the four shipped models, loaded with timing logs."""
+"""Build the engine from `Settings`: the engine client `settings.engine` names
+(`make_engine`), and in it the core with the shipped models (`make_engine_core`).
+
+The Settings travel whole: `make_engine` hands the client
+``{"settings": settings.model_dump(mode="json")}`` as the core options, and the core
+factory rebuilds them where the core lives (engine thread or child process). No
+setting is picked out by name on the way, so a new field reaches the models untouched.
+The SDK and `voxline serve` both start their engine here; neither this module nor
+anything it imports loads the HTTP server.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
-from voxline.config import Settings, load_settings
+from voxline.config import Settings, load_settings, settings_from_dump
+from voxline.engines.client import EngineClient, InProcessEngineClient
 from voxline.engines.core import EngineCore, Models
 from voxline.engines.llm_stage import ChatModel
 from voxline.engines.remote_llm import RemoteChat, RemoteLLMConfig, parse_llm_spec
 from voxline.engines.speech_stage import SentenceSpeechStage, SpeechStage
+from voxline.errors import VoxlineError
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +87,8 @@ def load_reply_model(settings: Settings, llm_path: str | None, max_slots: int,
         remote = RemoteChat(config)
         logger.info("reply model: %s at %s (%s)", config.model, config.url, remote.check())
         return remote  # type: ignore[return-value]
-    from voxline.engines.models.chat_llm import ChatLLM
-    from voxline.engines.models.smollm2 import load_llm
+    from voxline.engines.models.llama.chat import ChatLLM
+    from voxline.engines.models.llama.checkpoint import load_llm
 
     device = llm_device(settings)
     return ChatLLM(load_llm(llm_path, settings.llm_dtype, device=device, cache=settings.cache),
@@ -126,17 +138,35 @@ def load_tts(settings: Settings) -> SpeechStage:
     return SentenceSpeechStage(PiperTTS.load(threads=1))
 
 
-def make_engine_core(wake: Callable[[], None], **kwargs: object) -> EngineCore:
-    """Core factory for engine clients (`"voxline.engines.factory:make_engine_core"`)."""
-    llm_path = kwargs.pop("llm_path", None)
-    max_streams = int(kwargs.pop("max_streams", 64))  # type: ignore[arg-type]
-    settings = load_settings(**kwargs)
+def make_engine_core(wake: Callable[[], None], settings: Mapping[str, Any] | None = None, *,
+                     llm_path: str | None = None, max_streams: int = 64,
+                     **fields: object) -> EngineCore:
+    """Core factory for engine clients (`DEFAULT_CORE`): models and core from Settings.
+
+    `settings` is a ``Settings.model_dump(mode="json")`` (what `make_engine` sends); without
+    it the environment is read. `fields` override Settings fields by name (tests and
+    benchmarks: ``{"speculate_after_ms": 0}``); an unknown name is an error.
+    """
+    resolved = settings_from_dump(settings, **fields)
     # one KV-cache slot per conversation: the server admits at most max_sessions of them
-    models = load_models(settings, llm_path=llm_path,  # type: ignore[arg-type]
-                         max_slots=settings.max_sessions)
+    models = load_models(resolved, llm_path=llm_path, max_slots=resolved.max_sessions)
     return EngineCore(models, wake, max_streams=max_streams,
-                      max_responses=settings.max_responses,
-                      speculate_after_ms=settings.speculate_after_ms)
+                      max_responses=resolved.max_responses,
+                      speculate_after_ms=resolved.speculate_after_ms)
 
 
 DEFAULT_CORE = "voxline.engines.factory:make_engine_core"
+
+
+def make_engine(settings: Settings) -> EngineClient:
+    """The engine client `settings.engine` names (a thread, or a supervised child process),
+    not started; its core is built from `settings` where it runs."""
+    if settings.remote_llm and not settings.llm_model:
+        raise VoxlineError(f"--llm {settings.llm} needs --llm-model (the model name the server "
+                           "serves; its /v1/models lists them)")
+    options = {"settings": settings.model_dump(mode="json")}
+    if settings.engine == "inprocess":
+        return InProcessEngineClient(DEFAULT_CORE, options)
+    from voxline.engines.process import MultiprocessEngineClient
+
+    return MultiprocessEngineClient(DEFAULT_CORE, options, start_timeout=600)

@@ -16,7 +16,7 @@ from typing import Any
 
 from voxline.config import Settings, load_settings
 from voxline.engines.client import EngineClient, InProcessEngineClient
-from voxline.realtime.server import make_engine
+from voxline.engines.factory import make_engine
 from voxline.realtime.session_host import Admission, SessionHost, SessionLimits, SessionRefused
 from voxline.sdk.session import SessionError, SessionFactory, Transport
 from voxline.sessions import commands as cmd

@@ -8,36 +8,27 @@ import threading
 
 import pytest
 from conftest import TIME_FACTOR
+from test_stage_worker import ListStage
 
 from voxline.engines import protocol as p
 from voxline.engines.stage import StageWorker
 from voxline.engines.stage_table import StageSlot, StageTable
 
 
-class ListStage:
-    """A queue of numbers; execute doubles a plan (raising on 13), update adds one."""
+class LoggedStage(ListStage):
+    """`ListStage` (execute doubles a plan, raising on 13) that logs each plan it
+    schedules; update adds one, so a routed outcome shows it went through `update`."""
 
     def __init__(self, name: str, log: list[str], gate: threading.Event | None = None) -> None:
+        super().__init__(gate)
         self.name = name
         self.log = log
-        self.gate = gate
-        self.queue: list[int] = []
-
-    def has_work(self) -> bool:
-        return bool(self.queue)
 
     def schedule(self) -> int | None:
-        if not self.queue:
-            return None
-        self.log.append(f"{self.name}.schedule")
-        return self.queue.pop(0)
-
-    def execute(self, plan: int) -> int:
-        if self.gate is not None:
-            assert self.gate.wait(5 * TIME_FACTOR)
-        if plan == 13:
-            raise ValueError("unlucky")
-        return plan * 2
+        plan = super().schedule()
+        if plan is not None:
+            self.log.append(f"{self.name}.schedule")
+        return plan
 
     def update(self, plan: int, result: int) -> int:
         return result + 1
@@ -45,7 +36,7 @@ class ListStage:
 
 def slot(name: str, log: list[str], wake=lambda: None, thread: str | None = None,
          **hooks) -> StageSlot:
-    stage = ListStage(name, log, hooks.pop("gate", None))
+    stage = LoggedStage(name, log, hooks.pop("gate", None))
 
     def route(plan: int, out: int, seconds: float) -> None:
         log.append(f"{name}.route {plan}->{out}")

@@ -76,6 +76,9 @@ def scripted_session() -> list[ev.ServerEvent]:
     s = Script()
     s.send(type="session.update", session={
         "type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}})
+    s.send(type="session.update", session={"type": "realtime", "truncation": {
+        "type": "retention_ratio", "retention_ratio": 0.8,
+        "token_limits": {"post_instructions": 2000}}})
     # a spoken turn, answered with audio that plays out
     s.engine(ep.SpeechStarted("s1", 300, "item_u1"),
              ep.TranscriptPartial("s1", "item_u1", "What is"),

@@ -67,6 +67,21 @@ class ResponseConfig(msgspec.Struct, frozen=True):
     tool_choice: str | dict[str, Any] | None = None
 
 
+class Truncation(msgspec.Struct, frozen=True):
+    """What the reply model reads when the conversation no longer fits its context.
+
+    `retention_ratio` None (OpenAI's ``auto``): the newest messages that fit, chosen again
+    for every response. With a ratio: when the conversation would overflow, the oldest
+    messages are dropped in one cut until it uses at most `retention_ratio` of the limit,
+    and the cut stays until the next overflow, so the prompt's prefix (and its KV cache)
+    holds between cuts. The limit is the model's context less the reply's room, or
+    `post_instructions` tokens after the instructions if that is smaller.
+    """
+
+    retention_ratio: float | None = None
+    post_instructions: int | None = None
+
+
 class StreamConfig(msgspec.Struct, frozen=True):
     """How a stream runs. `turn_detection=None` means the client commits audio itself."""
 
@@ -85,6 +100,7 @@ class StreamConfig(msgspec.Struct, frozen=True):
     # may use them; only a backend that supports tools (a remote one) accepts any.
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] = "auto"
+    truncation: Truncation = Truncation()
 
 
 # ----------------------------------------------------------------------------- inputs

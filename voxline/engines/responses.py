@@ -212,6 +212,7 @@ class Responses:
         system = llm.render_message("system", cfg.instructions or stream.config.instructions)
         header = llm.generation_header()
         conversation = stream.conversation
+        window, truncation = stream.window, stream.config.truncation
         max_tokens = cfg.max_output_tokens or stream.config.max_output_tokens
         # room for the header and the reply (capped so a huge limit can't starve context)
         budget = llm.max_len - len(header) - min(max_tokens, llm.max_len // 4)
@@ -230,7 +231,8 @@ class Responses:
         request = GenerationRequest(
             request_id=f"{stream.internal_id}/{stream.responses}",
             slot=stream.slot,
-            prompt=lambda: conversation.render(system, budget) + header,
+            prompt=lambda: window.prompt(conversation, system, budget - len(system),
+                                         truncation) + header,
             shared_prefix=len(system),
             max_tokens=max_tokens,
             temperature=temperature,

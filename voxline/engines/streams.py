@@ -18,6 +18,7 @@ import itertools
 from collections.abc import Mapping
 
 from voxline.engines import protocol as p
+from voxline.engines.context_window import ContextWindow
 from voxline.engines.input_audio import InputAudio
 from voxline.engines.llm_stage import Slot
 from voxline.engines.prompt_cache import Conversation
@@ -34,6 +35,7 @@ class StreamState:
         self.config = config
         self.input = input_audio
         self.conversation = conversation
+        self.window = ContextWindow()  # what of the conversation the prompt reads
         self.slot: Slot | None = None
         self.responses = 0  # responses started (numbers their LLM requests)
         self.pending_finals = 0  # utterances whose final transcript is still being made

@@ -19,8 +19,10 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BeforeValidator,
+    Discriminator,
     Field,
     PlainValidator,
+    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -194,6 +196,26 @@ class AudioWire(WireModel):
     output: AudioOutputWire | None = None
 
 
+class TokenLimitsWire(WireModel):
+    post_instructions: Annotated[int, Field(ge=1)] | None = None
+
+
+class RetentionRatioWire(WireModel):
+    """``truncation: {"type": "retention_ratio", ...}``: drop the oldest turns in one cut."""
+
+    type: Literal["retention_ratio"]
+    retention_ratio: Threshold
+    token_limits: TokenLimitsWire | None = None
+
+
+# a name ("auto", "disabled") or a retention-ratio object; errors name the object's field
+TruncationWire = Annotated[
+    Annotated[Literal["auto", "disabled"], Tag("name")]
+    | Annotated[RetentionRatioWire, Tag("ratio")],
+    Discriminator(lambda v: "ratio" if isinstance(v, Mapping | RetentionRatioWire) else "name"),
+]
+
+
 # Fields where an explicit ``null`` means "turn off"; a null anywhere else means "unchanged".
 _NULL_MEANS_OFF = frozenset(
     {"turn_detection", "transcription", "noise_reduction", "tracing", "idle_timeout_ms"}
@@ -230,7 +252,7 @@ class SessionPatch(WireModel):
     output_modalities: Modalities | None = None
     audio: AudioWire | None = None
     max_output_tokens: MaxTokens | None = None
-    truncation: Literal["auto", "disabled"] | dict[str, Any] | None = None
+    truncation: TruncationWire | None = None
     # beta
     modalities: Modalities | None = None
     voice: Voice | None = None

@@ -55,7 +55,17 @@ def stream_config(settings: SessionSettings) -> ep.StreamConfig:
         tools=chat_tools(settings.tools),
         tool_choice=chat_tool_choice(settings.tool_choice),
         auto_response=auto,
+        truncation=truncation_config(settings.truncation),
     )
+
+
+def truncation_config(truncation: str | dict[str, Any]) -> ep.Truncation:
+    """The engine's view of a (validated) ``truncation``: ``auto`` or a retention ratio."""
+    if not isinstance(truncation, dict):
+        return ep.Truncation()
+    limits = truncation.get("token_limits") or {}
+    return ep.Truncation(retention_ratio=truncation["retention_ratio"],
+                         post_instructions=limits.get("post_instructions"))
 
 
 def _refuse(event: str, param: str, what: str) -> ProtocolError:
@@ -69,9 +79,10 @@ def check_supported(settings: SessionSettings, event: str = "session.update", *,
     if settings.noise_reduction is not None:
         raise _refuse(event, "session.audio.input.noise_reduction",
                       f"noise reduction ({settings.noise_reduction!r})")
-    if settings.truncation != "auto":
-        raise _refuse(event, "session.truncation", f"truncation {settings.truncation!r} (only "
-                      "'auto': the oldest turns are left out when the context is full)")
+    if settings.truncation == "disabled":
+        raise _refuse(event, "session.truncation", "truncation 'disabled' (only 'auto' or "
+                      "'retention_ratio': the oldest turns are left out when the context is "
+                      "full)")
     tr = settings.transcription
     if tr is not None and tr.language is not None and tr.language not in TRANSCRIPTION_LANGUAGES:
         raise _refuse(event, "session.audio.input.transcription.language",

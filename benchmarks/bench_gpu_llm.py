@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig
 
-from voxline.engines.models.llama import LlamaModel
-from voxline.engines.models.llama_graphs import GraphedLlamaDecoder
+from voxline.engines.models.llama.graphs import GraphedLlamaDecoder
+from voxline.engines.models.llama.model import LlamaModel
 
 SHAPES = {
     "smollm2": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

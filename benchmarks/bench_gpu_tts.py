@@ -32,11 +32,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from voxline.engines.models.qwen3_tts import TalkerSampling, graphs
+from voxline.engines.models.qwen3_tts import TalkerSampling, graphed_talker
 from voxline.engines.models.qwen3_tts.checkpoint import Qwen3TTSModel
 from voxline.engines.models.qwen3_tts.code2wav import Code2WavDecoder
 from voxline.engines.models.qwen3_tts.config import Code2WavConfig, Qwen3TTSConfig
-from voxline.engines.models.qwen3_tts.graphs import GraphedTalkerGenerator
+from voxline.engines.models.qwen3_tts.graphed_talker import GraphedTalkerGenerator
 from voxline.engines.models.qwen3_tts.stage import Qwen3SpeechStage
 from voxline.engines.models.qwen3_tts.talker import Talker
 from voxline.engines.models.qwen3_tts.tokenizer import Qwen3TextTokenizer
@@ -277,10 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames", type=int, default=50, help="frames per job (80 ms each)")
     ap.add_argument("--eager-concurrency", default="1,10,32", help="concurrencies measured eagerly")
     ap.add_argument("--max-len", type=int, default=256)
-    ap.add_argument("--attention", choices=sorted(graphs.ATTENTION), default=graphs.DEFAULT_ATTENTION,
+    ap.add_argument("--attention", choices=sorted(graphed_talker.ATTENTION), default=graphed_talker.DEFAULT_ATTENTION,
                     help="attention in the graphed talker decode steps")
-    ap.add_argument("--predictor-attention", choices=sorted(graphs.ATTENTION),
-                    default=graphs.DEFAULT_PREDICTOR_ATTENTION, help="attention in the code predictor's steps")
+    ap.add_argument("--predictor-attention", choices=sorted(graphed_talker.ATTENTION),
+                    default=graphed_talker.DEFAULT_PREDICTOR_ATTENTION, help="attention in the code predictor's steps")
     ap.add_argument("--buckets", help="graph batch buckets, e.g. 1,4,10,32 (default: powers of two)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--no-twin", action="store_true", help="skip the graphs-vs-eager-twin check")
@@ -296,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     torch._dynamo.config.suppress_errors = True
     conc = [int(x) for x in args.concurrency.split(",")]
     gemv.set_enabled(not args.no_gemv)
-    graphs.DEFAULT_ATTENTION = args.attention  # every generator this run builds
-    graphs.DEFAULT_PREDICTOR_ATTENTION = args.predictor_attention
+    graphed_talker.DEFAULT_ATTENTION = args.attention  # every generator this run builds
+    graphed_talker.DEFAULT_PREDICTOR_ATTENTION = args.predictor_attention
     buckets = [int(x) for x in args.buckets.split(",")] if args.buckets else None
     t_load = time.perf_counter()
     model = build_model(args.device)
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         frames_per_job=args.frames, batch_buckets=buckets or "powers of two", attention=args.attention,
         predictor_attention=args.predictor_attention, chunking="initial_chunk_frames=1, chunk_frames=4",
         overlap_codec=not args.no_overlap, small_row_linear_kernel=not args.no_gemv,
-        predictor_top_k_cap=graphs.PREDICTOR_TOP_K_CAP,
+        predictor_top_k_cap=graphed_talker.PREDICTOR_TOP_K_CAP,
         sampling="published settings (temperature 0.9, top-k 50), seeded; EOS masked",
         qwen_tts_reference="not run: the qwen-tts package is not installable on the device machine",
         results={}, breakdown={},

@@ -40,8 +40,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 from voxline.engines.llm_stage import GenerationRequest, LLMStage, Slot  # noqa: E402
-from voxline.engines.models.chat_llm import ChatLLM  # noqa: E402
-from voxline.engines.models.smollm2 import load_hf_smollm2, load_llm  # noqa: E402
+from voxline.engines.models.llama.chat import ChatLLM  # noqa: E402
+from voxline.engines.models.llama.checkpoint import load_hf_smollm2, load_llm  # noqa: E402
 
 SYSTEM = "You are a knowledgeable assistant who writes long, detailed answers."
 # Long-answer prompts, so that even without the EOS mask the model would keep going.

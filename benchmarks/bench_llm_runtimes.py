@@ -35,8 +35,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from voxline.engines.llm_stage import GenerationRequest, LLMStage, Slot  # noqa: E402
-from voxline.engines.models.chat_llm import ChatLLM  # noqa: E402
-from voxline.engines.models.smollm2 import load_llm  # noqa: E402
+from voxline.engines.models.llama.chat import ChatLLM  # noqa: E402
+from voxline.engines.models.llama.checkpoint import load_llm  # noqa: E402
 from voxline.engines.protocol import DEFAULT_INSTRUCTIONS  # noqa: E402
 from voxline.engines.responses import new_chunker  # noqa: E402
 

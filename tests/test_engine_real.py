@@ -63,7 +63,7 @@ def driver(models):
 
 def hf_greedy(models, prompt: list[int], max_new: int) -> str:
     """Reference: transformers generate() on the same weights and prompt tokens."""
-    from voxline.engines.models.smollm2 import load_hf_smollm2
+    from voxline.engines.models.llama.checkpoint import load_hf_smollm2
 
     hf = load_hf_smollm2(torch.float32)
     out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),

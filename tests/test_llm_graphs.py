@@ -1,4 +1,4 @@
-"""Graphed decode of the embedded Llama (:mod:`voxline.engines.models.llama_graphs`).
+"""Graphed decode of the embedded Llama (:mod:`voxline.engines.models.llama.graphs`).
 
 The static-buffer step runs eagerly on the CPU (its twin): it gives ``forward_batch``'s
 logits and tokens for decode batches of mixed lengths on scattered slots, across length
@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from voxline.engines.models.llama import LlamaModel
-from voxline.engines.models.llama_graphs import GraphedLlamaDecoder
+from voxline.engines.models.llama.graphs import GraphedLlamaDecoder
+from voxline.engines.models.llama.model import LlamaModel
 
 STREAMS = 6
 MAX_LEN = 96

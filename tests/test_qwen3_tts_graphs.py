@@ -17,11 +17,9 @@ import torch
 from test_qwen3_tts_stage import TEXTS, audio, make_stage, of, run, write_test_checkpoint
 
 from voxline.engines.models.qwen3_tts import TalkerSampling
-from voxline.engines.models.qwen3_tts.graphs import (
-    GraphedCode2Wav,
-    GraphedTalkerGenerator,
-    _layer_args,
-)
+from voxline.engines.models.qwen3_tts.graphed_code2wav import GraphedCode2Wav
+from voxline.engines.models.qwen3_tts.graphed_talker import GraphedTalkerGenerator
+from voxline.engines.models.qwen3_tts.talker_steps import layer_args
 from voxline.engines.speech_stage import SpeechJob
 from voxline.kernels.attention import position_mask
 from voxline.kernels.compiled import maybe_compile
@@ -235,12 +233,14 @@ def test_compiled_regions_trace_as_single_graphs(model_dir, monkeypatch):
     """Each region a GPU compiles (predictor sub-step, talker decode layer, code2wav chunk)
     traces into one Dynamo graph: a graph break would split the captured step into more
     kernels (Dynamo's eager backend on the CPU, fullgraph=True fails on any break)."""
-    import voxline.engines.models.qwen3_tts.graphs as graphs_mod
+    import voxline.engines.models.qwen3_tts.graphed_code2wav as code2wav_mod
+    import voxline.engines.models.qwen3_tts.graphed_talker as talker_mod
 
     def full(fn, enabled):
         return torch.compile(fn, backend="eager", dynamic=False, fullgraph=True) if enabled else fn
 
-    monkeypatch.setattr(graphs_mod, "maybe_compile", full)
+    monkeypatch.setattr(talker_mod, "maybe_compile", full)
+    monkeypatch.setattr(code2wav_mod, "maybe_compile", full)
     stage = make_stage(model_dir, graphs=True)
     torch._dynamo.reset()
     try:
@@ -273,7 +273,7 @@ def test_layer_functions_equal_the_decoder_layer(model_dir):
 
         with torch.inference_mode():
             want = layer(x, cos, sin, mask, kv)
-            prep_w, post_w = _layer_args(layer)
+            prep_w, post_w = layer_args(layer)
             q, k, v = attn_prep(x, pos, rope.inv_freq, *prep_w)
             got = attn_mlp(x, q, torch.cat((past, k), 2), torch.cat((past, v), 2), mask, *post_w)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

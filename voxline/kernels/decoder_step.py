@@ -11,8 +11,8 @@ Q/K/V and gate/up take one concatenated weight each (:func:`concat_weights`): on
 instead of three (two), which at decode batch sizes is launch count, not arithmetic.
 
 The operations and their order are those of the eager modules (``RMSNorm``,
-``Attention``, ``MLP`` of ``voxline.engines.models``), so uncompiled these functions
-are bit-identical to them: the eager twin. The projections go through
+``Attention``, ``MLP`` of ``voxline.engines.models``; both call :mod:`.layer_ops`), so
+uncompiled these functions are bit-identical to them: the eager twin. The projections go through
 :func:`~voxline.kernels.gemv.small_linear`, which is ``F.linear`` except for a few
 bf16/fp16 rows on CUDA (decode steps), where one Triton launch reads the weight once
 (equal within bf16 rounding, not bit-identical).
@@ -23,14 +23,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import attend
-from .fused import rms_norm_eager
 from .gemv import small_linear
+from .layer_ops import apply_rope, rms_norm, rope_tables, silu_mul
 
-__all__ = ["attn_mlp", "attn_out_mlp", "attn_prep", "concat_weights", "rope_tables"]
+__all__ = ["attn_mlp", "attn_out_mlp", "attn_prep", "concat_weights"]
 
 
 def concat_weights(*linears: torch.nn.Linear) -> tuple[Tensor, Tensor | None]:
@@ -39,19 +38,6 @@ def concat_weights(*linears: torch.nn.Linear) -> tuple[Tensor, Tensor | None]:
     if any(m.bias is None for m in linears):
         return weight, None
     return weight, torch.cat([m.bias.detach() for m in linears])  # type: ignore[union-attr]
-
-
-def rope_tables(pos: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """``pos [B, Q]`` -> cos, sin ``[B, 1, Q, D]``; 1-D RoPE (equal to M-RoPE when all three
-    position streams agree, as they do for text and codec tokens)."""
-    freqs = pos[..., None].float() * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
 
 
 def attn_prep(
@@ -64,19 +50,19 @@ def attn_prep(
     ``qkv_w``: q, k, v projection weights stacked (``q_out + 2 * kv_out`` rows);
     ``qn_w``/``kn_w`` None: no per-head norm."""
     b, q_len, _ = x.shape
-    h = rms_norm_eager(x, ln_w, eps)
+    h = rms_norm(x, ln_w, eps)
     q, k, v = small_linear(h, qkv_w, qkv_b).split((q_out, kv_out, kv_out), dim=-1)
     q = q.reshape(b, q_len, -1, head_dim)
     k = k.reshape(b, q_len, -1, head_dim)
     if qn_w is not None:
-        q = rms_norm_eager(q, qn_w, qk_eps)
+        q = rms_norm(q, qn_w, qk_eps)
     if kn_w is not None:
-        k = rms_norm_eager(k, kn_w, qk_eps)
+        k = rms_norm(k, kn_w, qk_eps)
     q, k = q.transpose(1, 2), k.transpose(1, 2)
     v = v.reshape(b, q_len, -1, head_dim).transpose(1, 2)
+    # 1-D RoPE: equal to M-RoPE when all three position streams agree (text and codec tokens).
     cos, sin = rope_tables(pos, inv_freq, x.dtype)
-    q = q * cos + _rotate_half(q) * sin
-    k = k * cos + _rotate_half(k) * sin
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     return q, k, v
 
 
@@ -101,6 +87,6 @@ def attn_out_mlp(
     """The rest of :func:`attn_mlp` given the attention output ``out [B, Hq, Q, D]``."""
     b, _, q_len, _ = out.shape
     x = x + small_linear(out.transpose(1, 2).reshape(b, q_len, -1), o_w, o_b)
-    h = rms_norm_eager(x, ln_w, eps)
+    h = rms_norm(x, ln_w, eps)
     gate, up = small_linear(h, gate_up_w, gate_up_b).chunk(2, dim=-1)
-    return x + small_linear(F.silu(gate) * up, down_w, down_b)
+    return x + small_linear(silu_mul(gate, up), down_w, down_b)

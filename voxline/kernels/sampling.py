@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .layer_ops import top_k_top_p_drop
+
 __all__ = ["bits_to_unit", "counter_uniform", "sample_rows"]
 
 _MASK32 = 0xFFFFFFFF
@@ -48,8 +50,9 @@ def sample_rows(
 
     ``temperature`` 0 is greedy (argmax); otherwise softmax at that temperature over the
     ``top_k`` best ids (0 = all) and the smallest prefix with mass >= ``top_p``, then an
-    exponential race with the row's counter noise (as ``llama.sample`` does with a
-    generator). Every row costs the same work, so the shape never depends on the values.
+    exponential race with the row's counter noise (as ``models.sampling.sample`` does with
+    a generator; both filter with :func:`~.layer_ops.top_k_top_p_drop`). Every row costs
+    the same work, so the shape never depends on the values.
 
     ``max_top_k`` > 0 promises that every sampled row has ``0 < top_k <= max_top_k``
     (the caller checks): then only the ``max_top_k`` best ids are ranked (``topk``
@@ -65,12 +68,7 @@ def sample_rows(
         vocab = max_top_k
     else:
         scores, order = (logits / temp[:, None]).sort(dim=-1, descending=True)
-    rank = torch.arange(vocab, device=logits.device)[None, :]
-    k = torch.where((top_k > 0) & (top_k < vocab), top_k, torch.full_like(top_k, vocab))
-    drop = rank >= k[:, None]
-    probs = scores.masked_fill(drop, float("-inf")).softmax(dim=-1)
-    before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely ids
-    drop = drop | ((before >= top_p[:, None]) & (rank > 0))
+    drop = top_k_top_p_drop(scores, top_k, top_p)
     probs = scores.masked_fill(drop, float("-inf")).softmax(dim=-1)
     race = probs / -torch.log(counter_uniform(seed, counter, vocab))
     picked = order.gather(1, race.argmax(dim=-1, keepdim=True))[:, 0]

@@ -24,11 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from voxline.engines.models.layers import MLP, RMSNorm
 from voxline.kernels.attention import position_mask
 from voxline.kernels.snake import snake_beta_log
 
 from .config import Code2WavConfig, RopeConfig
-from .layers import MLP, Attention, KVHook, RMSNorm, Rope
+from .layers import Attention, KVHook, Rope
 
 __all__ = ["Code2WavDecoder", "Code2WavState"]
 

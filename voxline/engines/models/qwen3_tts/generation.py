@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from voxline.engines.models.llama import sample
+from voxline.engines.models.sampling import sample
 
 from .prompt import TalkerPrompt
 from .talker import Talker

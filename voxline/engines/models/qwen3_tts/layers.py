@@ -15,20 +15,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from voxline.engines.models.llama import MLP, RMSNorm
+from voxline.engines.models.layers import MLP, RMSNorm
 from voxline.kernels.attention import attend
+from voxline.kernels.layer_ops import apply_rope, freq_tables
 
 from .config import RopeConfig, TransformerConfig
 
-__all__ = ["Attention", "DecoderLayer", "KVHook", "MLP", "RMSNorm", "Rope", "rotate_half"]
+__all__ = ["Attention", "DecoderLayer", "KVHook", "Rope"]
 
 # (layer index, new k [B, Hkv, Q, D], new v) -> (all k, all v) the queries attend over.
 KVHook = Callable[[int, Tensor, Tensor], tuple[Tensor, Tensor]]
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
 
 
 class Rope:
@@ -55,8 +51,7 @@ class Rope:
         freqs = positions[..., None].float() * inv_freq  # [(3,) B, Q, D/2]
         if self.section is not None:
             freqs = self._select_streams(freqs)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+        return freq_tables(freqs, dtype)
 
     def _select_streams(self, freqs: Tensor) -> Tensor:
         """Pick, per frequency, the position stream (temporal/height/width) it rotates by."""
@@ -97,8 +92,7 @@ class Attention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(b, q_len, -1, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, q_len, -1, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, q_len, -1, self.head_dim).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k, v = kv(self.layer_idx, k, v)
         out = attend(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))

@@ -81,7 +81,8 @@ from .checkpoint import Qwen3TTSModel
 from .code2wav import Code2WavState
 from .codec_encoder import CodecEncoder
 from .generation import TalkerGenerator, TalkerSampling, TalkerStream, awaits_text
-from .graphs import PREDICTOR_TOP_K_CAP, GraphedCode2Wav, GraphedTalkerGenerator
+from .graphed_code2wav import GraphedCode2Wav
+from .graphed_talker import PREDICTOR_TOP_K_CAP, GraphedTalkerGenerator
 from .prompt import TalkerPrompt, assistant_ids, build_prompt, ref_text_ids
 from .reference import (
     EncodedReference,

@@ -21,11 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from voxline.engines.models.llama import KVCache
+from voxline.engines.models.kv_cache import KVCache
+from voxline.engines.models.layers import RMSNorm
 from voxline.kernels.attention import position_mask
 
 from .config import CodePredictorConfig, TalkerConfig
-from .layers import DecoderLayer, RMSNorm, Rope
+from .layers import DecoderLayer, Rope
 
 __all__ = ["CodePredictor", "Talker"]
 

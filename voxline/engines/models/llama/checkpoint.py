@@ -1,0 +1,151 @@
+"""Loading a Llama checkpoint (default: the shipped SmolLM2) as our :class:`LlamaModel`.
+
+A checkpoint is a local HF-layout directory, a hub id already in the local hub cache,
+or ``None`` for the shipped SmolLM2 (converted on first use, :mod:`.smollm2`). The
+tokenizer always comes back with a chat template (:func:`.smollm2.fix_tokenizer`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from voxline.errors import ModelUnavailableError
+from voxline.logs import timed
+
+from .model import LlamaModel
+from .smollm2 import IM_END, SMOLLM2_NAME, ensure_smollm2, fix_tokenizer
+
+logger = logging.getLogger(__name__)
+
+INT8 = "int8"  # load_llm's dtype for int8 weights (float32 activations)
+
+
+class LoadedLLM(NamedTuple):
+    """Our model (eval mode, no cache attached yet), its tokenizer and the HF config."""
+
+    model: LlamaModel
+    tokenizer: Any  # a transformers PreTrainedTokenizerBase
+    config: Any  # a transformers LlamaConfig
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return value
+
+
+def _resolve(path: str | Path | None, cache: Path | None) -> Path:
+    """A local checkpoint directory: SmolLM2's cache, a local path, or a hub id's snapshot."""
+    if path is None:
+        return ensure_smollm2(cache)
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return local
+    if local.is_absolute() or str(path).startswith((".", "~")) or local.exists():
+        raise ModelUnavailableError(str(path), "checkpoint directory", "no such directory")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(str(path)))
+    except Exception as exc:  # offline with no local copy, unknown repo, ...
+        raise ModelUnavailableError(
+            str(path), "a local checkpoint directory or cached hub snapshot", str(exc)
+        ) from exc
+
+
+def _read_state_dict(directory: Path) -> dict[str, torch.Tensor] | None:
+    """Tensors of a safetensors checkpoint (single file or sharded); None if there are none."""
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        return None
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(file))
+    return state
+
+
+def load_tokenizer(path: str | Path | None = None, *, cache: Path | None = None) -> Any:
+    """The tokenizer of a checkpoint (default: SmolLM2), with a chat template guaranteed."""
+    from transformers import AutoTokenizer
+
+    return fix_tokenizer(AutoTokenizer.from_pretrained(_resolve(path, cache)))
+
+
+def load_llm(
+    path: str | Path | None = None,
+    dtype: torch.dtype | str = torch.float32,
+    *,
+    device: torch.device | str = "cpu",
+    cache: Path | None = None,
+) -> LoadedLLM:
+    """Our :class:`LlamaModel` + tokenizer + config; ``path=None`` is the shipped SmolLM2.
+
+    ``path`` may be a local HF-layout directory or a hub id already in the local hub
+    cache. ``dtype`` is a torch float dtype, or ``"int8"``: int8 linear weights with
+    float32 activations (CPU; see :meth:`LlamaModel.quantize_int8`). Raises
+    :class:`ModelUnavailableError` when weights cannot be found.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+
+    int8 = str(dtype) == INT8
+    float_dtype = torch.float32 if int8 else _as_dtype(dtype)
+    directory = _resolve(path, cache)
+    name = str(path) if path is not None else SMOLLM2_NAME
+    config = AutoConfig.from_pretrained(directory)
+    if config.model_type != "llama":
+        raise ValueError(f"{name}: model_type {config.model_type!r} is not a Llama checkpoint")
+    with timed(logger, f"loading {name} ({INT8 if int8 else float_dtype}) from {directory}"):
+        state = _read_state_dict(directory)
+        if state is None:  # e.g. pytorch_model.bin: let transformers read it
+            state = load_hf_llm(directory, torch.float32).state_dict()
+        model = LlamaModel.from_state_dict(config, state, dtype=float_dtype, device=device)
+        if int8:
+            model.quantize_int8()
+        tokenizer = fix_tokenizer(AutoTokenizer.from_pretrained(directory))
+    return LoadedLLM(model, tokenizer, config)
+
+
+def load_hf_llm(
+    path: str | Path | None = None,
+    dtype: torch.dtype | str = torch.float32,
+    *,
+    cache: Path | None = None,
+) -> Any:
+    """The transformers ``LlamaForCausalLM`` of a checkpoint (reference for parity/benchmarks)."""
+    from transformers import AutoModelForCausalLM
+
+    directory = _resolve(path, cache)
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=_as_dtype(dtype)).eval()
+
+
+def load_hf_smollm2(dtype: torch.dtype | str = torch.float32, *, cache: Path | None = None) -> Any:
+    """The shipped SmolLM2 as a transformers model (converted on first use)."""
+    return load_hf_llm(None, dtype, cache=cache)
+
+
+def stop_token_ids(tokenizer: Any, config: Any = None) -> list[int]:
+    """Token ids that end an assistant turn: the tokenizer's and config's EOS, and ``<|im_end|>``."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    eos = getattr(config, "eos_token_id", None) if config is not None else None
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos:
+        ids.update(int(i) for i in eos)
+    vocab = tokenizer.get_vocab()
+    if IM_END in vocab:
+        ids.add(int(vocab[IM_END]))
+    return sorted(ids)

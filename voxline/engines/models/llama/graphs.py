@@ -1,0 +1,176 @@
+"""CUDA-graph decode steps for the embedded Llama (:class:`GraphedLlamaDecoder`).
+
+A pure decode step (every stream feeds one token) on a GPU is all launch overhead for a
+small Llama: ~15 kernels a layer, each far shorter than its launch. Such a step replays a
+CUDA graph captured for a (batch, length) bucket: the smallest batch bucket >= the number
+of streams and the smallest length bucket >= the longest stream's length + 1. The graph
+reads static inputs (token id, cache slot and position per row, filled by one
+non-blocking host-to-device copy), writes each row's new K/V at its position, attends over
+the first ``length`` cache positions under a mask computed on the device from the
+positions (no host sync inside the step), and leaves float32 logits in a static buffer.
+
+Padding rows (bucket rows past the batch) feed token 0 at position 0 of a scratch cache
+slot that no stream owns (the cache has one slot more than ``max_streams``), so they
+write only that slot and their logits are dropped: padding never reaches a stream.
+
+Prefill and mixed steps, and shapes past the largest bucket, run eagerly through
+:meth:`LlamaModel.forward_batch`. With ``capture=False`` (and always on the CPU) the same
+static-buffer step runs eagerly: the twin the CPU tests compare with ``forward_batch``.
+Attention is :func:`~voxline.kernels.decode_attention.attend_decode`: one Triton launch a
+layer reading the cache rows in place (bf16/fp16 on CUDA), SDPA on gathered rows elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, pow2_buckets
+from voxline.kernels.decode_attention import attend_decode
+from voxline.kernels.layer_ops import apply_rope
+
+from .model import DecoderLayer, LlamaModel
+
+__all__ = ["GraphedLlamaDecoder"]
+
+logger = logging.getLogger(__name__)
+
+MIN_LENGTH_BUCKET = 64
+
+
+def _decode_layer(layer: DecoderLayer, h: Tensor, cos: Tensor, sin: Tensor, ck: Tensor,
+                  cv: Tensor, slot: Tensor, pos: Tensor, mask: Tensor, length: int) -> Tensor:
+    """One decoder layer for one new token per row (``h [B, 1, H]``), the same modules and
+    arithmetic as :class:`~voxline.engines.models.llama.model.Attention`, attending in place."""
+    a = layer.self_attn
+    b = h.shape[0]
+    x = layer.input_layernorm(h)
+    q = a.q_proj(x).view(b, 1, a.num_heads, a.head_dim).transpose(1, 2)
+    k = a.k_proj(x).view(b, 1, a.num_kv_heads, a.head_dim).transpose(1, 2)
+    v = a.v_proj(x).view(b, 1, a.num_kv_heads, a.head_dim).transpose(1, 2)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    ck[slot, :, pos] = k[:, :, 0]
+    cv[slot, :, pos] = v[:, :, 0]
+    out = attend_decode(q, ck, cv, mask, slot=slot, length=length)
+    h = h + a.o_proj(out.transpose(1, 2).reshape(b, 1, -1))
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+class GraphedLlamaDecoder:
+    """Decode steps of a :class:`LlamaModel` over bucketed static steps (module docstring).
+
+    The model's cache must have a slot past ``max_streams`` (``allocate_cache(max_streams
+    + 1, ...)``): the scratch slot padding rows write to. Streams use slots
+    ``0 .. max_streams - 1``.
+    """
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        *,
+        max_streams: int,
+        batch_buckets: Sequence[int] | None = None,
+        length_buckets: Sequence[int] | None = None,
+        capture: bool | None = None,
+    ) -> None:
+        """``batch_buckets`` default to powers of two up to ``max_streams``, ``length_buckets``
+        to powers of two from 64 up to the cache's ``max_len``. ``capture`` defaults to
+        whether the model is on CUDA; it is refused elsewhere."""
+        cache = model.cache
+        if cache is None:
+            raise RuntimeError("no KV cache: call allocate_cache() first")
+        if cache.max_slots <= max_streams:
+            raise ValueError(f"the cache has {cache.max_slots} slots; graphed decode of "
+                             f"{max_streams} streams needs {max_streams + 1} (one scratch slot)")
+        on_cuda = model.device.type == "cuda"
+        capture = on_cuda if capture is None else capture
+        if capture and not on_cuda:
+            raise ValueError(f"CUDA-graph capture needs the model on CUDA, not {model.device}")
+        self.model = model
+        self.cache = cache
+        self.scratch = max_streams
+        self.batch_buckets = sorted(pow2_buckets(1, max_streams) if batch_buckets is None
+                                    else batch_buckets)
+        self.length_buckets = sorted(
+            pow2_buckets(min(MIN_LENGTH_BUCKET, cache.max_len), cache.max_len)
+            if length_buckets is None else length_buckets)
+        self.steps: BucketedSteps[tuple[int, int]] = BucketedSteps(
+            self._make, capture=capture, name="llm decode graphs")
+        self.graph_steps = 0  # decode steps served by a bucket (graph or twin)
+        self.eager_steps = 0  # decode steps past the buckets, run by forward_batch
+
+    @property
+    def buckets(self) -> list[tuple[int, int]]:
+        return [(b, n) for b in self.batch_buckets for n in self.length_buckets]
+
+    def prepare(self, keys: Iterable[tuple[int, int]] | None = None) -> None:
+        """Create (and capture) the given buckets now, default all, logging progress."""
+        self.steps.prepare(self.buckets if keys is None else keys)
+
+    # -- the static step --------------------------------------------------------------
+
+    def _fn(self, length: int):
+        model, cache = self.model, self.cache
+
+        def fn(ints: Tensor) -> dict[str, Tensor]:
+            ids, slot, pos = ints[0], ints[1], ints[2]
+            cos, sin = model._cos_sin(pos[:, None])  # [B, 1, 1, D]
+            keys = torch.arange(length, device=ints.device)
+            mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, length]
+            h = model.model.embed_tokens(ids[:, None])
+            for i, layer in enumerate(model.model.layers):
+                h = _decode_layer(layer, h, cos, sin, cache.k[i], cache.v[i], slot, pos, mask,
+                                  length)
+            return {"logits": model.lm_head(model.model.norm(h[:, 0])).float()}
+
+        return fn
+
+    def _padding(self, b: int) -> Tensor:
+        """Inputs of ``b`` padding rows: token 0 at position 0 of the scratch slot."""
+        ints = torch.zeros(3, b, dtype=torch.long)
+        ints[1] = self.scratch
+        return ints
+
+    def _make(self, key: tuple[int, int]) -> StaticStep:
+        b, length = key
+        return StaticStep(self._fn(length), {"ints": self._padding(b).to(self.model.device)})
+
+    # -- stepping ---------------------------------------------------------------------
+
+    def bucket(self, n: int, need: int) -> tuple[int, int] | None:
+        """The (batch, length) bucket of ``n`` rows attending over ``need`` positions."""
+        b = bucket_for(n, self.batch_buckets)
+        length = bucket_for(need, self.length_buckets)
+        return None if b is None or length is None else (b, length)
+
+    @torch.inference_mode()
+    def step(self, slots: Sequence[int], tokens: Sequence[int]) -> Tensor:
+        """Feed ``tokens[i]`` to stream ``slots[i]``; float32 logits ``[n, V]`` of each, and
+        each slot's length grows by one (as ``forward_batch`` with ``advance``)."""
+        cache = self.model.check_step(slots, [[t] for t in tokens])
+        for slot in slots:
+            if slot == self.scratch:
+                raise ValueError(f"slot {slot} is the decode graphs' scratch slot")
+        n = len(slots)
+        key = self.bucket(n, max(cache.lengths[s] for s in slots) + 1)
+        if key is None:
+            self.eager_steps += 1
+            return self.model.forward_batch(slots, [[t] for t in tokens])
+        step = self.steps.get(key)
+        ints = self._padding(key[0])
+        ints[0, :n] = torch.as_tensor(list(tokens), dtype=torch.long)
+        ints[1, :n] = torch.as_tensor(list(slots), dtype=torch.long)
+        ints[2, :n] = torch.as_tensor([cache.lengths[s] for s in slots], dtype=torch.long)
+        if step.inputs["ints"].is_cuda:
+            # A pinned staging copy: the allocator keeps it until the copy has run.
+            ints = ints.pin_memory()
+        step.inputs["ints"].copy_(ints, non_blocking=True)
+        logits = step()["logits"][:n].clone()  # the buffer is the next replay's output
+        for slot in slots:
+            cache.lengths[slot] += 1
+            cache.written[slot] = cache.lengths[slot]
+        self.graph_steps += 1
+        return logits

@@ -484,3 +484,37 @@ async def test_a_sentence_with_a_pause_is_one_turn_and_one_reply(server):
     spec = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("started", "committed", "discarded")}
     assert spec["started"] == spec["committed"] + spec["discarded"], spec
     assert spec["committed"] <= 1, spec
+
+
+async def test_livekit_chat_context_sync_from_root_and_the_reply_answers_it(server):
+    """livekit-plugins-openai 1.8.9 syncs its chat context before replying: the first item as
+    conversation.item.create with previous_item_id "root" on the empty conversation, each
+    later one after the one before it (client ids, event ids chat_ctx_create_*); then
+    response.create, whose reply must answer the question the history ends with."""
+    ws, c = await open_conn(server)
+    try:
+        await c.send(type="session.update", session={
+            "type": "realtime", "instructions": SHORT, "output_modalities": ["text"],
+            "audio": {"input": {"turn_detection": None}}})
+        await c.until_type("session.updated")
+        history = [("item_lk1", "user", "Hello, I have a geography question."),
+                   ("item_lk2", "assistant", "Sure, go ahead."),
+                   ("item_lk3", "user", "What is the capital of France?")]
+        previous = "root"
+        for item_id, role, text in history:
+            kind = "output_text" if role == "assistant" else "input_text"
+            await c.send(type="conversation.item.create", event_id=f"chat_ctx_create_{item_id}",
+                         previous_item_id=previous, item={
+                             "id": item_id, "type": "message", "role": role,
+                             "content": [{"type": kind, "text": text}]})
+            added = await c.until_type("conversation.item.added")
+            assert added["item"]["id"] == item_id
+            assert added["previous_item_id"] == (None if previous == "root" else previous)
+            previous = item_id
+        await c.send(type="response.create")
+        done = await c.until_type("response.done")
+        assert done["response"]["status"] == "completed"
+        assert "paris" in c.of("response.output_text.done")[0]["text"].lower()
+        assert not c.of("error")
+    finally:
+        await ws.close()

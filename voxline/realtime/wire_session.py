@@ -31,7 +31,7 @@ from pydantic_core import PydanticCustomError
 
 from voxline.errors import ProtocolError
 from voxline.realtime.dialect import Dialect
-from voxline.sessions.errors_vocabulary import Mistake, client_error, with_article
+from voxline.sessions.errors_vocabulary import Mistake, client_error, json_type_words
 from voxline.sessions.items import StrictModel
 from voxline.sessions.settings import (
     G711_RATE,
@@ -426,7 +426,7 @@ def protocol_error_from_validation(
         detail = f"{event_type}: invalid type for {where}: {detail}"
         if expected is not None and param is not None:
             return client_error(Mistake.INVALID_TYPE, detail, param=param, event_id=event_id,
-                                expected=expected, got=with_article(got))
+                                expected=expected, got=json_type_words(value))
         return ProtocolError(detail, code="invalid_type", event_id=event_id, param=param)
     if kind == "union_tag_invalid":
         detail = f"unknown type {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"

@@ -103,9 +103,19 @@ def client_error(mistake: Mistake, detail: str, *, param: str | None = None,
     return ProtocolError(message, code=shape.code, event_id=event_id, param=param)
 
 
-def with_article(json_type: str) -> str:
-    """``string`` -> ``a string``, ``object`` -> ``an object``, ``null`` stays ``null``:
-    how OpenAI's "expected ..., but got ... instead" names a JSON type."""
-    if json_type == "null" or json_type.startswith(("a ", "an ")):
-        return json_type
-    return f"an {json_type}" if json_type[:1] in "aeiou" else f"a {json_type}"
+def json_type_words(value: Any) -> str:
+    """A decoded JSON value's type as OpenAI's "but got ... instead" names it (an integer is
+    ``an integer``, any other number ``a number``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return "an object" if isinstance(value, dict) else f"a {type(value).__name__}"

@@ -12,8 +12,8 @@ import httpx
 import uvicorn
 
 from voxline.config import load_settings
+from voxline.engines.factory import make_engine
 from voxline.realtime.app import create_app
-from voxline.realtime.server import make_engine
 
 
 def free_port() -> int:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import Field, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
@@ -240,8 +240,13 @@ def _extra(info: FieldInfo, key: str) -> Any:
 
 
 def field_choices(name: str) -> list[str] | None:
-    """The values a field's pattern allows, when it is a plain ``^(a|b|c)$`` alternation."""
-    match = _CHOICES.match(_pattern(Settings.model_fields[name]) or "")
+    """The values a field allows, when it is a ``Literal`` of strings or its pattern a plain
+    ``^(a|b|c)$`` alternation (None: free text, validated by `field_parser`)."""
+    info = Settings.model_fields[name]
+    if get_origin(info.annotation) is Literal and all(
+            isinstance(v, str) for v in get_args(info.annotation)):
+        return list(get_args(info.annotation))
+    match = _CHOICES.match(_pattern(info) or "")
     return match.group(1).split("|") if match else None
 
 

@@ -6,10 +6,12 @@ the session side that validates the setting and hands it to the engine."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from core_driver import CoreDriver
-from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS
+from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS, tone
 from test_engine_core import has
+from test_speculation import AUTO, feed, harness, outcomes, silence, speculating
 
 from voxline.engines import protocol as p
 from voxline.engines.core import EngineCore, Models
@@ -153,3 +155,19 @@ def test_a_bad_truncation_is_refused_naming_the_field(truncation, code, param):
     assert isinstance(err, ev.ErrorEvent)
     assert (err.error.code, err.error.param, err.error.event_id) == (code, param, "u")
     assert actor.settings.truncation == "auto" and actor.take_commands() == []
+
+
+def test_a_discarded_speculation_leaves_no_retention_cut():
+    """A speculative reply's prompt may cut; discarded, it leaves the cut as it found it."""
+    h = harness(stop_after=6, step_seconds=0.01, speculate_after_ms=160)
+    config = p.StreamConfig(auto_response=AUTO, truncation=p.Truncation(0.5, 30))
+    h.send(p.OpenStream("s1", config), p.AddItem("s1", "u0", "user", "xx " * 8),
+           p.AddItem("s1", "a0", "assistant", "yyy " * 8))  # 26 of the 30 tokens
+    window = h.core.streams["s1"].window
+    feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.25)]))
+    h.run_until(lambda _: (run := speculating(h)) is not None and run.request.generated)
+    assert window.dropped == {"u0", "a0"}  # the tentative turn made the prompt cut
+    feed(h, tone(0.3))  # the user goes on speaking
+    h.run_until(lambda _: outcomes(h)[-1:] == ["discarded"])
+    assert window.dropped == set()
+    h.close()

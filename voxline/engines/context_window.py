@@ -13,7 +13,8 @@ header and the reply's room), or `Truncation.post_instructions` if that is small
 
 Dropped messages stay in the conversation (the session still lists them); they are only
 left out of the prompt. The newest message is never dropped: if it alone passes the
-limit, the prompt overflows and the response fails as too long for the context.
+limit, the prompt overflows and the response fails as too long for the context. A
+discarded speculative reply puts the cut back as it found it (`Responses`).
 """
 
 from __future__ import annotations

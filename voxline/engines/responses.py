@@ -81,6 +81,7 @@ class Speculative:
     user_item: str | None  # the tentative user item it answers (None: the turn ended)
     slot_tokens: int  # KV tokens the slot held before it ran
     held: list[p.EngineOutput] = field(default_factory=list)
+    dropped: frozenset[str] = frozenset()  # the retention cut before it ran
 
 
 @dataclass
@@ -261,7 +262,7 @@ class Responses:
             stream.conversation.delete(item_id)
             return
         run.key = f"speculation-{stream.responses}"
-        run.speculative = Speculative(item_id, before)
+        run.speculative = Speculative(item_id, before, dropped=frozenset(stream.window.dropped))
         self._runs[sid] = run
         assert run.request is not None
         self.llm.add(run.request)
@@ -298,6 +299,7 @@ class Responses:
             stream.conversation.delete(spec.user_item)
         if stream.slot is not None:
             self.llm.roll_back(stream.slot, spec.slot_tokens)
+        stream.window.dropped = set(spec.dropped)  # a cut it made never happened
         self._emit(p.Speculation(stream.external_id, p.SpeculationOutcome.DISCARDED))
 
     def speak(self, stream: StreamState, msg: p.Speak) -> None:

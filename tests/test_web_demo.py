@@ -301,8 +301,11 @@ def test_webrtc_turn_in_loopback_namespace(tmp_path: Path, caplog: pytest.LogCap
     with voice_chat(tmp_path, ("What is the capital of France?", 10.0),
                     transport="webrtc") as page:
         state = wait_for(page, answered_and_heard, "a spoken question, its answer and its audio")
-        time.sleep(0.5)
-        stats = page_state(page)["stats"]
+        # the reply's tail may still be in the jitter buffer: read the stats once the page
+        # has metered another half second of the track (25 blocks of 20 ms)
+        seen = state["stats"]["framesReceived"]
+        stats = wait_for(page, lambda s: s["stats"]["framesReceived"] >= seen + 25,
+                         "the reply track metered past the reply")["stats"]
     print(f"webrtc page: end of speech -> first audio {stats['latenciesMs']} ms, "
           f"{stats['audibleFrames']} audible 20 ms frames of {stats['framesReceived']}, "
           f"pair {stats['candidatePair']}, {time.monotonic() - started:.1f} s in all")
@@ -332,8 +335,10 @@ def test_talking_over_the_reply_stops_playback(tmp_path: Path):
         stopped = state["stats"]
         assert stopped["speechStarted"] >= 2
         assert [e for e in entries(state, "assistant") if "interrupted" in e["kind"]]
-        time.sleep(1.0)
-        after = page_state(page)["stats"]
+        # the barrier: every reply created before the stop has ended (response.done), so
+        # the server sends no more of the interrupted reply's audio after this point
+        after = wait_for(page, lambda s: s["stats"]["responsesDone"] >= stopped["responsesCreated"],
+                         "the interrupted reply's response.done")["stats"]
     # The stop cut audio that was still queued, and nothing more of the interrupted reply
     # was scheduled afterwards (only a new reply, to the second question, may play).
     assert stopped["samplesPlayed"] < stopped["samplesScheduled"]
@@ -386,34 +391,16 @@ def test_page_shows_why_the_server_refused_a_webrtc_call():
 @pytest.mark.slow
 def test_page_shows_why_the_server_closed():
     """An engine that is not ready closes the socket with 1013 and a reason the page shows."""
-    import threading
-
-    import uvicorn
-    from live_server import free_port
-
     chromium_path()
-    app = create_app(load_settings(), InProcessEngineClient(ECHO), manage_engine=False)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           ws="websockets-sansio"))
-    thread = threading.Thread(target=server.run, name="not-ready-server")
-    thread.start()
     state: dict[str, Any] = {}
-    try:
-        while not server.started:
-            assert thread.is_alive()
-            time.sleep(0.05)
-        with headless_chromium() as page:
-            page.navigate(f"http://127.0.0.1:{port}/?autostart=1&transport=websocket")
-            deadline = time.monotonic() + 30 * TIME_FACTOR
-            while time.monotonic() < deadline:
-                state = page_state(page)
-                if state.get("stats", {}).get("lastClose"):
-                    break
-                time.sleep(0.1)
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with not_ready_server() as port, headless_chromium() as page:
+        page.navigate(f"http://127.0.0.1:{port}/?autostart=1&transport=websocket")
+        deadline = time.monotonic() + 30 * TIME_FACTOR
+        while time.monotonic() < deadline:
+            state = page_state(page)
+            if state.get("stats", {}).get("lastClose"):
+                break
+            time.sleep(0.1)
     assert state["stats"]["lastClose"]["code"] == 1013
     assert state["status"].startswith("disconnected") and "engine is not ready" in state["status"]
     assert [e for e in entries(state, "error") if "1013" in e["text"]]

@@ -83,6 +83,30 @@ def test_barge_in_cancels_then_truncates_to_what_was_heard():
     assert 450 <= trunc.audio_end_ms <= 520  # played from t=0 until the barge-in at 0.5 s
 
 
+def test_client_cancel_racing_a_barge_in_is_not_an_error():
+    """LiveKit (and OpenAI's own clients) send response.cancel as the server's barge-in
+    has already cancelled the reply: until its response.done the reply is still active on
+    the wire, so the cancel is a no-op, not an error; after it, it is the documented error."""
+    actor = make_actor(lead_ms=200)
+    cmd = start_response(actor)
+    actor.on_engine(one_second_chunk(cmd.response_id), 0.0)
+    actor.tick(0.2)
+    actor.take_events()
+    actor.on_engine(ep.SpeechStarted("s1", 4000, "item_user"), 0.3)
+    assert [type(c) for c in actor.take_commands()] == [ep.CancelResponse]
+    actor.take_events()
+    actor.receive(parse_command('{"type": "response.cancel"}'), 0.31)
+    assert not [e for e in actor.take_events() if isinstance(e, ev.ErrorEvent)]
+    assert actor.take_commands() == []  # the engine was told once
+    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.CANCELLED,
+                                    "", 10, 3), 0.32)
+    done = [e for e in actor.take_events() if isinstance(e, ev.ResponseDone)][0]
+    assert done.response.status_details.reason == "turn_detected"
+    actor.receive(parse_command('{"type": "response.cancel", "event_id": "late"}'), 0.4)
+    err, = [e for e in actor.take_events() if isinstance(e, ev.ErrorEvent)]
+    assert err.error.code == "response_cancel_not_active" and err.error.event_id == "late"
+
+
 def test_second_response_create_is_refused_and_names_the_event():
     actor = make_actor()
     start_response(actor)

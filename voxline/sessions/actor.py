@@ -364,13 +364,17 @@ class SessionActor:
 
     def _response_cancel(self, e: cmd.CancelResponse, now: float) -> None:
         r = self.response
-        if r is None or r.cancel_reason is not None:
+        if r is None:
             raise client_error(Mistake.CANCEL_NOT_ACTIVE,
                                "response.cancel: there is no response in progress")
         if e.response_id is not None and e.response_id != r.response.id:
             raise client_error(Mistake.CANCEL_NOT_ACTIVE, f"response.cancel: response "
                                f"{e.response_id!r} is not in progress (the active one is "
                                f"{r.response.id!r})", param="response_id")
+        if r.cancel_reason is not None:
+            # already cancelled (a barge-in) but its response.done is not out yet: on the
+            # wire it is still active, so a client's cancel racing the server's is a no-op
+            return
         self._cancel(now, it.StatusReason.CLIENT_CANCELLED, interrupt=False)
 
     def _output_clear(self, e: cmd.ClearOutputAudio, now: float) -> None:

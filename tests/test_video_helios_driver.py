@@ -1,0 +1,107 @@
+"""The Helios chunk driver against a plain `HeliosPipeline` call on a tiny local checkpoint.
+
+Exactness is asserted bitwise (`np.array_equal` on the float frames, not allclose): the
+driver runs the pipeline's own ops in the pipeline's order on the same CPU build, so any
+difference at all means its loop diverged (a wrong history window, a random draw out of
+order, a scheduler shared across requests), not rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+from tiny_helios import TINY_MAX_SEQUENCE_LENGTH, save_tiny_helios  # noqa: E402
+
+from voxline.engines.models.helios import (  # noqa: E402
+    HeliosChunkDriver,
+    VideoSpec,
+    load_helios,
+    validate_spec,
+)
+from voxline.engines.models.helios.driver import to_uint8  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pipe(tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: threads only contend on a shared machine
+    yield load_helios(save_tiny_helios(tmp_path_factory.mktemp("helios")))
+    torch.set_num_threads(threads)
+
+
+def spec(**kw) -> VideoSpec:
+    base = dict(prompt="dance monkey", width=16, height=16, num_frames=33,
+                num_inference_steps=2, guidance_scale=1.0, negative_prompt="negative", seed=7,
+                max_sequence_length=TINY_MAX_SEQUENCE_LENGTH)
+    return VideoSpec(**{**base, **kw})
+
+
+def plain_call(pipe, s: VideoSpec) -> np.ndarray:
+    return pipe(s.prompt, negative_prompt=s.negative_prompt, height=s.height, width=s.width,
+                num_frames=s.num_frames, num_inference_steps=s.num_inference_steps,
+                guidance_scale=s.guidance_scale, max_sequence_length=s.max_sequence_length,
+                generator=torch.Generator().manual_seed(s.seed), output_type="np").frames[0]
+
+
+@pytest.mark.parametrize("guidance, num_frames", [(1.0, 65), (5.0, 33)])
+def test_chunks_equal_a_plain_pipeline_call(pipe, guidance, num_frames):
+    s = spec(guidance_scale=guidance, num_frames=num_frames)
+    driver = HeliosChunkDriver(pipe)
+    render = driver.begin(s)
+    chunks = []
+    while not render.finished:
+        chunks.append(driver.render_chunk(render))  # one call, one chunk
+    assert [len(c) for c in chunks] == ([33, 32] if num_frames == 65 else [33])
+    assert np.array_equal(np.concatenate(chunks), plain_call(pipe, s))
+
+
+def test_interleaved_requests_each_equal_their_own_call(pipe):
+    driver = HeliosChunkDriver(pipe)
+    a, b = driver.begin(spec(num_frames=65, seed=1)), driver.begin(spec(num_frames=65, seed=2,
+                                                                        prompt="a red cat"))
+    got: dict[int, list[np.ndarray]] = {1: [], 2: []}
+    for _ in range(2):  # a, b, a, b: per-request generator, scheduler and history
+        got[1].append(a.next_chunk())
+        got[2].append(b.next_chunk())
+    assert np.array_equal(np.concatenate(got[1]), to_uint8(plain_call(pipe, a.spec)))
+    assert np.array_equal(np.concatenate(got[2]), to_uint8(plain_call(pipe, b.spec)))
+
+
+def test_prompt_cache_hit_skips_the_encoder_and_gives_identical_frames(pipe):
+    calls = []
+    hook = pipe.text_encoder.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        driver = HeliosChunkDriver(pipe)
+        first = driver.begin(spec(guidance_scale=5.0)).next_chunk()
+        assert len(calls) == 2  # prompt and negative prompt
+        again = driver.begin(spec(guidance_scale=5.0)).next_chunk()
+        assert len(calls) == 2 and driver.prompt_cache.hits == 1
+        assert np.array_equal(first, again)
+        driver.begin(spec(guidance_scale=5.0, negative_prompt="blue")).next_chunk()
+        assert len(calls) == 4  # the negative prompt is part of the key
+    finally:
+        hook.remove()
+
+
+def test_a_finished_render_refuses_another_chunk(pipe):
+    render = HeliosChunkDriver(pipe).begin(spec())
+    render.next_chunk()
+    with pytest.raises(RuntimeError, match="already made"):
+        render.next_chunk()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("width", 20, r"CreateVideo\.width: 20 is not a positive multiple of 16"),
+    ("height", 0, r"CreateVideo\.height: 0 is not"),
+    ("num_frames", 66, r"CreateVideo\.num_frames: 66 cannot be made exactly.*use 65 or 97"),
+    ("num_frames", 10, r"CreateVideo\.num_frames: 10 .*use 33"),
+    ("num_inference_steps", 0, r"CreateVideo\.num_inference_steps: 0 is not within"),
+    ("prompt", " ", r"CreateVideo\.prompt: must not be empty"),
+])
+def test_bad_specs_are_refused_naming_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        validate_spec(spec(**{field: value}))

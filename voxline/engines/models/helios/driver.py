@@ -1,0 +1,218 @@
+"""The Helios chunk loop, one chunk per call, over a loaded `HeliosPipeline`'s components.
+
+`HeliosPipeline.__call__` (text-to-video, `keep_first_frame=True`, the defaults) returns
+only when every chunk is decoded and keeps its per-call state on the pipeline. This
+module runs the same math in the same order, so the frames are bitwise those of a plain
+call with the same seed (tested), but split at chunk boundaries and with every piece of
+per-request state on a `HeliosRender`, so several requests interleave on one pipeline:
+
+- once per request: the prompt embeddings (through the `PromptCache`), a generator
+  seeded with the request's seed, a copy of the scheduler (its step counter and solver
+  history are per denoising loop), zero history latents, the position indices;
+- per chunk: the history window (long 16 / mid 2 / short 1 latent frames, plus the first
+  chunk's first latent frame as prefix), fresh noise from the request's generator, the
+  scheduler's steps (with classifier-free guidance above 1.0: a second, unconditional
+  transformer call), then the VAE decode of the chunk's 9 latent frames to 33 frames.
+
+The random draws happen in the pipeline's order (the noise of chunk k, then chunk k's
+scheduler steps), which is what makes the seed reproduce a plain call. The history is
+kept to the window the next chunk reads, so a long video holds bounded state.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import numpy as np
+import torch
+from diffusers import HeliosPipeline
+from diffusers.pipelines.helios.pipeline_helios import calculate_shift
+from diffusers.utils.torch_utils import randn_tensor
+
+from .chunks import LATENT_FRAMES_PER_CHUNK, VideoSpec, chunk_frame_counts, validate_spec
+from .prompt_cache import PromptCache, PromptKey
+
+HISTORY_SIZES = (16, 2, 1)  # long, mid, 1x: latent frames of history each chunk reads
+
+
+class HeliosRender:
+    """One request's state between chunks; advanced only by `HeliosChunkDriver`."""
+
+    def __init__(self, driver: HeliosChunkDriver, spec: VideoSpec, seed: int) -> None:
+        self.spec = spec
+        self.seed = seed
+        self.frame_counts = chunk_frame_counts(spec.num_frames)
+        self.chunks_done = 0
+        self._driver = driver
+        self.generator = torch.Generator(device=driver.device).manual_seed(seed)
+        self.scheduler = copy.deepcopy(driver.pipe.scheduler)
+        self.embeds: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.history: torch.Tensor | None = None  # the last sum(HISTORY_SIZES) latent frames
+        self.first_latent: torch.Tensor | None = None  # the prefix every later chunk sees
+
+    @property
+    def total_chunks(self) -> int:
+        return len(self.frame_counts)
+
+    @property
+    def finished(self) -> bool:
+        return self.chunks_done >= self.total_chunks
+
+    def next_chunk(self) -> np.ndarray:
+        """The next chunk's frames, uint8 (frames, height, width, 3)."""
+        return to_uint8(self._driver.render_chunk(self))
+
+
+class HeliosChunkDriver:
+    """The chunk loop over `pipe`'s components; `begin` one `HeliosRender` per request."""
+
+    def __init__(self, pipe: HeliosPipeline, prompt_cache: PromptCache | None = None) -> None:
+        self.pipe = pipe
+        self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
+        self.device = pipe._execution_device
+        vae = pipe.vae
+        z_dim = vae.config.z_dim
+        self.latents_mean = (torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1)
+                             .to(self.device, vae.dtype))
+        # the pipeline keeps 1/std and divides by it; so do we, for the same rounding
+        self.latents_std = 1.0 / torch.tensor(vae.config.latents_std).view(
+            1, z_dim, 1, 1, 1).to(self.device, vae.dtype)
+        self.spatial = pipe.vae_scale_factor_spatial
+        self.indices = _history_indices()
+
+    def validate(self, spec: VideoSpec) -> None:
+        validate_spec(spec)
+
+    def begin(self, spec: VideoSpec) -> HeliosRender:
+        """A new request's state (no model call: the prompt is encoded with chunk 0)."""
+        validate_spec(spec)
+        seed = spec.seed if spec.seed is not None else random.randrange(2**63)
+        return HeliosRender(self, spec, seed)
+
+    # ------------------------------------------------------------------ the loop body
+
+    @torch.no_grad()
+    def render_chunk(self, render: HeliosRender) -> np.ndarray:
+        """`render`'s next chunk as the pipeline's float frames in [0, 1], (F, H, W, 3)."""
+        if render.finished:
+            raise RuntimeError(f"video: all {render.total_chunks} chunks are already made")
+        spec = render.spec
+        if render.embeds is None:
+            render.embeds = self.encode(spec)
+            render.history = self._empty_history(spec)
+        latents = self._denoise(render)
+        video = self._decode(render, latents)
+        frames = self.pipe.video_processor.postprocess_video(video, output_type="np")[0]
+        keep = render.frame_counts[render.chunks_done]
+        render.chunks_done += 1
+        return frames[:keep]
+
+    def encode(self, spec: VideoSpec) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Prompt (and, under guidance, negative prompt) embeddings, from the cache if there."""
+        guided = spec.guidance_scale > 1.0
+        dtype = self.pipe.transformer.dtype
+        key = PromptKey(spec.prompt, spec.negative_prompt if guided else None,
+                        spec.max_sequence_length, f"{self.device}/{dtype}")
+        cached = self.prompt_cache.get(key)
+        if cached is not None:
+            return cached
+        positive, negative = self.pipe.encode_prompt(
+            prompt=spec.prompt, negative_prompt=spec.negative_prompt or None,
+            do_classifier_free_guidance=guided, num_videos_per_prompt=1,
+            max_sequence_length=spec.max_sequence_length, device=self.device)
+        embeds = (positive.to(dtype), negative.to(dtype) if negative is not None else None)
+        self.prompt_cache.put(key, embeds)
+        return embeds
+
+    def _empty_history(self, spec: VideoSpec) -> torch.Tensor:
+        channels = self.pipe.transformer.config.in_channels
+        return torch.zeros(1, channels, sum(HISTORY_SIZES), spec.height // self.spatial,
+                           spec.width // self.spatial, device=self.device, dtype=torch.float32)
+
+    def _history_window(self, render: HeliosRender) -> tuple[torch.Tensor, ...]:
+        """(short, mid, long) history latents for the next chunk, as the pipeline splits them."""
+        assert render.history is not None
+        long, mid, one = render.history[:, :, -sum(HISTORY_SIZES):].split(HISTORY_SIZES, dim=2)
+        prefix = render.first_latent
+        if prefix is None:  # first chunk of a text-to-video request: a zero prefix
+            prefix = torch.zeros((1, one.shape[1], 1, one.shape[-2], one.shape[-1]),
+                                 device=self.device, dtype=one.dtype)
+        return torch.cat([prefix, one], dim=2), mid, long
+
+    def _schedule(self, render: HeliosRender) -> torch.Tensor:
+        """Set the request's scheduler for one chunk's loop; returns its timesteps."""
+        spec, transformer = render.spec, self.pipe.transformer
+        patch = transformer.config.patch_size
+        seq_len = (LATENT_FRAMES_PER_CHUNK * (spec.height // self.spatial)
+                   * (spec.width // self.spatial) // (patch[0] * patch[1] * patch[2]))
+        config = render.scheduler.config
+        mu = calculate_shift(seq_len, config.get("base_image_seq_len", 256),
+                             config.get("max_image_seq_len", 4096),
+                             config.get("base_shift", 0.5), config.get("max_shift", 1.15))
+        sigmas = np.linspace(0.999, 0.0, spec.num_inference_steps + 1)[:-1]
+        render.scheduler.set_timesteps(spec.num_inference_steps, device=self.device,
+                                       sigmas=sigmas, mu=mu)
+        return render.scheduler.timesteps
+
+    def _denoise(self, render: HeliosRender) -> torch.Tensor:
+        """One chunk's denoising loop; returns its 9 float32 latent frames."""
+        spec = render.spec
+        dtype = self.pipe.transformer.dtype
+        short, mid, long = (t.to(dtype) for t in self._history_window(render))
+        channels = self.pipe.transformer.config.in_channels
+        shape = (1, channels, LATENT_FRAMES_PER_CHUNK, spec.height // self.spatial,
+                 spec.width // self.spatial)
+        latents = randn_tensor(shape, generator=render.generator, device=self.device,
+                               dtype=torch.float32)
+        positive, negative = render.embeds or (None, None)
+        history = {"latents_history_short": short, "latents_history_mid": mid,
+                   "latents_history_long": long, **self.indices}
+        for t in self._schedule(render):
+            noise = self._predict(latents.to(dtype), t.expand(1), positive, negative,
+                                  spec.guidance_scale, history)
+            latents = render.scheduler.step(noise, t, latents, generator=render.generator,
+                                            return_dict=False)[0]
+        if render.first_latent is None:
+            render.first_latent = latents[:, :, 0:1, :, :]
+        return latents
+
+    def _predict(self, latents: torch.Tensor, timestep: torch.Tensor, positive: torch.Tensor,
+                 negative: torch.Tensor | None, guidance: float,
+                 history: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The transformer's noise prediction, guided (two calls) when guidance > 1."""
+        transformer = self.pipe.transformer
+        with transformer.cache_context("cond"):
+            cond = transformer(hidden_states=latents, timestep=timestep,
+                               encoder_hidden_states=positive, return_dict=False, **history)[0]
+        if guidance <= 1.0:
+            return cond
+        with transformer.cache_context("uncond"):
+            uncond = transformer(hidden_states=latents, timestep=timestep,
+                                 encoder_hidden_states=negative, return_dict=False, **history)[0]
+        return uncond + guidance * (cond - uncond)
+
+    def _decode(self, render: HeliosRender, latents: torch.Tensor) -> torch.Tensor:
+        """Append the chunk to the history (kept to the window) and decode it to video."""
+        assert render.history is not None
+        history = torch.cat([render.history, latents], dim=2)
+        render.history = history[:, :, -sum(HISTORY_SIZES):]
+        vae = self.pipe.vae
+        current = history[:, :, -LATENT_FRAMES_PER_CHUNK:].to(vae.dtype) / self.latents_std
+        current = current + self.latents_mean
+        return vae.decode(current, return_dict=False)[0]
+
+
+def _history_indices() -> dict[str, torch.Tensor]:
+    """Frame positions of the prefix, the history windows and the chunk (keep_first_frame)."""
+    sizes = [1, *HISTORY_SIZES, LATENT_FRAMES_PER_CHUNK]
+    prefix, long, mid, one, hidden = torch.arange(0, sum(sizes)).split(sizes, dim=0)
+    return {"indices_hidden_states": hidden.unsqueeze(0),
+            "indices_latents_history_short": torch.cat([prefix, one], dim=0).unsqueeze(0),
+            "indices_latents_history_mid": mid.unsqueeze(0),
+            "indices_latents_history_long": long.unsqueeze(0)}
+
+
+def to_uint8(frames: np.ndarray) -> np.ndarray:
+    """[0, 1] float frames to uint8 (rounded), the bytes a video track or MP4 carries."""
+    return np.clip(np.rint(frames * 255.0), 0, 255).astype(np.uint8)

@@ -4,7 +4,8 @@
     ├── ModelUnavailableError   a model's package or weight file is missing
     ├── AudioFormatError        audio bytes/arrays that cannot be decoded as claimed
     ├── EngineError             the engine failed a stream (carries the stream id)
-    │   └── EngineDeadError     the engine process died; every open stream gets this
+    │   ├── EngineDeadError     the engine process died; every open stream gets this
+    │   └── EngineBusyError     the engine's input queue is full: this input was refused
     └── ProtocolError           a client event was invalid (carries event_id and param)
 """
 
@@ -42,6 +43,11 @@ class EngineError(VoxlineError):
 
 class EngineDeadError(EngineError):
     """The engine process exited; open streams end with this error."""
+
+
+class EngineBusyError(EngineError):
+    """The engine's bounded input queue is full, so this one input was refused (not
+    queued, not dropped): the stream stays open and later inputs may pass."""
 
 
 class ProtocolError(VoxlineError):

@@ -20,6 +20,18 @@ after which iteration stops:
 Once the terminal output has been consumed, `StreamHandle.next()` raises
 (`EngineDeadError` for `engine_dead`, `EngineError` otherwise) while `async for` simply
 ends. Outputs for streams this client has no handle for are logged at debug and dropped.
+
+Bounds. Inputs: `send` never blocks; when the engine's input queue is full (the in-process
+inbox's `engines.loop.INBOX_LIMIT`, or the engine process's socket high-water mark) it
+raises `EngineBusyError` and the input is not queued: the caller reports it (a session
+sends its client an `error` event, code `server_busy`); the stream stays open. Outputs:
+each stream queues at most `max_queued_outputs` (default `DEFAULT_MAX_QUEUED_OUTPUTS`)
+for its consumer, then ends with `output_overflow` as above.
+
+Readiness. `wait_ready()` waits for the engine to be up; `add_ready_listener(fn)` calls
+`fn()` on the event loop each time it becomes ready: after `start()` and after each
+supervisor restart (`status()["restarts"]` counts those), so a user of the engine that
+must re-teach a fresh engine (the voice store) is told instead of polling.
 """
 
 from __future__ import annotations
@@ -194,6 +206,7 @@ class EngineClient(abc.ABC):
         self._streams: dict[str, StreamHandle] = {}
         self._ready = False
         self._ready_event = asyncio.Event()
+        self._ready_listeners: list[Callable[[], None]] = []
         self._closed = False
         self._pid: int | None = None
         self._load_seconds: float | None = None
@@ -219,6 +232,17 @@ class EngineClient(abc.ABC):
         """Return once the engine is ready (e.g. after a restart); bound it with a timeout."""
         await self._ready_event.wait()
 
+    def add_ready_listener(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call `listener()` (on the event loop) each time the engine becomes ready, the
+        first start and every restart; returns a function that removes it."""
+        self._ready_listeners.append(listener)
+
+        def remove() -> None:
+            if listener in self._ready_listeners:
+                self._ready_listeners.remove(listener)
+
+        return remove
+
     def status(self) -> dict[str, Any]:
         """Health snapshot: ready, pid, restarts, last_error, load_seconds, open_streams."""
         return {
@@ -233,8 +257,9 @@ class EngineClient(abc.ABC):
     def send(self, msg: EngineInput) -> None:
         """Enqueue one input for an open stream without blocking.
 
-        Raises `EngineDeadError` if the engine is not running, `EngineError` if the
-        stream is not open on this client (use `open_stream` to open one).
+        Raises `EngineDeadError` if the engine is not running, `EngineBusyError` if its
+        input queue is full (the input was not queued), `EngineError` if the stream is not
+        open on this client (use `open_stream` to open one).
         """
         if isinstance(msg, OpenStream):
             raise EngineError(
@@ -272,6 +297,11 @@ class EngineClient(abc.ABC):
         self._load_seconds = load_seconds
         self._ready = True
         self._ready_event.set()
+        for listener in list(self._ready_listeners):
+            try:
+                listener()
+            except Exception:  # one listener's bug must not stop the engine coming up
+                logger.exception("engine ready listener failed")
 
     def _set_down(self, error: str | None) -> None:
         self._ready = False
@@ -389,7 +419,7 @@ class InProcessEngineClient(EngineClient):
         logger.info("in-process engine stopped")
 
     def _transmit(self, msg: EngineInput) -> None:
-        self._inbox.put(msg)
+        self._inbox.put(msg)  # full: EngineBusyError (never blocks the event loop)
 
     async def _join(self) -> None:
         assert self._thread is not None and self._exited is not None

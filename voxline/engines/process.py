@@ -11,6 +11,16 @@ The connecting side of each pipe queues until its peer binds, so start order doe
 matter. The child sends `EngineReady(load_seconds, pid)` once its core is built, or
 `EngineFailed(message)` before exiting on an error.
 
+Back-pressure, inputs: the child's pump thread moves inputs from its socket into the
+loop's bounded `Inbox` (`engines.loop.INBOX_LIMIT`) and, while the inbox is full, waits
+instead of reading on; the socket then fills to its high-water mark (`_HWM` messages on
+each side), and the client's non-blocking send is refused with `EngineBusyError`
+("engine input queue is full"), which the session turns into an `error` event. Outputs:
+the client reads its socket as fast as it arrives; each stream's own queue is bounded
+(`max_queued_outputs`, see `voxline.engines.client`). Nothing polls on a timer: the pump
+blocks on its socket and a stop pipe; after a death the client drains the dead child's
+last outputs until its socket reports the disconnect (at most `_DRAIN_TIMEOUT_S`).
+
 Supervision. The client watches the child's sentinel fd on the event loop, so a death
 is seen at once: `ready` turns False, every open stream ends with
 `StreamError(fatal=True, code="engine_dead")` (see `voxline.engines.client` for how
@@ -26,6 +36,7 @@ The child is daemonic and also exits on its own when its parent process disappea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -44,6 +55,7 @@ from typing import Any
 import msgspec
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from voxline.engines.client import (
     DEFAULT_MAX_QUEUED_OUTPUTS,
@@ -62,14 +74,13 @@ from voxline.engines.protocol import (
     decode_output,
     encode,
 )
-from voxline.errors import EngineError
+from voxline.errors import EngineBusyError, EngineDeadError, EngineError
 
 logger = logging.getLogger(__name__)
 
 _HWM = 10_000  # messages buffered per direction before senders see back-pressure
-_POLL_MS = 200  # child input pump: how often it checks for stop
 _PARENT_CHECK_S = 0.5
-_DRAIN_MS = 20  # after a death: grace for the dead child's last in-flight outputs
+_DRAIN_TIMEOUT_S = 0.5  # after a death: most we wait for the dead child's socket to close
 _MAX_RESTART_DELAY_S = 30.0
 _TMP_PREFIX = "voxline-engine-"  # the client's private directory of ipc:// pipes
 
@@ -137,6 +148,7 @@ def _serve(
         outputs.send_multipart([encode(o) for o in outs])
 
     pump: threading.Thread | None = None
+    stop_r, stop_w = os.pipe()  # written once at the end: wakes the pump to exit
     try:
         t0 = time.perf_counter()
         try:
@@ -150,7 +162,7 @@ def _serve(
         logger.info("engine core loaded in %.2f s", load_seconds)
         outputs.send(encode(EngineReady(load_seconds, os.getpid())))
         pump = threading.Thread(
-            target=_pump_inputs, args=(inputs, inbox, stop), name="voxline-input-pump"
+            target=_pump_inputs, args=(inputs, inbox, stop_r), name="voxline-input-pump"
         )
         pump.start()
         def notify_then_close() -> None:
@@ -170,29 +182,41 @@ def _serve(
         return 0
     finally:
         stop.set()
+        inbox.close()
+        os.write(stop_w, b"\0")
         if pump is not None:
             pump.join()
+        os.close(stop_r)
+        os.close(stop_w)
         inputs.close()
         outputs.close()
         ctx.term()
 
 
-def _pump_inputs(sock: zmq.Socket, inbox: Inbox, stop: threading.Event) -> None:
-    """Move decoded inputs from the socket into the loop's inbox until `stop`."""
+def _pump_inputs(sock: zmq.Socket, inbox: Inbox, stop_fd: int) -> None:
+    """Move decoded inputs from the socket into the loop's inbox until `stop_fd` is
+    readable or the inbox closes. A full inbox blocks the pump, so inputs wait in the
+    socket, whose high-water mark then refuses the client's sends (module docstring)."""
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
-    while not stop.is_set():
-        if not poller.poll(_POLL_MS):
-            continue
+    poller.register(stop_fd, zmq.POLLIN)
+    while True:
+        if any(fd == stop_fd for fd, _ in poller.poll()):
+            return
         while True:
             try:
                 data = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
             try:
-                inbox.put(decode_input(data))
+                msg = decode_input(data)
             except msgspec.DecodeError as exc:  # a client bug: nothing to route an error to
                 logger.error("dropping undecodable engine input (%d bytes): %s", len(data), exc)
+                continue
+            try:
+                inbox.put(msg, block=True)
+            except EngineDeadError:  # the loop has stopped
+                return
 
 
 def _private_dir(addr: str) -> str | None:
@@ -254,11 +278,28 @@ class _Child:
         self.ready: asyncio.Future[EngineReady] = loop.create_future()
         self.exited: asyncio.Future[int | None] = loop.create_future()
         self.reader: asyncio.Task[None] | None = None
+        # the child's end of the output pipe closed: everything it sent has arrived
+        self.disconnected = asyncio.Event()
+        self.monitor = outputs.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.watcher = loop.create_task(self._watch_disconnect())
         self.failure: str | None = None  # its EngineFailed message, if any
         self.stopping = False  # we asked it to exit: its exit is expected
         self.closed = False
         self.ready.add_done_callback(_retrieve_exception)
         self.t_spawn = time.perf_counter()
+
+    async def _watch_disconnect(self) -> None:
+        while True:
+            event = parse_monitor_message(await self.monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self.disconnected.set()
+
+    def close_sockets(self) -> None:
+        self.watcher.cancel()
+        self.outputs.disable_monitor()
+        self.monitor.close()
+        self.inputs.close()
+        self.outputs.close()
 
 
 class MultiprocessEngineClient(EngineClient):
@@ -332,7 +373,7 @@ class MultiprocessEngineClient(EngineClient):
         try:
             self._child.inputs.send(encode(msg), zmq.NOBLOCK)
         except zmq.Again:
-            raise EngineError(
+            raise EngineBusyError(
                 f"engine input queue is full ({_HWM} messages): the engine is not keeping up",
                 msg.stream_id,
             ) from None
@@ -485,13 +526,15 @@ class MultiprocessEngineClient(EngineClient):
             self._track(self._restart_until_ready())
 
     async def _drain(self, child: _Child) -> None:
+        """Handle what the dead child sent before dying: all of it has arrived once its
+        end of the pipe is seen closed (a child that never connected: after the timeout)."""
         if child.reader is not None:
             child.reader.cancel()
             await asyncio.gather(child.reader, return_exceptions=True)
-        with_timeout = _DRAIN_MS
-        while await child.outputs.poll(with_timeout, zmq.POLLIN):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(child.disconnected.wait(), _DRAIN_TIMEOUT_S)
+        while await child.outputs.poll(0, zmq.POLLIN):
             self._handle_frames(child, await child.outputs.recv_multipart())
-            with_timeout = 0
 
     async def _restart_until_ready(self) -> None:
         delay = 0.0
@@ -558,8 +601,7 @@ class MultiprocessEngineClient(EngineClient):
             await asyncio.gather(child.reader, return_exceptions=True)
         if not child.closed:
             child.closed = True
-            child.inputs.close()
-            child.outputs.close()
+            child.close_sockets()
             if child.process.exitcode is not None:
                 child.process.close()
         self._children.discard(child)

@@ -114,31 +114,45 @@ def store_of(app_state: Any) -> VoiceStore:
     return store
 
 
-async def keep_engine_voices(app_state: Any, poll_s: float = 0.25) -> None:
+async def keep_engine_voices(app_state: Any) -> None:
     """Runs for the app's life: after each engine restart, once the new engine is ready,
     register every stored voice with it again (a restarted engine process starts with
-    none; sessions naming a voice would otherwise not hear it)."""
+    none; sessions naming a voice would otherwise not hear it). The engine client tells
+    us when it is ready again (`add_ready_listener`); nothing polls."""
     state: ServerState = app_state.voxline
     if clone_error(state.settings) is not None:
         return  # no voices can be registered on this server
+    came_up = asyncio.Event()
+    remove_listener = state.engine.add_ready_listener(came_up.set)
     seen = state.engine.status().get("restarts", 0)
-    while True:
-        await asyncio.sleep(poll_s)
-        restarts = state.engine.status().get("restarts", 0)
-        if restarts == seen or not state.engine.ready:
-            continue
-        store = store_of(app_state)
-        try:
-            async with store.lock:
-                for voice in store.all():
-                    await _tell_engine(state, voice.reference(named=True))
-        except AudioAPIError as exc:  # the engine went down again: retry when it is back
-            logger.warning("re-registering voices after an engine restart failed: %s",
-                           exc.message)
-            continue
-        seen = restarts
-        if store.all():
-            logger.info("registered %d voices with the restarted engine", len(store.all()))
+    try:
+        while True:
+            await came_up.wait()
+            came_up.clear()  # a restart during the registration below sets it again
+            restarts = state.engine.status().get("restarts", 0)
+            if restarts == seen or not state.engine.ready:
+                continue
+            if await _register_all(app_state):
+                seen = restarts
+    finally:
+        remove_listener()
+
+
+async def _register_all(app_state: Any) -> bool:
+    """Register every stored voice with the engine; False if it went down meanwhile (the
+    next time it is ready, we are told again)."""
+    store = store_of(app_state)
+    try:
+        async with store.lock:
+            for voice in store.all():
+                await _tell_engine(app_state.voxline, voice.reference(named=True))
+    except AudioAPIError as exc:
+        logger.warning("re-registering voices after an engine restart failed: %s",
+                       exc.message)
+        return False
+    if store.all():
+        logger.info("registered %d voices with the restarted engine", len(store.all()))
+    return True
 
 
 @functools.cache

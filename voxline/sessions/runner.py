@@ -1,6 +1,14 @@
 """Drives a SessionActor on asyncio: client events, engine outputs and the clock in; server
 events out, in order, through one writer. Transport-agnostic: a transport supplies an
-async iterator of parsed client events and an async `send` for server events."""
+async iterator of parsed client events and an async `send` for server events.
+
+Bounds. Server events wait for the writer in a queue of `OUTGOING_LIMIT`; past it the
+client is not reading and the session ends (`SessionEnded(1008)`). An engine input the
+engine refuses because its input queue is full (`EngineBusyError`) is not lost silently:
+the actor hears it as the engine's own refusal, a `server_busy` error naming the client
+event that caused it (and a refused `response.create` ends its response as failed), and
+the session lives on.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from voxline.engines import protocol as ep
 from voxline.engines.client import EngineClient, StreamHandle
-from voxline.errors import EngineError, ProtocolError
+from voxline.errors import EngineBusyError, EngineError, ProtocolError
 from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
 from voxline.sessions.commands import ClientCommand
@@ -51,6 +59,8 @@ class SessionRunner:
         self._outgoing: asyncio.Queue[ev.ServerEvent | None] = asyncio.Queue(OUTGOING_LIMIT)
         self._wake = asyncio.Event()
         self._stream: StreamHandle | None = None
+        self._cause = "the session"  # what the commands being sent were for (for errors)
+        self._busy = False  # the engine refused the last input (logged once per episode)
 
     async def run(self, incoming: AsyncIterator[ClientCommand | ProtocolError]) -> None:
         """Serve until the client leaves, the engine fails, or the time limit passes.
@@ -98,9 +108,19 @@ class SessionRunner:
     def _flush(self) -> None:
         actor = self.actor
         stream = self._stream
+        refused: list[ep.EngineOutput] = []
         for cmd in actor.take_commands():
             if stream is not None and not stream.ended:
-                stream.send(cmd)
+                try:
+                    stream.send(cmd)
+                    self._busy = False
+                except EngineBusyError as exc:
+                    refused.extend(self._refusal(cmd, exc))
+        for out in refused:  # after the sends: the actor may queue commands of its own
+            actor.on_engine(out, self._clock())
+        if refused:
+            self._flush()
+            return
         for name, value in actor.observations:
             if self._observe:
                 self._observe(name, value)
@@ -112,6 +132,20 @@ class SessionRunner:
                 raise SessionEnded(1008, "client is not reading its events") from exc
         self._wake.set()
 
+    def _refusal(self, cmd: ep.EngineInput, exc: EngineBusyError) -> list[ep.EngineOutput]:
+        """What the engine would have said had it refused `cmd` itself."""
+        if not self._busy:
+            logger.warning("session %s: engine busy, %s refused: %s", self.actor.session_id,
+                           type(cmd).__name__, exc)
+        self._busy = True
+        outs: list[ep.EngineOutput] = [ep.StreamError(
+            cmd.stream_id, f"{self._cause}: the engine is busy and refused it ({exc}); "
+            "try again shortly", code="server_busy")]
+        if isinstance(cmd, ep.CreateResponse):
+            outs.append(ep.ResponseDone(cmd.stream_id, cmd.response_id,
+                                        ep.ResponseStatus.FAILED, ""))
+        return outs
+
     async def _writer(self) -> None:
         while (event := await self._outgoing.get()) is not None:
             await self._send(event)
@@ -122,7 +156,9 @@ class SessionRunner:
                 self.actor.protocol_error(item)
             else:
                 self.actor.receive(item, self._clock())
+                self._cause = item.name
             self._flush()
+            self._cause = "the session"
 
     async def _read_engine(self) -> None:
         assert self._stream is not None

@@ -77,6 +77,11 @@ class Settings(BaseSettings):
                                   "with 1001")
     max_event_bytes: int = Field(default=15 * 1024 * 1024,
                                  description="largest client event, bytes")
+    max_image_bytes: int = Field(default=5 * 1024 * 1024, gt=0,
+                                 description="largest input_image, decoded bytes (image input "
+                                             "needs --llm openai:<url>, a vision model)")
+    max_session_images: int = Field(default=20, ge=0,
+                                    description="input_image parts a session may send in all")
     output_lead_ms: float = Field(default=200.0, gt=0, le=1000,
                                   description="audio sent ahead of real-time playout, ms "
                                               "(<= 1000)")

@@ -183,7 +183,8 @@ class EngineCore:
                 turns.clear(stream)
             case p.AddItem():
                 responses.conversation_changed(stream)
-                stream.conversation.add(msg.item_id, msg.role, msg.text, msg.previous_item_id)
+                stream.conversation.add(msg.item_id, msg.role, msg.text, msg.previous_item_id,
+                                        msg.images)
             case p.DeleteItem():
                 # the session owns the item list; an item the engine never held (a reply
                 # cancelled before its first token) has nothing to delete here

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from voxline.engines.protocol import CONVERSATION_START
+from voxline.engines.protocol import CONVERSATION_START, ImageInput
 from voxline.errors import VoxlineError
 
 
@@ -33,6 +33,9 @@ class Item:
     text: str
     tokens: list[int]
     spans: list[AudioSpan] = field(default_factory=list)
+    # a user message's images (a backend that reads them renders them into `tokens`);
+    # held here, so they live exactly as long as the message
+    images: tuple[ImageInput, ...] = ()
 
     @property
     def audio_ms(self) -> float:
@@ -46,7 +49,7 @@ class ItemNotFound(VoxlineError):
 class Conversation:
     """Ordered messages with their token segments. `render` gives the prompt tokens."""
 
-    def __init__(self, render_message: Callable[[str, str], list[int]]) -> None:
+    def __init__(self, render_message: Callable[..., list[int]]) -> None:
         self._render = render_message
         self.items: list[Item] = []
 
@@ -59,12 +62,15 @@ class Conversation:
     def has(self, item_id: str) -> bool:
         return any(item.item_id == item_id for item in self.items)
 
-    def add(self, item_id: str, role: str, text: str, previous_item_id: str | None = None) -> Item:
+    def add(self, item_id: str, role: str, text: str, previous_item_id: str | None = None,
+            images: tuple[ImageInput, ...] = ()) -> Item:
         """Insert a message after `previous_item_id`: None appends it, `CONVERSATION_START`
         puts it first. An anchor this conversation does not hold (a session item the engine
         never got, such as a reply cancelled before its first token) appends it, so no
-        message is lost. The prompt then differs from the cache only from the insertion on."""
-        item = Item(item_id, role, text, self._render(role, text))
+        message is lost. The prompt then differs from the cache only from the insertion on.
+        `images` go to the renderer (only a backend that reads images takes them)."""
+        tokens = self._render(role, text, images) if images else self._render(role, text)
+        item = Item(item_id, role, text, tokens, images=images)
         if previous_item_id == CONVERSATION_START:
             self.items.insert(0, item)
         elif previous_item_id is None or not self.has(previous_item_id):
@@ -86,7 +92,8 @@ class Conversation:
     def set_text(self, item_id: str, text: str) -> Item:
         item = self.find(item_id)
         item.text = text
-        item.tokens = self._render(item.role, text)
+        item.tokens = self._render(item.role, text, item.images) if item.images \
+            else self._render(item.role, text)
         return item
 
     def render(self, system: list[int], budget: int | None = None) -> list[int]:

@@ -143,19 +143,29 @@ class ClearAudio(msgspec.Struct, tag=True, frozen=True):
 CONVERSATION_START = "root"
 
 
+class ImageInput(msgspec.Struct, frozen=True, weakref=True):
+    """An image of a user message: a validated data URL, its `detail` (None: the model's
+    default) and `offset`, where it sits in the message's text (in characters)."""
+
+    url: str
+    detail: str | None = None
+    offset: int = 0
+
+
 class AddItem(msgspec.Struct, tag=True, frozen=True):
     """Insert a message into the conversation after `previous_item_id` (None = at the end,
     `CONVERSATION_START` = at the beginning).
 
     Besides the chat roles, `role` may be `function_call` (text: JSON with `call_id`,
     `name`, `arguments`) or `function_call_output` (text: JSON with `call_id`, `output`),
-    for a backend that supports tools."""
+    for a backend that supports tools. `images` only for a backend that reads them."""
 
     stream_id: str
     item_id: str
     role: str
     text: str
     previous_item_id: str | None = None
+    images: tuple[ImageInput, ...] = ()
 
 
 class DeleteItem(msgspec.Struct, tag=True, frozen=True):

@@ -37,6 +37,8 @@ from typing import Any
 import httpx
 
 from voxline.engines.llm_stage import FinishReason, GenerationRequest, Slot, ToolCall
+from voxline.engines.protocol import ImageInput
+from voxline.engines.remote_images import ImageSymbols, chat_content, render_with_images
 from voxline.errors import VoxlineError
 
 logger = logging.getLogger(__name__)
@@ -110,10 +112,15 @@ class RemoteChat:
     def __init__(self, config: RemoteLLMConfig) -> None:
         self.config = config
         self._slots = 0
+        self.images = ImageSymbols(_END + 1)  # image symbols come after the end mark
 
     # chat format -------------------------------------------------------------------
 
-    def render_message(self, role: str, text: str) -> list[int]:
+    def render_message(self, role: str, text: str,
+                       images: tuple[ImageInput, ...] = ()) -> list[int]:
+        if images:
+            return [_MARK + ROLES.index(role), *render_with_images(text, images, self.images),
+                    _END]
         return [_MARK + ROLES.index(role), *map(ord, text), _END]
 
     def generation_header(self) -> list[int]:
@@ -158,18 +165,28 @@ class RemoteChat:
         return f"serving {', '.join(map(str, ids)) or 'no listed models'}"
 
 
-def chat_messages(tokens: list[int]) -> list[dict[str, Any]]:
+def chat_messages(tokens: list[int], images: ImageSymbols | None = None
+                  ) -> list[dict[str, Any]]:
     """Chat Completions messages from a `RemoteChat` prompt (a trailing generation header,
     an unterminated assistant mark, is left out). Function calls join the assistant message
-    before them (as `tool_calls`); their outputs become `tool` messages."""
+    before them (as `tool_calls`); their outputs become `tool` messages. A message with
+    image symbols (known to `images`) gets a list of text and image parts as content."""
     out: list[dict[str, Any]] = []
     role: str | None = None
     text: list[str] = []
+    pieces: list[str | ImageInput] = []  # the message's text so far and its images
     for t in tokens:
         if t == _END:
-            if role is not None:
+            if role is not None and pieces:
+                out.append({"role": role, "content": chat_content([*pieces, "".join(text)])})
+            elif role is not None:
                 _append_message(out, role, "".join(text))
-            role, text = None, []
+            role, text, pieces = None, [], []
+        elif t > _END:
+            image = images.get(t) if images is not None else None
+            if role is not None and image is not None:
+                pieces += ["".join(text), image]
+                text = []
         elif t >= _MARK:
             role, text = ROLES[t - _MARK], []
         elif role is not None:
@@ -345,7 +362,7 @@ class RemoteLLMStage:
     def _body(self, req: GenerationRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.config.model,
-            "messages": chat_messages(req.prompt()),
+            "messages": chat_messages(req.prompt(), self.model.images),
             "stream": True,
             "max_tokens": req.max_tokens,
             "temperature": req.temperature,

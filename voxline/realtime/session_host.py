@@ -34,6 +34,7 @@ from voxline.engines.client import EngineClient
 from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
 from voxline.sessions.ids import new_id
+from voxline.sessions.images import ImageLimits
 from voxline.sessions.runner import SessionRunner
 from voxline.sessions.settings import AudioFormat, SessionSettings
 
@@ -74,13 +75,22 @@ class SessionLimits:
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
     max_session_seconds: float = 1800.0
     tools_supported: bool = False
+    images: ImageLimits | None = None  # None: input_image is refused (a text-only model)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SessionLimits:
         return cls(max_sessions=settings.max_sessions, lead_ms=settings.output_lead_ms,
                    max_event_bytes=settings.max_event_bytes,
                    max_session_seconds=settings.max_session_seconds,
-                   tools_supported=settings.remote_llm)
+                   tools_supported=settings.remote_llm, images=image_limits(settings))
+
+
+def image_limits(settings: Settings) -> ImageLimits | None:
+    """The image bounds of `settings`' sessions; None when the reply model reads no images
+    (the embedded one)."""
+    if not settings.remote_llm:
+        return None
+    return ImageLimits(settings.max_image_bytes, settings.max_session_images)
 
 
 def stream_id_for(session_id: str) -> str:
@@ -155,7 +165,8 @@ class Admission:
                              settings=settings or SessionSettings(), lead_ms=limits.lead_ms,
                              max_event_bytes=limits.max_event_bytes, media_format=media_format,
                              transport_reports_playout=transport_reports_playout,
-                             tools_supported=limits.tools_supported, voice_error=voice_error)
+                             tools_supported=limits.tools_supported, voice_error=voice_error,
+                             images=limits.images)
         metrics = self.host.metrics
         return SessionRunner(actor, self.host.engine, send,
                              max_seconds=limits.max_session_seconds,

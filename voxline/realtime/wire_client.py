@@ -44,6 +44,7 @@ from voxline.sessions.items import (
     ConversationItem,
     FunctionCallItem,
     FunctionCallOutputItem,
+    ImageDetail,
     ItemStatus,
     MessageItem,
 )
@@ -61,6 +62,7 @@ _ROLE_CONTENT: dict[str, dict[str, ContentType]] = {
         "text": "input_text",
         "input_audio": "input_audio",
         "audio": "input_audio",
+        "input_image": "input_image",
     },
     "assistant": {
         "output_text": "output_text",
@@ -74,10 +76,13 @@ _ROLE_CONTENT: dict[str, dict[str, ContentType]] = {
 class ContentPartWire(WireModel):
     """A content part as a client sends it; beta's ``text`` / ``audio`` resolve by role."""
 
-    type: Literal["input_text", "input_audio", "output_text", "output_audio", "text", "audio"]
+    type: Literal["input_text", "input_audio", "input_image", "output_text", "output_audio",
+                  "text", "audio"]
     text: str | None = None
     audio: str | None = None
     transcript: str | None = None
+    image_url: str | None = None
+    detail: ImageDetail | None = None
 
 
 class MessageItemWire(WireModel):
@@ -110,6 +115,10 @@ class MessageItemWire(WireModel):
                 raise PydanticCustomError(
                     "missing_field", "missing text", {"field": ("content", i, "text")}
                 )
+            if canonical == "input_image" and part.image_url is None:
+                raise PydanticCustomError(
+                    "missing_field", "missing image_url",
+                    {"field": ("content", i, "image_url")})
             if self.role == "assistant" and part.type != canonical:
                 self._dialect_hint = Dialect.BETA
             elif self.role == "assistant":
@@ -124,7 +133,8 @@ class MessageItemWire(WireModel):
     def to_item(self) -> MessageItem:
         return MessageItem(id=self.id, status=self.status, role=self.role, content=[
             ContentPart(type=p.type, text=p.text, audio=p.audio,  # type: ignore[arg-type]
-                        transcript=p.transcript) for p in self.content])
+                        transcript=p.transcript, image_url=p.image_url, detail=p.detail)
+            for p in self.content])
 
 
 class ItemReference(WireModel):

@@ -155,6 +155,9 @@ def wire_type(event_class: type[ServerEvent], dialect: Dialect) -> str | None:
 def render_part(part: ContentPart, dialect: Dialect, *, include_audio: bool = False) -> dict[str, Any]:
     """A content part on the wire; beta names assistant parts ``text`` / ``audio``."""
     kind = _BETA_PART_TYPES.get(part.type, part.type) if dialect is Dialect.BETA else part.type
+    if part.type == "input_image":  # as sent (GA's shape; beta has no image parts)
+        image: dict[str, Any] = {"type": kind, "image_url": part.image_url}
+        return image if part.detail is None else {**image, "detail": part.detail}
     if not part.is_audio:
         return {"type": kind, "text": part.text or ""}
     out: dict[str, Any] = {"type": kind, "transcript": part.transcript}

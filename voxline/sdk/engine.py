@@ -17,7 +17,13 @@ from typing import Any
 from voxline.config import Settings, load_settings
 from voxline.engines.client import EngineClient, InProcessEngineClient
 from voxline.engines.factory import make_engine
-from voxline.realtime.session_host import Admission, SessionHost, SessionLimits, SessionRefused
+from voxline.realtime.session_host import (
+    Admission,
+    SessionHost,
+    SessionLimits,
+    SessionRefused,
+    image_limits,
+)
 from voxline.sdk.session import SessionError, SessionFactory, Transport
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
@@ -178,5 +184,5 @@ class Engine(SessionFactory):
         if self._session_host is None:
             self._session_host = SessionHost(self.client, SessionLimits(
                 lead_ms=self.settings.output_lead_ms, max_session_seconds=SESSION_SECONDS,
-                tools_supported=self.settings.remote_llm))
+                tools_supported=self.settings.remote_llm, images=image_limits(self.settings)))
         return self._session_host

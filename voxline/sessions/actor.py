@@ -44,6 +44,7 @@ from voxline.sessions.capabilities import (
 )
 from voxline.sessions.errors_vocabulary import UNKNOWN_ITEM, Mistake, client_error
 from voxline.sessions.ids import new_id
+from voxline.sessions.images import ImageLimits, engine_images
 from voxline.sessions.pacing import OutFrame, OutputBufferFull, OutputPacer
 from voxline.sessions.records import ActiveResponse, ItemRecord, log_trace
 from voxline.sessions.settings import AudioFormat, SessionSettings
@@ -91,8 +92,11 @@ class SessionActor:
     # Why the server cannot speak with a named voice (e.g. a clone that is not registered),
     # or None when it can; None here: every name is accepted (a one-voice TTS speaks all).
     voice_error: Callable[[str], str | None] | None = None
+    # The reply model reads images, within these bounds; None: input_image is refused.
+    images: ImageLimits | None = None
 
     def __post_init__(self) -> None:
+        self.images_accepted = 0  # over the session's life (see sessions.images)
         self.events: list[ev.ServerEvent] = []
         self.commands: list[ep.EngineInput] = []
         self.observations: list[tuple[str, float]] = []
@@ -268,6 +272,8 @@ class SessionActor:
                                     "send audio with input_audio_buffer.append or give a "
                                     "transcript", code="invalid_value",
                                     param=f"item.content[{i}].audio")
+        images = engine_images(item.content, self.images, self.images_accepted) \
+            if isinstance(item, it.MessageItem) else ()
         item = item.with_id()
         assert item.id is not None
         if item.id in self.items:
@@ -285,7 +291,9 @@ class SessionActor:
                                f"no item with id {previous!r} in the conversation",
                                param="previous_item_id", previous_item_id=previous)
         self._add_record(ItemRecord(item), previous)
-        self.commands.append(ep.AddItem(self.stream_id, item.id, *engine_message(item), previous))
+        self.images_accepted += len(images)
+        self.commands.append(ep.AddItem(self.stream_id, item.id, *engine_message(item), previous,
+                                        images=images))
         prev = self._previous(item.id)
         self._emit(ev.ItemAdded(item=item, previous_item_id=prev))
         self._emit(ev.ItemDone(item=item, previous_item_id=prev))

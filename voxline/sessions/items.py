@@ -26,11 +26,12 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
-ContentType = Literal["input_text", "input_audio", "output_text", "output_audio"]
+ContentType = Literal["input_text", "input_audio", "input_image", "output_text", "output_audio"]
+ImageDetail = Literal["auto", "low", "high"]
 ItemStatus = Literal["completed", "incomplete", "in_progress"]
 ROLE_CONTENT: dict[str, tuple[ContentType, ...]] = {
     "system": ("input_text",),
-    "user": ("input_text", "input_audio"),
+    "user": ("input_text", "input_audio", "input_image"),
     "assistant": ("output_text", "output_audio"),
 }
 
@@ -39,13 +40,16 @@ class ContentPart(StrictModel):
     """One part of a message's content.
 
     ``audio`` is base64 as the client sent it (never decoded here); server-made audio
-    parts carry only ``transcript``.
+    parts carry only ``transcript``. ``image_url`` / ``detail`` are an ``input_image``'s,
+    as sent (validated by :mod:`voxline.sessions.images` when the item is created).
     """
 
     type: ContentType
     text: str | None = None
     audio: str | None = None
     transcript: str | None = None
+    image_url: str | None = None
+    detail: ImageDetail | None = None
 
     @property
     def is_audio(self) -> bool:
@@ -86,6 +90,10 @@ class MessageItem(_ItemBase):
                 raise PydanticCustomError(
                     "missing_field", "missing text", {"field": ("content", i, "text")}
                 )
+            if part.type == "input_image" and part.image_url is None:
+                raise PydanticCustomError(
+                    "missing_field", "missing image_url",
+                    {"field": ("content", i, "image_url")})
         return self
 
     @property

@@ -118,6 +118,11 @@ class Settings(BaseSettings):
     llm_model: str | None = Field(default=None, description="model name sent to a remote "
                                   "server (required with llm=openai:...)")
     llm_api_key: str | None = Field(default=None, description="bearer key for a remote server")
+    video: str = Field(default="", pattern=r"^(helios:.+)?$",
+                       json_schema_extra={"metavar": "helios:DIR"},
+                       description="video model: 'helios:<checkpoint dir>' (diffusers layout, as "
+                                   "HeliosPipeline.from_pretrained reads it; on CUDA when there "
+                                   "is a GPU); empty: no video, video requests are refused")
     llm_timeout: float = Field(default=30.0, gt=0, description="remote server: seconds to "
                                "connect and to wait for each streamed chunk")
     llm_retries: int = Field(default=2, ge=0, description="remote server: retries of a request "

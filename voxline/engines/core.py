@@ -5,6 +5,7 @@ Stages (`voxline.engines.stage` says what schedule/execute/update mean for each)
 
     input audio -> VAD -> turns (`InputAudio`) -> ASR -> conversation      (`Turns`)
     CreateResponse -> LLM -> text chunker -> TTS -> audio out           (`Responses`)
+    CreateVideo -> video (one chunk per step, when loaded) -> frames out  (`Videos`)
 
 Every stage is one row of the stage table (`voxline.engines.stage_table`): its stage,
 the `StageWorker` that runs its model (VAD inline, one batched call per round; ASR, LLM
@@ -53,6 +54,7 @@ from voxline.engines.streams import StreamRegistry, StreamState
 from voxline.engines.tts_stage import TTSStage
 from voxline.engines.turns import Turns
 from voxline.engines.vad_stage import MAX_BACKLOG_MS, ROUNDS_PER_STEP, VADModel, VADStage
+from voxline.engines.video_stage import VideoModel, Videos, VideoStage
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +70,7 @@ class Models:
     asr: ASRModel
     llm: ChatModel
     tts: SpeechStage
+    video: VideoModel | None = None  # the `video` setting's model; None: videos refused
 
 
 class EngineCore:
@@ -98,6 +101,8 @@ class EngineCore:
         self._outputs: list[p.EngineOutput] = []
         self.responses = Responses(models.llm, self.llm, self.tts, self._outputs.append,
                                    self.registry.live)
+        self.videos = Videos(VideoStage(models.video) if models.video is not None else None,
+                             self._outputs.append, self.registry.live)
         self.turns = Turns(self.registry, self.vad, self.asr, self.responses,
                            self._outputs.append, speculate_after_ms, max_responses)
         # `_release_closed` reads the LLM's running plan: KV slots a step in flight writes
@@ -114,6 +119,10 @@ class EngineCore:
                             landed=self._release_closed)
         if isinstance(llm, RemoteLLMStage):
             llm_row.on_close = llm.close  # its HTTP requests run outside the worker
+        videos = self.videos
+        video_rows = [] if videos.stage is None else [
+            StageSlot("video", videos.stage, StageWorker(videos.stage, wake, "voxline-video"),
+                      route=videos.route, fail=videos.fail)]
         return StageTable([
             StageSlot("vad", self.vad, StageWorker(self.vad, wake, thread_name=None),
                       route=turns.on_frames, fail=turns.vad_failed, rounds=ROUNDS_PER_STEP),
@@ -123,6 +132,7 @@ class EngineCore:
             StageSlot("tts", self.tts, StageWorker(self.tts, wake, "voxline-tts"),
                       route=responses.route_speech, fail=responses.fail_speech,
                       waiting=responses.speech_ready, prepare=responses.start_speech),
+            *video_rows,
         ])
 
     @property
@@ -203,6 +213,10 @@ class EngineCore:
                 self._register_voice(msg)
             case p.CancelResponse():
                 responses.cancel(stream)
+            case p.CreateVideo():
+                self.videos.create(stream, msg)
+            case p.CancelVideo():
+                self.videos.cancel(stream, msg.video_id)
             case p.CloseStream():
                 self._close_stream(msg.stream_id, announce=True)
 
@@ -220,6 +234,7 @@ class EngineCore:
         for stream in self.registry.close(external_id):
             self.responses.abort(stream)
             self.turns.closed(stream)
+            self.videos.closed(stream)
         self._release_closed()
         if announce:
             self._outputs.append(p.StreamClosed(external_id))

@@ -25,6 +25,7 @@ from voxline.engines.core import EngineCore, Models
 from voxline.engines.llm_stage import ChatModel
 from voxline.engines.remote_llm import RemoteChat, RemoteLLMConfig, parse_llm_spec
 from voxline.engines.speech_stage import SentenceSpeechStage, SpeechStage
+from voxline.engines.video_stage import VideoModel
 from voxline.errors import VoxlineError
 
 logger = logging.getLogger(__name__)
@@ -53,8 +54,9 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     asr = MoonshineASR.load(threads=threads)
     llm = load_reply_model(settings, llm_path, max_slots, max_len)
     tts = load_tts(settings)
+    video = load_video(settings)
     logger.info("all models loaded in %.2f s", time.perf_counter() - t0)
-    models = Models(vad=vad, asr=asr, llm=llm, tts=tts)
+    models = Models(vad=vad, asr=asr, llm=llm, tts=tts, video=video)
     warm_up(models)
     return models
 
@@ -136,6 +138,21 @@ def load_tts(settings: Settings) -> SpeechStage:
     from voxline.engines.models.piper_tts import PiperTTS
 
     return SentenceSpeechStage(PiperTTS.load(threads=1))
+
+
+def load_video(settings: Settings) -> VideoModel | None:
+    """The video model `settings.video` names (a Helios checkpoint), or None when unset."""
+    if not settings.video:
+        return None
+    from voxline.engines.models.helios import HeliosChunkDriver, load_helios
+
+    model_dir = settings.video.removeprefix("helios:")
+    cuda = torch.cuda.is_available()
+    t0 = time.perf_counter()
+    pipe = load_helios(model_dir, device="cuda" if cuda else "cpu",
+                       dtype=torch.bfloat16 if cuda else None)
+    logger.info("Helios %s loaded in %.2f s", model_dir, time.perf_counter() - t0)
+    return HeliosChunkDriver(pipe)
 
 
 def make_engine_core(wake: Callable[[], None], settings: Mapping[str, Any] | None = None, *,

@@ -222,6 +222,32 @@ class CloseStream(msgspec.Struct, tag=True, frozen=True):
     stream_id: str
 
 
+class CreateVideo(msgspec.Struct, tag=True, frozen=True):
+    """Generate a video for `prompt` (the `video` setting's model); answered by one
+    `VideoChunk` per chunk as each is made, then `VideoDone`. Refused (a `StreamError`
+    naming the field, then `VideoDone` failed) for a size or frame count the model cannot
+    make exactly, a `video_id` already running on the stream, or no video model loaded.
+    `seed` None: a fresh random seed; the same seed gives the same frames on one build."""
+
+    stream_id: str
+    video_id: str
+    prompt: str
+    width: int = 640
+    height: int = 384
+    num_frames: int = 33
+    num_inference_steps: int = 50
+    guidance_scale: float = 5.0
+    negative_prompt: str = ""
+    seed: int | None = None
+
+
+class CancelVideo(msgspec.Struct, tag=True, frozen=True):
+    """Stop video `video_id` at its next chunk boundary (`VideoDone` cancelled)."""
+
+    stream_id: str
+    video_id: str
+
+
 EngineInput = (
     OpenStream
     | UpdateStream
@@ -236,6 +262,8 @@ EngineInput = (
     | RegisterVoice
     | CancelResponse
     | CloseStream
+    | CreateVideo
+    | CancelVideo
 )
 
 # ---------------------------------------------------------------------------- outputs
@@ -335,6 +363,30 @@ class ResponseDone(msgspec.Struct, tag=True, frozen=True):
     first_token_ms: float | None = None  # remote backend: request sent -> first streamed token
 
 
+class VideoChunk(msgspec.Struct, tag=True, frozen=True):
+    """Chunk `index` of `total_chunks` of a video: `num_frames` frames of uint8 RGB,
+    (num_frames, height, width, 3) row-major in `frames`; `final` on the last chunk."""
+
+    stream_id: str
+    video_id: str
+    frames: bytes
+    num_frames: int
+    height: int
+    width: int
+    index: int
+    total_chunks: int
+    final: bool
+
+
+class VideoDone(msgspec.Struct, tag=True, frozen=True):
+    """A video ended: completed (every chunk sent), cancelled, or failed with `error`."""
+
+    stream_id: str
+    video_id: str
+    status: ResponseStatus
+    error: str = ""
+
+
 class ItemTruncated(msgspec.Struct, tag=True, frozen=True):
     stream_id: str
     item_id: str
@@ -407,6 +459,7 @@ class StreamError(msgspec.Struct, tag=True, frozen=True):
     message: str
     code: ErrorCode = ErrorCode.ENGINE_ERROR
     fatal: bool = False
+    param: str | None = None  # the client field at fault, e.g. "session.instructions"
 
 
 class StreamClosed(msgspec.Struct, tag=True, frozen=True):
@@ -428,6 +481,8 @@ EngineOutput = (
     | VoiceRegistered
     | StreamError
     | StreamClosed
+    | VideoChunk
+    | VideoDone
 )
 
 

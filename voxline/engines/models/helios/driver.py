@@ -30,6 +30,8 @@ from diffusers import HeliosPipeline
 from diffusers.pipelines.helios.pipeline_helios import calculate_shift
 from diffusers.utils.torch_utils import randn_tensor
 
+from voxline.engines.protocol import CreateVideo
+
 from .chunks import LATENT_FRAMES_PER_CHUNK, VideoSpec, chunk_frame_counts, validate_spec
 from .prompt_cache import PromptCache, PromptKey
 
@@ -67,8 +69,10 @@ class HeliosRender:
 class HeliosChunkDriver:
     """The chunk loop over `pipe`'s components; `begin` one `HeliosRender` per request."""
 
-    def __init__(self, pipe: HeliosPipeline, prompt_cache: PromptCache | None = None) -> None:
+    def __init__(self, pipe: HeliosPipeline, prompt_cache: PromptCache | None = None,
+                 max_sequence_length: int = 512) -> None:
         self.pipe = pipe
+        self.max_sequence_length = max_sequence_length  # prompt padding of `begin_video`
         self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
         self.device = pipe._execution_device
         vae = pipe.vae
@@ -89,6 +93,14 @@ class HeliosChunkDriver:
         validate_spec(spec)
         seed = spec.seed if spec.seed is not None else random.randrange(2**63)
         return HeliosRender(self, spec, seed)
+
+    def begin_video(self, msg: CreateVideo) -> HeliosRender:
+        """`begin` for the engine's request (the video stage's model interface)."""
+        return self.begin(VideoSpec(
+            prompt=msg.prompt, width=msg.width, height=msg.height, num_frames=msg.num_frames,
+            num_inference_steps=msg.num_inference_steps, guidance_scale=msg.guidance_scale,
+            negative_prompt=msg.negative_prompt, seed=msg.seed,
+            max_sequence_length=self.max_sequence_length))
 
     # ------------------------------------------------------------------ the loop body
 

@@ -1,0 +1,201 @@
+"""The video stage in a real `EngineCore`: chunks per step, round-robin, cancel, failure,
+refusals; and the real Helios path (`video=helios:DIR` through the factory) against a
+plain diffusers call on the tiny local checkpoint."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from core_driver import CoreDriver
+from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS
+
+from voxline.engines import protocol as p
+from voxline.engines.core import EngineCore, Models
+from voxline.engines.speech_stage import SentenceSpeechStage
+
+DONE = p.ResponseStatus
+
+
+class CountingRender:
+    """`chunks` chunks of 2 frames, 4x4, every pixel the chunk's index; `fail_at` raises."""
+
+    def __init__(self, chunks: int, fail_at: int | None = None) -> None:
+        self.total_chunks = chunks
+        self.made = 0
+        self.fail_at = fail_at
+
+    @property
+    def finished(self) -> bool:
+        return self.made >= self.total_chunks
+
+    def next_chunk(self) -> np.ndarray:
+        if self.made == self.fail_at:
+            raise MemoryError("out of memory (test)")
+        self.made += 1
+        return np.full((2, 4, 4, 3), self.made - 1, np.uint8)
+
+
+class FakeVideoModel:
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.fail_at = fail_at
+
+    def begin_video(self, msg: p.CreateVideo) -> CountingRender:
+        if msg.width % 16:
+            raise ValueError(f"CreateVideo.width: {msg.width} is not a positive multiple of 16")
+        return CountingRender(msg.num_frames // 2, self.fail_at if msg.prompt == "fail" else None)
+
+
+class Harness(CoreDriver):
+    def __init__(self, video=None) -> None:
+        super().__init__()
+        models = Models(EnergyVAD(), FixedASR(), CountingLM(), SentenceSpeechStage(ToneTTS()),
+                        video=video)
+        self.core = EngineCore(models, self.woke.set)
+        self.steps: list[list[p.EngineOutput]] = []
+
+    def run_until(self, pred, timeout: float = 20.0):
+        before = len(self.outputs)
+        out = super().run_until(pred, timeout)
+        self.steps.append(out[before:])
+        return out
+
+    def drain(self) -> None:
+        self.run_until(lambda _o: not self.core.has_work())
+
+    def chunks(self, video_id: str) -> list[p.VideoChunk]:
+        return [c for c in self.of(p.VideoChunk) if c.video_id == video_id]
+
+
+def has(cls, **fields):
+    return lambda outs: any(isinstance(o, cls) and all(getattr(o, k) == v
+                                                       for k, v in fields.items()) for o in outs)
+
+
+def video(stream: str, video_id: str, frames: int = 6, **kw) -> p.CreateVideo:
+    return p.CreateVideo(stream, video_id, kw.pop("prompt", "a train"), width=16, height=16,
+                         num_frames=frames, **kw)
+
+
+def test_videos_interleave_one_chunk_per_step_with_progress():
+    h = Harness(FakeVideoModel())
+    h.send(p.OpenStream("s1"), p.OpenStream("s2"), video("s1", "a"), video("s2", "b"))
+    h.run_until(lambda outs: len(h.of(p.VideoDone)) == 2)
+    order = [(c.video_id, c.index) for c in h.of(p.VideoChunk)]
+    assert order == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    a = h.chunks("a")
+    assert [(c.index, c.total_chunks, c.final) for c in a] == [(0, 3, False), (1, 3, False),
+                                                              (2, 3, True)]
+    assert a[1].frames == bytes([1]) * (2 * 4 * 4 * 3) and (a[1].num_frames, a[1].height,
+                                                             a[1].width) == (2, 4, 4)
+    assert [(d.stream_id, d.video_id, d.status) for d in h.of(p.VideoDone)] == [
+        ("s1", "a", DONE.COMPLETED), ("s2", "b", DONE.COMPLETED)]
+    h.close()
+
+
+def test_cancel_stops_a_video_at_the_next_chunk_boundary():
+    h = Harness(FakeVideoModel())
+    h.send(p.OpenStream("s1"), video("s1", "a", frames=20))
+    h.run_until(has(p.VideoChunk, video_id="a"))
+    h.send(p.CancelVideo("s1", "a"))
+    sent = len(h.chunks("a"))
+    h.drain()
+    assert len(h.chunks("a")) == sent  # the chunk running at the cancel is dropped
+    assert [(d.video_id, d.status) for d in h.of(p.VideoDone)] == [("a", DONE.CANCELLED)]
+    h.send(video("s1", "a", frames=2))  # the id is free again
+    h.run_until(has(p.VideoDone, status=DONE.COMPLETED))
+    h.close()
+
+
+def test_a_failed_chunk_fails_that_video_only():
+    h = Harness(FakeVideoModel(fail_at=1))
+    h.send(p.OpenStream("s1"), video("s1", "bad", prompt="fail"), video("s1", "good"))
+    h.run_until(lambda outs: len(h.of(p.VideoDone)) == 2)
+    done = {d.video_id: d for d in h.of(p.VideoDone)}
+    assert done["bad"].status == DONE.FAILED and "out of memory" in done["bad"].error
+    assert "chunk 1" in done["bad"].error and len(h.chunks("bad")) == 1
+    assert done["good"].status == DONE.COMPLETED and len(h.chunks("good")) == 3
+    error, = h.of(p.StreamError)
+    assert error.code == p.ErrorCode.ENGINE_ERROR and "'bad'" in error.message
+    h.close()
+
+
+def test_a_closed_stream_gets_nothing_more_of_its_video():
+    h = Harness(FakeVideoModel())
+    h.send(p.OpenStream("s1"), video("s1", "a", frames=20))
+    h.run_until(has(p.VideoChunk, video_id="a"))
+    h.send(p.CloseStream("s1"))
+    sent = len(h.outputs)
+    h.drain()
+    assert h.kinds()[sent:] == ["StreamClosed"]
+    h.close()
+
+
+@pytest.mark.parametrize("model, msg, words", [
+    (None, video("s1", "a"), ["no video model is loaded", "--video helios:", "`video` setting"]),
+    (FakeVideoModel(), p.CreateVideo("s1", "a", "x", width=20, height=16),
+     ["CreateVideo.width: 20"]),
+])
+def test_refused_videos_name_why_and_end_failed(model, msg, words):
+    h = Harness(model)
+    h.send(p.OpenStream("s1"), msg)
+    h.run_until(has(p.VideoDone))
+    error, = h.of(p.StreamError)
+    assert error.code == p.ErrorCode.INVALID_VALUE and all(w in error.message for w in words)
+    done, = h.of(p.VideoDone)
+    assert (done.video_id, done.status) == ("a", DONE.FAILED)
+    assert not h.core.has_work()
+    h.close()
+
+
+def test_a_video_id_in_progress_is_refused():
+    h = Harness(FakeVideoModel())
+    h.send(p.OpenStream("s1"), video("s1", "a"), video("s1", "a"))
+    h.run_until(has(p.StreamError))
+    error, = h.of(p.StreamError)
+    assert "CreateVideo.video_id: 'a' is already in progress" in error.message
+    h.run_until(has(p.VideoDone, status=DONE.COMPLETED))
+    assert len(h.chunks("a")) == 3 and len(h.of(p.VideoDone)) == 1  # the running one's
+    h.close()
+
+
+# ------------------------------------------------------------------ the real Helios path
+
+
+@pytest.fixture(scope="module")
+def helios_dir(tmp_path_factory):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("diffusers")
+    from tiny_helios import save_tiny_helios
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: threads only contend on a shared machine
+    yield save_tiny_helios(tmp_path_factory.mktemp("helios"))
+    torch.set_num_threads(threads)
+
+
+def test_helios_through_the_video_setting_streams_chunks_equal_to_a_plain_call(helios_dir):
+    import torch
+    from diffusers import HeliosPipeline
+
+    from voxline.config import Settings
+    from voxline.engines.factory import load_video
+    from voxline.engines.models.helios.driver import to_uint8
+
+    h = Harness(load_video(Settings(video=f"helios:{helios_dir}")))
+    msg = p.CreateVideo("s1", "v", "dance monkey", width=16, height=16, num_frames=65,
+                        num_inference_steps=2, guidance_scale=1.0, seed=3)
+    h.send(p.OpenStream("s1"), msg)
+    h.run_until(has(p.VideoChunk, index=0))
+    assert not h.of(p.VideoDone)  # the first chunk is out before the video ends
+    h.run_until(has(p.VideoDone))
+    first, last = h.chunks("v")
+    assert (first.num_frames, last.num_frames, last.final) == (33, 32, True)
+    got = np.concatenate([np.frombuffer(c.frames, np.uint8).reshape(c.num_frames, 16, 16, 3)
+                          for c in (first, last)])
+    pipe = HeliosPipeline.from_pretrained(str(helios_dir))
+    pipe.set_progress_bar_config(disable=True)
+    ref = pipe("dance monkey", height=16, width=16, num_frames=65, num_inference_steps=2,
+               guidance_scale=1.0, generator=torch.Generator().manual_seed(3),
+               output_type="np").frames[0]
+    assert np.array_equal(got, to_uint8(ref))
+    h.close()

@@ -199,3 +199,14 @@ def test_helios_through_the_video_setting_streams_chunks_equal_to_a_plain_call(h
                output_type="np").frames[0]
     assert np.array_equal(got, to_uint8(ref))
     h.close()
+
+
+def test_the_engine_imports_no_diffusers_until_a_video_model_loads():
+    import subprocess
+    import sys
+
+    code = ("import sys, voxline, voxline.engines.core, voxline.engines.factory, "
+            "voxline.engines.video_stage; print('diffusers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=300)
+    assert out.stdout.strip() == "False"

@@ -46,6 +46,7 @@ from voxline.sessions.items import (
     FunctionCallOutputItem,
     ImageDetail,
     ItemStatus,
+    McpApprovalResponseItem,
     MessageItem,
 )
 from voxline.sessions.settings import normalize_modalities
@@ -145,7 +146,8 @@ class ItemReference(WireModel):
 
 
 ConversationItemWire = Annotated[
-    MessageItemWire | FunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")
+    MessageItemWire | FunctionCallItem | FunctionCallOutputItem | McpApprovalResponseItem,
+    Field(discriminator="type"),
 ]
 ResponseInputItem = Annotated[
     MessageItemWire | FunctionCallItem | FunctionCallOutputItem | ItemReference,
@@ -153,7 +155,8 @@ ResponseInputItem = Annotated[
 ]
 
 
-def _item(item: MessageItemWire | FunctionCallItem | FunctionCallOutputItem) -> ConversationItem:
+def _item(item: MessageItemWire | FunctionCallItem | FunctionCallOutputItem
+          | McpApprovalResponseItem) -> ConversationItem:
     return item.to_item() if isinstance(item, MessageItemWire) else item
 
 # ---------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from voxline.realtime.dialect import Dialect
 from voxline.realtime.wire_session import beta_format_name, render_session
+from voxline.sessions import events as mcp_ev  # the MCP events (GA only)
 from voxline.sessions.events import (
     SERVER_EVENT_CLASSES,
     AudioDelta,
@@ -60,6 +61,7 @@ from voxline.sessions.events import (
 )
 from voxline.sessions.items import (
     ITEM_TYPES,
+    MCP_ITEM_TYPES,
     ContentPart,
     ConversationItem,
     FunctionCallItem,
@@ -136,6 +138,14 @@ _WIRE_TYPES: dict[type[ServerEvent], WireTypes] = {
     ),
     RateLimitsUpdated: WireTypes("rate_limits.updated", "rate_limits.updated"),
     ErrorEvent: WireTypes("error", "error"),
+    mcp_ev.McpListToolsInProgress: WireTypes("mcp_list_tools.in_progress", None),
+    mcp_ev.McpListToolsCompleted: WireTypes("mcp_list_tools.completed", None),
+    mcp_ev.McpListToolsFailed: WireTypes("mcp_list_tools.failed", None),
+    mcp_ev.McpCallArgumentsDelta: WireTypes("response.mcp_call_arguments.delta", None),
+    mcp_ev.McpCallArgumentsDone: WireTypes("response.mcp_call_arguments.done", None),
+    mcp_ev.McpCallInProgress: WireTypes("response.mcp_call.in_progress", None),
+    mcp_ev.McpCallCompleted: WireTypes("response.mcp_call.completed", None),
+    mcp_ev.McpCallFailed: WireTypes("response.mcp_call.failed", None),
 }
 
 assert set(_WIRE_TYPES) == set(SERVER_EVENT_CLASSES), "every server event has wire names"
@@ -170,6 +180,8 @@ def render_item(
     item: ConversationItem, dialect: Dialect, *, include_audio: bool = False
 ) -> dict[str, Any]:
     """A ``realtime.item``; audio bytes only with ``include_audio`` (item retrieval)."""
+    if isinstance(item, MCP_ITEM_TYPES):  # OpenAI's MCP items have no object or status
+        return {"id": item.id, **item.model_dump(exclude={"id", "status"})}
     out: dict[str, Any] = {
         "id": item.id,
         "object": "realtime.item",

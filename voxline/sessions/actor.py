@@ -45,6 +45,7 @@ from voxline.sessions.capabilities import (
 from voxline.sessions.errors_vocabulary import UNKNOWN_ITEM, Mistake, client_error
 from voxline.sessions.ids import new_id
 from voxline.sessions.images import ImageLimits, engine_images
+from voxline.sessions.mcp import McpOutcome, McpRequest, McpTools
 from voxline.sessions.pacing import OutFrame, OutputBufferFull, OutputPacer
 from voxline.sessions.records import ActiveResponse, ItemRecord, log_trace
 from voxline.sessions.settings import AudioFormat, SessionSettings
@@ -117,6 +118,7 @@ class SessionActor:
         self.partials: dict[str, PartialTranscript] = {}  # user item -> deltas sent so far
         self.playing: str | None = None  # response whose audio the client is playing
         self.last_audio_response: str | None = None
+        self.mcp = McpTools(self)  # MCP tools: listing, calls, approvals (sessions/mcp.py)
 
     # ------------------------------------------------------------------------ outputs
 
@@ -127,6 +129,13 @@ class SessionActor:
     def take_commands(self) -> list[ep.EngineInput]:
         out, self.commands = self.commands, []
         return out
+
+    def take_mcp_requests(self) -> list[McpRequest]:
+        """MCP network work for the runner; its outcomes come back through `on_mcp`."""
+        return self.mcp.take_requests()
+
+    def _stream_config(self) -> ep.StreamConfig:
+        return stream_config(self.settings, self.mcp.function_tools())
 
     def _emit(self, event: ev.ServerEvent) -> None:
         self.events.append(event)
@@ -142,6 +151,7 @@ class SessionActor:
         self.last_activity = now
         self.commands.append(ep.OpenStream(self.stream_id, stream_config(self.settings)))
         self._emit(ev.SessionCreated(session_id=self.session_id, session=self.settings))
+        self.mcp.configure(self.settings.tools)
 
     def expire(self, max_seconds: float) -> None:
         """The session hit its time limit; the transport closes it after this event."""
@@ -192,8 +202,9 @@ class SessionActor:
         self.settings = new
         if self.media_format is None and self.settings.input_format != old.input_format:
             self.input = self._new_input()
-        self.commands.append(ep.UpdateStream(self.stream_id, stream_config(self.settings)))
+        self.commands.append(ep.UpdateStream(self.stream_id, self._stream_config()))
         self._emit(ev.SessionUpdated(session_id=self.session_id, session=self.settings))
+        self.mcp.configure(self.settings.tools)
 
     def _append(self, e: cmd.AppendAudio, now: float) -> None:
         if len(e.audio) > self.max_event_bytes:
@@ -264,6 +275,11 @@ class SessionActor:
 
     def _item_create(self, e: cmd.CreateItem, now: float) -> None:
         item = e.item
+        if isinstance(item, it.McpApprovalResponseItem):
+            return self.mcp.approval(item, e.previous_item_id)
+        if isinstance(item, it.MCP_ITEM_TYPES):
+            raise ProtocolError(f"conversation.item.create: {item.type} items are made by the "
+                                "server", code="invalid_value", param="item.type")
         if not isinstance(item, it.MessageItem):
             self._check_tool_item(item)
         for i, part in enumerate(item.content if isinstance(item, it.MessageItem) else ()):
@@ -521,6 +537,8 @@ class SessionActor:
                 self._transcript_final(out)
             case ep.TextDelta():
                 self._text_delta(out)
+            case ep.FunctionCallDelta() | ep.FunctionCallDone() if self.mcp.owner(out.name):
+                self.mcp.on_call(self._current(out.response_id), out)
             case ep.FunctionCallDelta():
                 self._call_delta(out)
             case ep.FunctionCallDone():
@@ -537,6 +555,11 @@ class SessionActor:
                 self.observations.append((f"voxline_speculation_{out.outcome}_total", 1.0))
             case ep.StreamClosed():
                 pass
+        self.tick(now)
+
+    def on_mcp(self, out: McpOutcome, now: float) -> None:
+        """The result of an MCP request the runner ran (see `take_mcp_requests`)."""
+        self.mcp.on_outcome(out, now)
         self.tick(now)
 
     def _speech_started(self, out: ep.SpeechStarted, now: float) -> None:
@@ -724,8 +747,11 @@ class SessionActor:
             self._emit(ev.AudioDelta(response_id=r.response.id, item_id=r.item_id,
                                      delta=frame.payload))
         r = self.response
-        if r is not None and r.engine_done is not None and not self.pacer.pending(r.response.id):
+        if (r is not None and r.engine_done is not None and not self.pacer.pending(r.response.id)
+                and (r.cancel_reason is not None or not self.mcp.holds(r.response.id))):
             self._finish_response(now)
+        if self.mcp.take_follow_up():  # MCP results the model has not answered yet
+            self._start_response(self.settings, now, trigger=now)
         self._check_played_out(now)
         self._check_idle(now)
 

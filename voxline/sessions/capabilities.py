@@ -15,6 +15,7 @@ import msgspec
 
 from voxline.engines import protocol as ep
 from voxline.errors import ProtocolError
+from voxline.sessions import mcp_servers as mcp
 from voxline.sessions.commands import ResponseOverrides
 from voxline.sessions.settings import SessionSettings
 
@@ -35,8 +36,10 @@ def response_config(settings: SessionSettings, session: SessionSettings) -> ep.R
         max_output_tokens=settings.max_output_tokens, voice=settings.voice)
 
 
-def stream_config(settings: SessionSettings) -> ep.StreamConfig:
-    """The engine's view of the session settings."""
+def stream_config(settings: SessionSettings,
+                  mcp_tools: tuple[dict[str, Any], ...] = ()) -> ep.StreamConfig:
+    """The engine's view of the session settings; `mcp_tools` are the function tools the
+    session's MCP servers listed (the engine sees only function tools)."""
     td = settings.turn_detection
     vad = None
     if td is not None and td.type == "semantic_vad":
@@ -52,7 +55,7 @@ def stream_config(settings: SessionSettings) -> ep.StreamConfig:
         temperature=settings.temperature,
         max_output_tokens=settings.max_output_tokens or 4096,
         speed=settings.speed,
-        tools=chat_tools(settings.tools),
+        tools=chat_tools((*settings.tools, *mcp_tools)),
         tool_choice=chat_tool_choice(settings.tool_choice),
         auto_response=auto,
         truncation=truncation_config(settings.truncation),
@@ -106,11 +109,15 @@ def _check_tools(event: str, root: str, tools: tuple[dict, ...] | list[dict],
         raise _refuse(event, f"{root}.tools", "function calling with the embedded model (start "
                       "the server with --llm openai:<url> for a model that calls tools)")
     names = []
+    if root == "session":
+        names += list(mcp.servers_of(tools, event, root))  # valid, or ProtocolError
     for i, tool in enumerate(tools):
+        if root == "session" and isinstance(tool, dict) and tool.get("type") == "mcp":
+            continue
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
             raise _refuse(event, f"{root}.tools[{i}].type", f"a tool of type {kind!r} (only "
-                          "'function' tools)")
+                          "'function' tools, and 'mcp' tools in session.update)")
         name = tool.get("name")
         if not isinstance(name, str) or not TOOL_NAME.match(name):
             raise ProtocolError(f"{event}: tools[{i}].name must be 1-64 letters, digits, _ or -, "
@@ -141,6 +148,8 @@ def chat_tools(tools: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> tupl
     shape a reply model's server takes (nested under `function`)."""
     out = []
     for tool in tools:
+        if tool.get("type") == "mcp":
+            continue  # its server's listed tools come as function tools
         fn: dict[str, Any] = {"name": tool["name"]}
         if tool.get("description"):
             fn["description"] = tool["description"]

@@ -205,6 +205,47 @@ class FunctionCallArgumentsDone(ServerEvent):
     arguments: str
 
 
+class McpListToolsInProgress(ServerEvent):
+    item_id: str
+
+
+class McpListToolsCompleted(ServerEvent):
+    item_id: str
+
+
+class McpListToolsFailed(ServerEvent):
+    item_id: str
+
+
+class McpCallArgumentsDelta(ServerEvent):
+    response_id: str
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class McpCallArgumentsDone(ServerEvent):
+    response_id: str
+    item_id: str
+    output_index: int
+    arguments: str
+
+
+class McpCallInProgress(ServerEvent):
+    item_id: str
+    output_index: int
+
+
+class McpCallCompleted(ServerEvent):
+    item_id: str
+    output_index: int
+
+
+class McpCallFailed(ServerEvent):
+    item_id: str
+    output_index: int
+
+
 class OutputAudioBufferStarted(ServerEvent):
     response_id: str
 
@@ -265,4 +306,12 @@ SERVER_EVENT_CLASSES: tuple[type[ServerEvent], ...] = (
     OutputAudioBufferCleared,
     RateLimitsUpdated,
     ErrorEvent,
+    McpListToolsInProgress,
+    McpListToolsCompleted,
+    McpListToolsFailed,
+    McpCallArgumentsDelta,
+    McpCallArgumentsDone,
+    McpCallInProgress,
+    McpCallCompleted,
+    McpCallFailed,
 )

@@ -115,10 +115,50 @@ class FunctionCallOutputItem(_ItemBase):
     output: str
 
 
+class McpListToolsItem(_ItemBase):
+    """The tools an MCP server offers (listed at session.update; see sessions/mcp.py).
+    ``tools`` are ``{name, input_schema, description?, annotations?}``."""
+
+    type: Literal["mcp_list_tools"] = "mcp_list_tools"
+    server_label: str
+    tools: list[dict] = Field(default_factory=list)
+
+
+class McpCallItem(_ItemBase):
+    """A call of an MCP tool the server ran; ``error`` is OpenAI's shape (``type``
+    protocol_error / tool_execution_error / http_error, ``message``, ``code``)."""
+
+    type: Literal["mcp_call"] = "mcp_call"
+    server_label: str
+    name: str
+    arguments: str = ""
+    approval_request_id: str | None = None
+    output: str | None = None
+    error: dict | None = None
+
+
+class McpApprovalRequestItem(_ItemBase):
+    type: Literal["mcp_approval_request"] = "mcp_approval_request"
+    server_label: str
+    name: str
+    arguments: str = ""
+
+
+class McpApprovalResponseItem(_ItemBase):
+    """The client's answer to an ``mcp_approval_request``."""
+
+    type: Literal["mcp_approval_response"] = "mcp_approval_response"
+    approval_request_id: str
+    approve: bool
+    reason: str | None = None
+
+
+MCP_ITEM_TYPES = (McpListToolsItem, McpCallItem, McpApprovalRequestItem, McpApprovalResponseItem)
 ConversationItem = Annotated[
-    MessageItem | FunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")
+    MessageItem | FunctionCallItem | FunctionCallOutputItem | McpListToolsItem | McpCallItem
+    | McpApprovalRequestItem | McpApprovalResponseItem, Field(discriminator="type")
 ]
-ITEM_TYPES = (MessageItem, FunctionCallItem, FunctionCallOutputItem)
+ITEM_TYPES = (MessageItem, FunctionCallItem, FunctionCallOutputItem, *MCP_ITEM_TYPES)
 
 
 # ---------------------------------------------------------------------------------------

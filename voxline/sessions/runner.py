@@ -24,6 +24,8 @@ from voxline.errors import EngineBusyError, EngineError, ProtocolError
 from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
 from voxline.sessions.commands import ClientCommand
+from voxline.sessions.mcp_client import McpWorker
+from voxline.sessions.mcp_servers import McpOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ class SessionRunner:
         self._stream: StreamHandle | None = None
         self._cause = "the session"  # what the commands being sent were for (for errors)
         self._busy = False  # the engine refused the last input (logged once per episode)
+        self._mcp = McpWorker(self._mcp_done)  # MCP tool I/O, off the actor (sessions/mcp.py)
 
     async def run(self, incoming: AsyncIterator[ClientCommand | ProtocolError]) -> None:
         """Serve until the client leaves, the engine fails, or the time limit passes.
@@ -101,6 +104,7 @@ class SessionRunner:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await self._mcp.aclose()
             if self._stream is not None and not self._stream.ended:
                 with contextlib.suppress(EngineError):
                     await self._stream.aclose()
@@ -125,6 +129,8 @@ class SessionRunner:
             if self._observe:
                 self._observe(name, value)
         actor.observations.clear()
+        for request in actor.take_mcp_requests():
+            self._mcp.submit(request)
         for event in actor.take_events():
             try:
                 self._outgoing.put_nowait(event)
@@ -145,6 +151,10 @@ class SessionRunner:
             outs.append(ep.ResponseDone(cmd.stream_id, cmd.response_id,
                                         ep.ResponseStatus.FAILED, ""))
         return outs
+
+    def _mcp_done(self, outcome: McpOutcome) -> None:
+        self.actor.on_mcp(outcome, self._clock())
+        self._flush()
 
     async def _writer(self) -> None:
         while (event := await self._outgoing.get()) is not None:

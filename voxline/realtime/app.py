@@ -19,6 +19,7 @@ from voxline.realtime import (
     speech_api,
     transcription_api,
     twilio,
+    videos_api,
     voices,
     web,
     webrtc,
@@ -68,6 +69,7 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
     app.state.voxline = ServerState(settings, engine)
 
     app.include_router(speech_api.router)
+    app.include_router(videos_api.router)
     app.include_router(voices.router)
     app.include_router(transcription_api.router)
     app.include_router(ops.router)

@@ -1,0 +1,121 @@
+"""`/v1/videos` over the app, on an in-process engine whose video model is the tiny Helios
+checkpoint loaded through the `video` setting (the other stages are the fakes)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import httpx
+import numpy as np
+import pytest
+import pytest_asyncio
+
+pytest.importorskip("diffusers")
+
+from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS  # noqa: E402
+
+from voxline.config import Settings  # noqa: E402
+from voxline.engines.client import InProcessEngineClient  # noqa: E402
+from voxline.realtime.app import create_app  # noqa: E402
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+TINY = {"width": 16, "height": 16, "num_inference_steps": 2, "guidance_scale": 1.0, "seed": 5}
+
+
+def make_video_core(wake, video_dir: str):
+    """Core spec ``test_video_api:make_video_core``: fakes plus the real Helios loading."""
+    import torch
+
+    from voxline.engines.core import EngineCore, Models
+    from voxline.engines.factory import load_video
+    from voxline.engines.speech_stage import SentenceSpeechStage
+
+    torch.set_num_threads(1)  # tiny tensors: threads only contend on a shared machine
+    video = load_video(Settings(video=f"helios:{video_dir}"))
+    return EngineCore(Models(EnergyVAD(), FixedASR(), CountingLM(),
+                             SentenceSpeechStage(ToneTTS()), video=video), wake)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def app(tmp_path_factory):
+    from tiny_helios import save_tiny_helios
+
+    video_dir = save_tiny_helios(tmp_path_factory.mktemp("helios"))
+    engine = InProcessEngineClient("test_video_api:make_video_core",
+                                   {"video_dir": str(video_dir)})
+    await engine.start()
+    yield create_app(Settings(), engine, manage_engine=False)
+    await engine.close()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def client(app):
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test",
+                                 timeout=60) as c:
+        yield c
+
+
+async def wait_done(client: httpx.AsyncClient, video_id: str) -> dict:
+    for _ in range(600):
+        body = (await client.get(f"/v1/videos/{video_id}")).json()
+        if body["status"] in ("completed", "failed"):
+            return body
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"video {video_id} did not finish: {body}")
+
+
+async def test_lifecycle_create_poll_content_list_delete(client, app):
+    import av
+
+    created = (await client.post("/v1/videos", json={"prompt": "dance monkey",
+                                                     "num_frames": 65, "fps": 16, **TINY}))
+    assert created.status_code == 200, created.text
+    video = created.json()
+    assert (video["object"], video["status"], video["size"]) == ("video", "queued", "16x16")
+    done = await wait_done(client, video["id"])
+    assert (done["status"], done["progress"], done["error"]) == ("completed", 100, None)
+    assert done["completed_at"] >= done["created_at"]
+
+    content = await client.get(f"/v1/videos/{video['id']}/content")
+    assert content.status_code == 200 and content.headers["content-type"] == "video/mp4"
+    with av.open(io.BytesIO(content.content)) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(frames) == 65 and frames[0].shape == (16, 16, 3)
+
+    listed = (await client.get("/v1/videos")).json()
+    assert video["id"] in [v["id"] for v in listed["data"]]
+    path = app.state.videos.videos[video["id"]].path
+    assert path.exists()
+    deleted = await client.delete(f"/v1/videos/{video['id']}")
+    assert deleted.json() == {"id": video["id"], "object": "video.deleted", "deleted": True}
+    assert not path.exists()  # gone from disk
+    assert (await client.get(f"/v1/videos/{video['id']}")).status_code == 404
+
+
+async def test_a_frame_count_the_model_cannot_make_fails_naming_it(client):
+    video = (await client.post("/v1/videos", json={"prompt": "dance monkey",
+                                                   "num_frames": 66, **TINY})).json()
+    done = await wait_done(client, video["id"])
+    assert done["status"] == "failed"
+    assert "CreateVideo.num_frames: 66" in done["error"]["message"]
+    assert (await client.get(f"/v1/videos/{video['id']}/content")).status_code == 404
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "x", "width": 20, "height": 16}, "width"),
+    ({"prompt": "x", "size": "100x64"}, "size"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": "x", "num_inference_steps": 0}, "num_inference_steps"),
+    ({"prompt": "x", "colour": "red"}, "colour"),
+    ({"width": 16}, "prompt"),
+])
+async def test_bad_input_is_a_400_naming_the_field_and_keeps_nothing(client, app, body, param):
+    before = set(getattr(app.state, "videos", None).videos
+                 if getattr(app.state, "videos", None) else ())
+    response = await client.post("/v1/videos", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+    after = set(app.state.videos.videos) if getattr(app.state, "videos", None) else set()
+    assert after == before

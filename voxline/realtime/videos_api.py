@@ -1,0 +1,301 @@
+"""`/v1/videos`: OpenAI's video API shape on the engine's video stage (a first slice).
+
+- ``POST /v1/videos`` (JSON): ``prompt`` (required), ``model`` (any string), ``size``
+  (``"WxH"``), and vllm-omni's extras ``width``, ``height``, ``fps``, ``num_frames``,
+  ``num_inference_steps``, ``guidance_scale``, ``negative_prompt``, ``seed``; unknown
+  fields, sizes not a multiple of 16 and out-of-range numbers are 400s naming the field.
+  Answers at once with the video object (``queued``); generation runs in the background,
+  one engine stream per video, and the object's ``progress`` follows the chunks.
+- ``GET /v1/videos/{id}``: the object (``queued`` / ``in_progress`` / ``completed`` /
+  ``failed``, ``progress`` 0..100, timestamps, ``error``). ``GET /v1/videos``: the list,
+  newest first. ``GET /v1/videos/{id}/content``: the MP4 once completed (H.264), else 404.
+- ``DELETE /v1/videos/{id}``: stops a running video (its engine stream closes, so the
+  stage drops it at the next chunk boundary) and removes its file from disk.
+
+Retention: at most `MAX_VIDEOS` videos are kept; past that the oldest finished one (and
+its file) goes. Not yet here: multipart bodies, ``seconds``, ``input_reference``,
+streaming content while in progress, a synchronous variant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from voxline.engines import protocol as p
+from voxline.realtime.audio_http import (
+    AudioAPIError,
+    bad,
+    check_request,
+    close_quietly,
+    open_stream,
+)
+from voxline.realtime.state import ServerState
+
+logger = logging.getLogger(__name__)
+
+router = APIRouter()
+
+MAX_VIDEOS = 32
+SIZE_MULTIPLE = 16
+MAX_SIDE = 4096
+MAX_SEED = 2**63 - 1
+
+
+class VideoRequest(BaseModel):
+    """A ``POST /v1/videos`` JSON body; unknown fields are refused."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    prompt: Annotated[str, Field(min_length=1, max_length=4096)]
+    model: str | None = None
+    size: Annotated[str, Field(pattern=r"^\d+x\d+$")] | None = None
+    width: Annotated[int, Field(ge=SIZE_MULTIPLE, le=MAX_SIDE)] | None = None
+    height: Annotated[int, Field(ge=SIZE_MULTIPLE, le=MAX_SIDE)] | None = None
+    fps: Annotated[int, Field(ge=1, le=60)] = 24
+    num_frames: Annotated[int, Field(ge=1, le=10_000)] = 33
+    num_inference_steps: Annotated[int, Field(ge=1, le=200)] = 50
+    guidance_scale: Annotated[float, Field(ge=0, le=100)] = 5.0
+    negative_prompt: str = ""
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
+
+    def dimensions(self) -> tuple[int, int]:
+        """(width, height): explicit fields over ``size``, default 640x384 (Helios')."""
+        width, height = 640, 384
+        if self.size is not None:
+            width, height = (int(v) for v in self.size.split("x"))
+        return self.width or width, self.height or height
+
+
+def parse_video_request(body: object) -> VideoRequest:
+    """Validate a decoded JSON body; raises `AudioAPIError` (400) naming the field."""
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object", None, "invalid_request")
+    try:
+        req = VideoRequest.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        name = str(err["loc"][0]) if err["loc"] else None
+        code = "unknown_parameter" if err["type"] == "extra_forbidden" else "invalid_value"
+        raise bad(f"'{name}': {err['msg']}", name, code) from None
+    width, height = req.dimensions()
+    for name, value in (("width", width), ("height", height)):
+        if value % SIZE_MULTIPLE or not SIZE_MULTIPLE <= value <= MAX_SIDE:
+            param = name if getattr(req, name) is not None else "size"
+            raise bad(f"'{param}': {name} {value} must be a multiple of {SIZE_MULTIPLE} from "
+                      f"{SIZE_MULTIPLE} to {MAX_SIDE} (the model's patch size)", param)
+    return req
+
+
+@dataclass(eq=False)
+class VideoRecord:
+    id: str
+    request: VideoRequest
+    created_at: int
+    status: str = "queued"
+    progress: int = 0
+    completed_at: int | None = None
+    error: str | None = None
+    path: Path | None = None
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def body(self) -> dict[str, Any]:
+        width, height = self.request.dimensions()
+        frames = self.request.num_frames
+        return {"id": self.id, "object": "video", "model": self.request.model or "helios",
+                "status": self.status, "progress": self.progress,
+                "created_at": self.created_at, "completed_at": self.completed_at,
+                "expires_at": None, "size": f"{width}x{height}",
+                "seconds": f"{frames / self.request.fps:g}", "remixed_from_video_id": None,
+                "error": ({"code": "video_generation_failed", "message": self.error}
+                          if self.error else None)}
+
+
+class VideoStore:
+    """The videos this server keeps (bounded by `MAX_VIDEOS`) and their files' folder."""
+
+    def __init__(self, max_videos: int = MAX_VIDEOS) -> None:
+        self.max_videos = max_videos
+        self.directory = Path(tempfile.mkdtemp(prefix="voxline-videos-"))
+        self.videos: dict[str, VideoRecord] = {}
+
+    def add(self, record: VideoRecord) -> None:
+        if len(self.videos) >= self.max_videos:
+            finished = [r for r in self.videos.values() if r.status in ("completed", "failed")]
+            if not finished:
+                raise AudioAPIError(429, f"{self.max_videos} videos are in progress; try again "
+                                    "when one finishes", code="rate_limit_exceeded",
+                                    type="rate_limit_error")
+            self.remove(finished[0])
+        self.videos[record.id] = record
+
+    def remove(self, record: VideoRecord) -> None:
+        self.videos.pop(record.id, None)
+        if record.task is not None and not record.task.done():
+            record.task.cancel()
+        if record.path is not None:
+            record.path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        for record in list(self.videos.values()):
+            self.remove(record)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _store(request: Request) -> VideoStore:
+    app_state = request.app.state
+    store = getattr(app_state, "videos", None)
+    if store is None:
+        store = app_state.videos = VideoStore()
+    return store
+
+
+def _find(request: Request, video_id: str) -> VideoRecord:
+    record = _store(request).videos.get(video_id)
+    if record is None:
+        raise AudioAPIError(404, f"no video with id {video_id!r}", param="video_id",
+                            code="not_found")
+    return record
+
+
+# ------------------------------------------------------------------------------ routes
+
+
+@router.post("/v1/videos")
+async def create_video(request: Request) -> Response:
+    try:
+        state = check_request(request)
+        try:
+            body = await request.json()
+        except ValueError:
+            raise bad("the request body is not valid JSON", None, "invalid_json") from None
+        req = parse_video_request(body)
+        record = VideoRecord(f"video_{uuid.uuid4().hex}", req, int(time.time()))
+        store = _store(request)
+        store.add(record)
+    except AudioAPIError as exc:
+        return exc.response()
+    record.task = asyncio.create_task(_generate(state, store, record))
+    return JSONResponse(record.body())
+
+
+@router.get("/v1/videos")
+async def list_videos(request: Request) -> Response:
+    records = sorted(_store(request).videos.values(), key=lambda r: r.created_at, reverse=True)
+    data = [r.body() for r in records]
+    return JSONResponse({"object": "list", "data": data, "has_more": False,
+                         "first_id": data[0]["id"] if data else None,
+                         "last_id": data[-1]["id"] if data else None})
+
+
+@router.get("/v1/videos/{video_id}")
+async def get_video(request: Request, video_id: str) -> Response:
+    try:
+        return JSONResponse(_find(request, video_id).body())
+    except AudioAPIError as exc:
+        return exc.response()
+
+
+@router.get("/v1/videos/{video_id}/content")
+async def video_content(request: Request, video_id: str) -> Response:
+    try:
+        record = _find(request, video_id)
+        if record.status != "completed" or record.path is None:
+            raise AudioAPIError(404, f"video {video_id!r} is {record.status}; its content "
+                                "exists once it is completed", param="video_id",
+                                code="video_not_ready")
+    except AudioAPIError as exc:
+        return exc.response()
+    return FileResponse(record.path, media_type="video/mp4", filename=f"{video_id}.mp4")
+
+
+@router.delete("/v1/videos/{video_id}")
+async def delete_video(request: Request, video_id: str) -> Response:
+    try:
+        record = _find(request, video_id)
+    except AudioAPIError as exc:
+        return exc.response()
+    _store(request).remove(record)
+    return JSONResponse({"id": video_id, "object": "video.deleted", "deleted": True})
+
+
+# -------------------------------------------------------------------------- generation
+
+
+async def _generate(state: ServerState, store: VideoStore, record: VideoRecord) -> None:
+    """Run one video on its own engine stream; the record follows its chunks."""
+    handle = None
+    try:
+        handle = await open_stream(state, "video")
+        req = record.request
+        width, height = req.dimensions()
+        handle.send(p.CreateVideo(handle.stream_id, record.id, req.prompt, width=width,
+                                  height=height, num_frames=req.num_frames,
+                                  num_inference_steps=req.num_inference_steps,
+                                  guidance_scale=req.guidance_scale,
+                                  negative_prompt=req.negative_prompt, seed=req.seed))
+        frames, done = await _collect(handle, record)
+        if done is None or done.status != p.ResponseStatus.COMPLETED:
+            record.error = record.error or (done.error if done else "the engine stream ended")
+            record.status = "failed"
+            return
+        path = store.directory / f"{record.id}.mp4"
+        await asyncio.to_thread(write_mp4, path, frames, req.fps)
+        record.path = path
+        if record.id not in store.videos:  # deleted while the file was written
+            path.unlink(missing_ok=True)
+            return
+        record.status, record.progress = "completed", 100
+    except AudioAPIError as exc:
+        record.status, record.error = "failed", exc.message
+    except Exception as exc:  # a failed video must not go unreported
+        logger.exception("video %s failed", record.id)
+        record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
+    finally:
+        record.completed_at = int(time.time()) if record.status in ("completed", "failed") \
+            else None
+        await close_quietly(handle)
+
+
+async def _collect(handle: Any, record: VideoRecord
+                   ) -> tuple[list[np.ndarray], p.VideoDone | None]:
+    frames: list[np.ndarray] = []
+    async for out in handle:
+        match out:
+            case p.VideoChunk():
+                record.status = "in_progress"
+                frames.append(np.frombuffer(out.frames, np.uint8).reshape(
+                    out.num_frames, out.height, out.width, 3))
+                record.progress = min(99, 100 * (out.index + 1) // out.total_chunks)
+            case p.StreamError():
+                record.error = out.message
+            case p.VideoDone():
+                return frames, out
+    return frames, None
+
+
+def write_mp4(path: Path, chunks: list[np.ndarray], fps: int) -> None:
+    """Encode RGB frames (uint8, F x H x W x 3 per chunk) as H.264 in MP4 (yuv420p)."""
+    import av
+
+    with av.open(str(path), "w", format="mp4") as container:
+        first = chunks[0]
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height = first.shape[2], first.shape[1]
+        stream.pix_fmt = "yuv420p"
+        for chunk in chunks:
+            for frame in chunk:
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode(None))

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from voxline.engines.loop import Core, Inbox, run_engine_loop
+from voxline.engines.loop import INBOX_LIMIT, Core, Inbox, run_engine_loop
 from voxline.engines.protocol import (
     CloseStream,
     EngineInput,
@@ -367,13 +367,14 @@ class InProcessEngineClient(EngineClient):
         core_kwargs: Mapping[str, Any] | None = None,
         *,
         max_queued_outputs: int = DEFAULT_MAX_QUEUED_OUTPUTS,
+        max_queued_inputs: int = INBOX_LIMIT,
         stop_timeout: float = 10.0,
     ) -> None:
         super().__init__(max_queued_outputs)
         self._spec = core_spec
         self._kwargs = dict(core_kwargs or {})
         self._stop_timeout = stop_timeout
-        self._inbox = Inbox()
+        self._inbox = Inbox(max_queued_inputs)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

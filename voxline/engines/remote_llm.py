@@ -19,6 +19,11 @@ Two pieces, so that the engine's conversation logic stays in one home (`prompt_c
   generating). A connection error, timeout or HTTP error before the first token is
   retried (`retries`, backoff); after it, or once retries are spent, the request fails
   with a message naming the server and the cause, never a hung response.
+
+Back-pressure: at most `MAX_QUEUED_DELTAS` deltas (all requests together) wait for the
+engine loop. Past that the HTTP thread stops reading its streams until the loop has taken
+them (the next step takes every queued delta), so the server's stream waits in TCP
+instead of piling up here; nothing is dropped.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ _END = _MARK + len(ROLES)
 MAX_CONTEXT_CHARS = 1 << 20
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 ERROR_BODY_CHARS = 300
+MAX_QUEUED_DELTAS = 1024  # streamed deltas waiting for the engine loop, all requests
 
 
 class RemoteLLMError(VoxlineError):
@@ -107,6 +113,8 @@ class RemoteChat:
 
     eos_token_ids: frozenset[int] = frozenset()
     max_len = MAX_CONTEXT_CHARS
+    context_unit = "characters"  # what `max_len` counts (named in context errors)
+    max_token_chars = 1  # characters per "token" (the engine's cheap length check)
     supports_tools = True
 
     def __init__(self, config: RemoteLLMConfig) -> None:
@@ -262,6 +270,8 @@ class RemoteLLMStage:
         self.running: dict[str, GenerationRequest] = {}
         self._wake = wake
         self._deltas: deque[Delta] = deque()  # appended by the HTTP thread, drained by the loop
+        self._room = asyncio.Event()  # HTTP thread: set when the loop took the queued deltas
+        self._want_room = False  # the HTTP thread waits for room (the loop sets `_room`)
         self._tasks: dict[str, asyncio.Future[None]] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="voxline-remote-llm",
@@ -307,6 +317,9 @@ class RemoteLLMStage:
         deltas: list[Delta] = []
         while self._deltas:
             deltas.append(self._deltas.popleft())
+        if self._want_room:
+            self._want_room = False
+            self._loop.call_soon_threadsafe(self._room.set)
         if not deltas:
             return None
         seen: dict[str, RemoteEntry] = {}
@@ -375,7 +388,14 @@ class RemoteLLMStage:
 
     # HTTP thread side -------------------------------------------------------------------
 
-    def _push(self, delta: Delta) -> None:
+    async def _push(self, delta: Delta) -> None:
+        """Queue `delta` for the loop, first waiting while `MAX_QUEUED_DELTAS` wait."""
+        while len(self._deltas) >= MAX_QUEUED_DELTAS:
+            self._room.clear()
+            self._want_room = True
+            if len(self._deltas) < MAX_QUEUED_DELTAS:  # the loop took them meanwhile
+                break
+            await self._room.wait()
         self._deltas.append(delta)
         self._wake()
 
@@ -401,7 +421,7 @@ class RemoteLLMStage:
             if not retryable or streamed[0] or attempt == attempts:
                 tries = f" (after {attempt} attempts)" if attempt > 1 else ""
                 logger.warning("remote LLM request %s failed: %s%s", request_id, failure, tries)
-                self._push(Delta(request_id, error=f"the reply model at {self.config.url} "
+                await self._push(Delta(request_id, error=f"the reply model at {self.config.url} "
                                  f"failed: {failure}{tries}"))
                 return
             delay = self.config.retry_backoff * 2 ** (attempt - 1)
@@ -433,14 +453,14 @@ class RemoteLLMStage:
                         if not streamed[0]:
                             streamed[0] = True
                             delta.first_token_ms = (time.perf_counter() - t0) * 1000
-                        self._push(delta)
+                        await self._push(delta)
                     reason = choice.get("finish_reason")
                     if reason:
                         finish = FinishReason.LENGTH if reason == "length" else FinishReason.STOP
             if finish is None:
                 raise RemoteLLMError("the stream ended before the reply finished",
                                      retryable=True)
-            self._push(Delta(request_id, finish=finish, usage=usage))
+            await self._push(Delta(request_id, finish=finish, usage=usage))
 
 
 def _deltas(request_id: str, delta: dict[str, Any]) -> list[Delta]:

@@ -210,13 +210,16 @@ class Responses:
                             "again later", p.ErrorCode.CAPACITY)
                 return None
             stream.slot = Slot(index)
-        system = llm.render_message("system", cfg.instructions or stream.config.instructions)
         header = llm.generation_header()
         conversation = stream.conversation
         window, truncation = stream.window, stream.config.truncation
         max_tokens = cfg.max_output_tokens or stream.config.max_output_tokens
         # room for the header and the reply (capped so a huge limit can't starve context)
         budget = llm.max_len - len(header) - min(max_tokens, llm.max_len // 4)
+        # (a speculation that cannot start just does not; its response will say why)
+        system = self._system_prompt(stream, cfg, budget, report=bool(response_id))
+        if system is None:
+            return None
         temperature = stream.config.temperature if cfg.temperature is None else cfg.temperature
         generator = None
         if cfg.seed is not None:
@@ -243,6 +246,32 @@ class Responses:
             tool_choice=tool_choice,
         )
         return ResponseRun(response_id, item_id, cfg, request, new_chunker(), stream.config.speed)
+
+    def _system_prompt(self, stream: StreamState, cfg: p.ResponseConfig, budget: int,
+                       report: bool) -> list[int] | None:
+        """The rendered instructions, or None when they alone fill the `budget` (refused
+        with an error naming the field, if `report`). A text longer than `budget` tokens
+        can cover (`max_token_chars` each, where the model says) is refused untokenized:
+        megabytes through a tokenizer would stall the engine loop for seconds."""
+        llm = self.model
+        text = cfg.instructions or stream.config.instructions
+        unit = getattr(llm, "context_unit", "tokens")
+        per_token = getattr(llm, "max_token_chars", None)
+        if per_token is not None and len(text) > budget * per_token:
+            size = f"{len(text)} characters"
+        else:
+            system = llm.render_message("system", text)
+            if len(system) <= budget:
+                return system
+            size = f"{len(system)} {unit}"
+        if report:
+            field = "response.instructions" if cfg.instructions else "session.instructions"
+            self._emit(p.StreamError(
+                stream.external_id, f"{field} is {size}, more than the {budget} {unit} the "
+                f"reply model can hold (its context window is {llm.max_len} {unit}, less room "
+                "for the reply); shorten the instructions", p.ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+                param=field))
+        return None
 
     # ---------------------------------------------------------------- speculation
 

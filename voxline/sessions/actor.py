@@ -720,7 +720,7 @@ class SessionActor:
             self.closed = it.ErrorDetail(type="server_error", code=out.code, message=out.message)
             self._emit(ev.ErrorEvent(error=self.closed))
             return
-        self._error(out.message, code=out.code, type="server_error"
+        self._error(out.message, code=out.code, param=out.param, type="server_error"
                     if ep.ErrorCode(out.code).server_side else "invalid_request_error")
 
     # ---------------------------------------------------------------------- the clock

@@ -146,7 +146,7 @@ class SessionRunner:
         self._busy = True
         outs: list[ep.EngineOutput] = [ep.StreamError(
             cmd.stream_id, f"{self._cause}: the engine is busy and refused it ({exc}); "
-            "try again shortly", code="server_busy")]
+            "try again shortly", code=ep.ErrorCode.SERVER_BUSY)]
         if isinstance(cmd, ep.CreateResponse):
             outs.append(ep.ResponseDone(cmd.stream_id, cmd.response_id,
                                         ep.ResponseStatus.FAILED, ""))

@@ -47,6 +47,9 @@ class ChatLLM:
         self._prefixes: OrderedDict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = (
             OrderedDict())
         self.eos_token_ids = frozenset(stop_token_ids(self.tokenizer, loaded.config))
+        # the most characters one token can cover (a vocabulary entry is at least as long
+        # as its text): lets the engine refuse megabytes of instructions untokenized
+        self.max_token_chars = max(map(len, self.tokenizer.get_vocab()), default=1)
         self._free = list(range(max_slots))
         base = self._template(_ANCHOR)
         with_gen = self._template(_ANCHOR, add_generation_prompt=True)

@@ -7,7 +7,6 @@ import asyncio
 import io
 
 import httpx
-import numpy as np
 import pytest
 import pytest_asyncio
 
@@ -119,3 +118,29 @@ async def test_bad_input_is_a_400_naming_the_field_and_keeps_nothing(client, app
     assert response.json()["error"]["param"] == param
     after = set(app.state.videos.videos) if getattr(app.state, "videos", None) else set()
     assert after == before
+
+
+async def test_the_openai_sdk_creates_polls_and_downloads(app):
+    from openai import AsyncOpenAI
+
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
+    sdk = AsyncOpenAI(api_key="none", base_url="http://test/v1", http_client=http)
+    try:
+        video = await sdk.videos.create(prompt="dance monkey", size="16x16",  # type: ignore[arg-type]
+                                        extra_body={k: str(v) for k, v in TINY.items()
+                                                    if k not in ("width", "height")})
+        assert video.status == "queued" and video.size == "16x16"
+        for _ in range(600):
+            video = await sdk.videos.retrieve(video.id)
+            if video.status in ("completed", "failed"):
+                break
+            await asyncio.sleep(0.1)
+        assert video.status == "completed", video.error
+        content = await sdk.videos.download_content(video.id)
+        assert (await content.aread())[4:8] == b"ftyp"  # an MP4
+        listed = await sdk.videos.list()
+        assert video.id in [v.id for v in listed.data]
+        deleted = await sdk.videos.delete(video.id)
+        assert deleted.deleted
+    finally:
+        await sdk.close()

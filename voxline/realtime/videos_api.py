@@ -1,6 +1,7 @@
 """`/v1/videos`: OpenAI's video API shape on the engine's video stage (a first slice).
 
-- ``POST /v1/videos`` (JSON): ``prompt`` (required), ``model`` (any string), ``size``
+- ``POST /v1/videos`` (JSON, or the form fields the openai SDK's multipart sends, numbers
+  as strings): ``prompt`` (required), ``model`` (any string), ``size``
   (``"WxH"``), and vllm-omni's extras ``width``, ``height``, ``fps``, ``num_frames``,
   ``num_inference_steps``, ``guidance_scale``, ``negative_prompt``, ``seed``; unknown
   fields, sizes not a multiple of 16 and out-of-range numbers are 400s naming the field.
@@ -13,7 +14,7 @@
   stage drops it at the next chunk boundary) and removes its file from disk.
 
 Retention: at most `MAX_VIDEOS` videos are kept; past that the oldest finished one (and
-its file) goes. Not yet here: multipart bodies, ``seconds``, ``input_reference``,
+its file) goes. Not yet here: ``seconds``, ``input_reference``,
 streaming content while in progress, a synchronous variant.
 """
 
@@ -170,6 +171,38 @@ def _find(request: Request, video_id: str) -> VideoRecord:
     return record
 
 
+INT_FIELDS = ("width", "height", "fps", "num_frames", "num_inference_steps", "seed")
+
+
+async def _body(request: Request) -> object:
+    """The JSON body, or a form (the openai SDK's multipart) with its numbers converted."""
+    if not request.headers.get("content-type", "").startswith(("multipart/form-data",
+                                                               "application/x-www-form")):
+        try:
+            return await request.json()
+        except ValueError:
+            raise bad("the request body is not valid JSON", None, "invalid_json") from None
+    form = await request.form()
+    if "input_reference" in form:
+        raise bad("'input_reference' (image-to-video) is not supported yet", "input_reference",
+                  "unsupported")
+    body: dict[str, Any] = {}
+    for name, value in form.items():
+        if not isinstance(value, str):
+            raise bad(f"'{name}' must be a form field, not a file", name)
+        body[name] = _form_number(name, value)
+    return body
+
+
+def _form_number(name: str, value: str) -> Any:
+    if name not in (*INT_FIELDS, "guidance_scale"):
+        return value
+    try:
+        return int(value) if name in INT_FIELDS else float(value)
+    except ValueError:
+        raise bad(f"'{name}' must be a number, got {value!r}", name) from None
+
+
 # ------------------------------------------------------------------------------ routes
 
 
@@ -177,11 +210,7 @@ def _find(request: Request, video_id: str) -> VideoRecord:
 async def create_video(request: Request) -> Response:
     try:
         state = check_request(request)
-        try:
-            body = await request.json()
-        except ValueError:
-            raise bad("the request body is not valid JSON", None, "invalid_json") from None
-        req = parse_video_request(body)
+        req = parse_video_request(await _body(request))
         record = VideoRecord(f"video_{uuid.uuid4().hex}", req, int(time.time()))
         store = _store(request)
         store.add(record)

@@ -24,6 +24,11 @@ from voxline.sessions.settings import SessionSettings
 # Wire events the session never emits: the engine reports no per-item ASR failure yet, and
 # there are no rate limits to report (no fabricated figures are sent).
 NEVER_EMITTED = {ev.ConversationCreated, ev.InputTranscriptionFailed, ev.RateLimitsUpdated}
+# MCP tools need a remote reply model and an MCP server: tests/test_mcp_tools.py drives
+# them over /v1/realtime and validates each of these strictly
+NEVER_EMITTED |= {ev.McpListToolsInProgress, ev.McpListToolsCompleted, ev.McpListToolsFailed,
+                  ev.McpCallArgumentsDelta, ev.McpCallArgumentsDone, ev.McpCallInProgress,
+                  ev.McpCallCompleted, ev.McpCallFailed}
 
 
 class Script:

@@ -144,3 +144,16 @@ async def test_the_openai_sdk_creates_polls_and_downloads(app):
         assert deleted.deleted
     finally:
         await sdk.close()
+
+
+async def test_deleting_a_running_video_stops_it_and_keeps_no_file(client, app):
+    video = (await client.post("/v1/videos", json={"prompt": "dance monkey",
+                                                   "num_frames": 129, **TINY})).json()
+    record = app.state.videos.videos[video["id"]]
+    deleted = await client.delete(f"/v1/videos/{video['id']}")
+    assert deleted.json()["deleted"] is True
+    with pytest.raises(asyncio.CancelledError):
+        await record.task  # the generation ends (its engine stream closes) ...
+    assert record.path is None  # ... before any file was written
+    assert not list(app.state.videos.directory.glob(f"{video['id']}*"))
+    assert (await client.get(f"/v1/videos/{video['id']}")).status_code == 404

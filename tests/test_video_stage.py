@@ -210,3 +210,13 @@ def test_the_engine_imports_no_diffusers_until_a_video_model_loads():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=300)
     assert out.stdout.strip() == "False"
+
+
+def test_video_messages_cross_the_process_wire_unchanged():
+    chunk = p.VideoChunk("s1", "v", bytes(range(48)), num_frames=1, height=4, width=4, index=0,
+                         total_chunks=2, final=False)
+    done = p.VideoDone("s1", "v", DONE.CANCELLED)
+    assert [p.decode_output(p.encode(m)) for m in (chunk, done)] == [chunk, done]
+    create = video("s1", "v", seed=9)
+    assert p.decode_input(p.encode(create)) == create
+    assert p.decode_input(p.encode(p.CancelVideo("s1", "v"))) == p.CancelVideo("s1", "v")

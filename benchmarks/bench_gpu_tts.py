@@ -192,7 +192,7 @@ def breakdown(stage: Qwen3SpeechStage, c: int) -> dict:
         timed(stage.codec, "decode", "code2wav")
     else:
         timed(dec, "decode_batch", "code2wav")
-    timed(stage, "_to_host", "pcm_to_host")
+    timed(stage.chunks, "to_host", "pcm_to_host")
     r = speak(stage, c, 77)
     for (obj, name) in originals:
         delattr(obj, name)

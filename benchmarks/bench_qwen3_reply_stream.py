@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from voxline.engines.models.qwen3_tts import TalkerSampling
-from voxline.engines.models.qwen3_tts import stage as stage_module
+from voxline.engines.models.qwen3_tts import jobs as jobs_module
 from voxline.engines.models.qwen3_tts.stage import Qwen3SpeechStage
 from voxline.engines.responses import new_chunker
 from voxline.engines.speech_stage import SpeechJob
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             # Random weights never stop like speech: no codec EOS, and every talker stream
             # cut at a speaking rate (frames per text token), so both modes make as much audio.
             stage.sampling = TalkerSampling.greedy(min_frames=1_000_000)
-            stage_module._FRAMES_BASE, stage_module._FRAMES_PER_TOKEN = 0, args.frames_per_token
+            jobs_module.FRAMES_BASE, jobs_module.FRAMES_PER_TOKEN = 0, args.frames_per_token
         arrivals = segment_arrivals(args.text, args.llm_tokens_per_s)
         print(f"device {args.device}; torch {torch.__version__}; threads {torch.get_num_threads()}; "
               f"{len(arrivals)} segments over {arrivals[-1][0]:.2f} s of simulated LLM output")

@@ -22,6 +22,7 @@ from fakes import CountingLM, EnergyVAD, FixedASR
 from qwen_ref.harness import TINY_CODEC, TINY_MODEL, local_decoder, local_talker
 from safetensors.torch import save_file
 
+from voxline.codecs.tempo import time_stretch
 from voxline.config import load_settings
 from voxline.engines import protocol as p
 from voxline.engines.core import EngineCore, Models
@@ -240,11 +241,28 @@ def test_blank_text_finishes_without_audio(model_dir, text):
     assert outs[0][1].job_id == 1 and of(outs, 2)[-1].finished
 
 
-def test_speed_is_ignored(model_dir):
+def test_speed_time_stretches_the_audio(model_dir):
+    """Qwen3-TTS has no rate control: speed stretches the PCM (FFmpeg's atempo), streamed
+    chunk by chunk, to the same samples as stretching the whole normal-speed audio."""
+    # Long enough for the stretcher's window (tiny codec: 8 samples a frame): no codec EOS.
+    stage = make_stage(model_dir, max_frames=480, max_len=1024,
+                       sampling=TalkerSampling.greedy(min_frames=100_000))
+    text = " ".join(TEXTS)
+    normal = audio(of(run(stage, {0: [SpeechJob(2, text)]}, max_steps=2000), 2))
+    assert len(normal) == 480 * stage.samples_per_frame
+    outs = of(run(stage, {0: [SpeechJob(1, text, speed=1.5)]}, max_steps=2000), 1)
+    stretched = audio(outs)
+    assert outs[-1].finished and sum(len(o.audio) > 0 for o in outs) > 3, "streamed"
+    assert np.array_equal(stretched, time_stretch(normal, stage.sample_rate, 1.5))
+    assert abs(len(stretched) - len(normal) / 1.5) < 0.1 * len(normal) / 1.5
+    assert " ".join(o.text for o in outs if o.text) == text
+
+
+def test_speed_out_of_range_is_refused_naming_the_field(model_dir):
     stage = make_stage(model_dir)
-    fast = audio(of(run(stage, {0: [SpeechJob(1, TEXTS[1], speed=1.5)]}), 1))
-    normal = audio(of(run(stage, {0: [SpeechJob(2, TEXTS[1])]}), 2))
-    assert np.array_equal(fast, normal)
+    with pytest.raises(ValueError, match="speed"):
+        stage.start(SpeechJob(1, TEXTS[1], speed=8.0))
+    assert not stage.has_work()
 
 
 def test_missing_tokenizer_is_a_clear_error(model_dir, tmp_path):

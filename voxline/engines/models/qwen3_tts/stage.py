@@ -4,16 +4,10 @@ Every job (one text segment) becomes a talker stream. Each :meth:`Qwen3SpeechSta
 is one batched talker step over all live streams (continuous batching: a job started
 between steps is prefilled in the same forward as the others' next frame, a finished or
 cancelled job leaves at once), followed by one batched code2wav call over the streams
-whose next audio chunk is due:
-
-- the first chunk is decoded as soon as ``initial_chunk_frames`` frames exist (first
-  audio one talker step after the prompt's prefill when it is 1), later chunks every
-  ``chunk_frames`` frames (or growing up to it, with ``ramp``), and the remainder when
-  the talker stops (codec EOS or the frame limit), with ``finished=True``;
-- the decoder is stateful (:class:`Code2WavState` per job), so every frame is decoded
-  exactly once and the concatenated chunks equal a one-shot decode of all frames;
-- frames stay on the model's device; only the chunk's audio is copied to the host (on
-  CUDA into pinned memory, non-blocking, waited on by an event).
+whose next audio chunk is due. Two pieces beside this module hold the halves of that
+work: :mod:`.jobs` a job's text and frame bookkeeping (tokens, talker-stream runs,
+frame limits, text spans), :mod:`.codec_chunks` the codec-chunk scheduling (the due rule,
+the decoder state per job, batched code2wav, the PCM's copy to the host).
 
 Overlap (``overlap_codec``, default on when the decoder is on CUDA): chunks that are
 due from frames of earlier steps (every chunk but a stream's first) are decoded at the
@@ -37,19 +31,20 @@ its talker stream stopped (codec EOS or the frame limit while more text was comi
 any text of an in-context clone (whose prompt holds the whole text), is spoken by a new
 talker stream of the same job, still on the same decoder state.
 
-Text spans: each segment's text rides on the first output whose audio reaches the
-segment's estimated start (:data:`_SPOKEN_FRAMES_PER_TOKEN` frames per text token; the
-talker has no alignment output), the first segment on the first audio; text not yet
-placed when the job ends rides on its last output, which may then have no audio. A job
-whose text has nothing to speak (blank, or no tokens) ends with one empty ``finished``
-output.
+A job whose text has nothing to speak (blank, or no tokens) ends with one empty
+``finished`` output; text spans ride on outputs as :mod:`.jobs` describes.
 
 Seeds: ``job.seed`` seeds the stream's own generator, so a seeded job gives the same
 audio whatever shares its batch; ``None`` draws a fresh seed (the published sampling
 settings, like the reference's default). Greedy decoding is ``sampling=
 TalkerSampling.greedy()`` (or ``temperature=0``), deterministic for every job.
 
-Speed: Qwen3-TTS has no speaking-rate control; ``job.speed`` is ignored (logged once).
+Speed: Qwen3-TTS has no speaking-rate control of its own, so a job whose ``speed`` is
+not 1 has its PCM time-stretched at the same pitch
+(:class:`~voxline.codecs.tempo.TimeStretch`, FFmpeg's ``atempo``), streamed chunk by chunk: 2.0 speaks in half the
+time, as Piper's ``length_scale / speed`` does. The stretcher holds back up to one
+analysis window, released on the job's next output or its last.
+
 Voice: the stage speaks every job with one preset ``speaker`` and ``language``, unless
 the job names another preset (``job.voice``) or, on a Base checkpoint, clones one: a
 ``job.reference`` (clip + transcript, normalised once for both encoders) or a ``job.voice``
@@ -61,28 +56,27 @@ job's codec decoder with the reference codes (eager decoder state, also when gra
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor
 
+from voxline.codecs.tempo import TimeStretch
 from voxline.engines.protocol import VoiceReference
 from voxline.engines.speech_stage import SpeechJob, SpeechOut
 
 from .checkpoint import Qwen3TTSModel
-from .code2wav import Code2WavState
+from .codec_chunks import ChunkScheduler, LaunchedChunks
 from .codec_encoder import CodecEncoder
-from .generation import TalkerGenerator, TalkerSampling, TalkerStream, awaits_text
+from .generation import TalkerGenerator, TalkerSampling, awaits_text
 from .graphed_code2wav import GraphedCode2Wav
 from .graphed_talker import PREDICTOR_TOP_K_CAP, GraphedTalkerGenerator
+from .jobs import Job, frame_limit
 from .prompt import TalkerPrompt, assistant_ids, build_prompt, ref_text_ids
 from .reference import (
     EncodedReference,
@@ -99,53 +93,6 @@ logger = logging.getLogger(__name__)
 
 # A key in config.json that marks a random-weight test checkpoint (never a voice).
 RANDOM_WEIGHTS_KEY = "voxline_random_weights"
-
-# Runaway guard: a segment of n text tokens gets at most BASE + PER_TOKEN * n frames
-# (~5x a slow speaking rate: a token is ~0.3 s of speech, 4 frames at 12.5 Hz).
-_FRAMES_BASE = 16
-_FRAMES_PER_TOKEN = 20
-# Where a segment's audio starts, for its text span: ~4 characters per Qwen token spoken
-# at ~14 characters/s is ~3.5 frames at 12.5 Hz. An estimate: it only places span edges.
-_SPOKEN_FRAMES_PER_TOKEN = 3.5
-
-
-@dataclass
-class _Span:
-    text: str
-    token: int  # offset of its first token in the job's text
-    frame: float | None = None  # estimated first frame of its audio, once in a talker stream
-
-
-@dataclass(eq=False)
-class _Job:
-    job: SpeechJob
-    ids: list[int] = field(default_factory=list)  # the job's text tokens so far
-    spans: deque[_Span] = field(default_factory=deque)  # segment texts not yet emitted
-    text_open: bool = False  # more text may be appended
-    fed: int = 0  # tokens handed to talker streams
-    run_open: bool = False  # the current talker stream takes appended text
-    run_tokens: int = 0  # tokens of the current talker stream (its frame limit)
-    run_start: tuple[int, int] = (0, 0)  # (frames, token offset) at its start
-    frames: int = 0  # frames generated over all the job's talker streams
-    stream: TalkerStream | None = None
-    state: Code2WavState | None = None  # eager code2wav: the job's own decoder state
-    codec_slot: int | None = None  # graphed code2wav: the job's state slot
-    decoder_ready: bool = False  # state/slot set up (once per job, kept across streams)
-    pending: list[Tensor] = field(default_factory=list)  # frames [G] not yet decoded
-    decoded: int = 0  # frames decoded so far
-    done: bool = False  # no talker stream will run again; pending frames are the last
-
-
-@dataclass(eq=False)
-class _Chunks:
-    """Chunks handed to code2wav, maybe still running on the codec stream."""
-
-    jobs: list[_Job]
-    sizes: list[int]  # samples per job, in ``jobs`` order
-    host: Tensor | None = None  # pinned PCM, valid once ``event`` has completed (CUDA)
-    event: torch.cuda.Event | None = None
-    audio: np.ndarray | None = None  # the PCM, when decoded synchronously
-    keep: list[Tensor] = field(default_factory=list)  # frames the codec stream reads
 
 
 class Qwen3SpeechStage:
@@ -209,6 +156,47 @@ class Qwen3SpeechStage:
         """
         if initial_chunk_frames < 1 or chunk_frames < 1:
             raise ValueError("initial_chunk_frames and chunk_frames must be >= 1")
+        self.model, self.tokenizer = self._open(model, tokenizer, dtype=dtype, device=device,
+                                                codec_dtype=codec_dtype)
+        self.max_frames = max_frames
+        self.decoder = self.model.code2wav
+        self.sample_rate = self.decoder.config.output_sample_rate
+        self.samples_per_frame = self.decoder.samples_per_frame
+
+        spk_ids = self.model.config.talker.spk_id
+        if speaker is None and self.model.config.tts_model_type == "custom_voice" and spk_ids:
+            speaker = next(iter(spk_ids))
+        self.speaker = speaker
+        self.language = language
+        base = sampling or TalkerSampling()
+        overrides = {}
+        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+            if value is not None:
+                overrides[name] = overrides[f"subtalker_{name}"] = value
+        self.sampling = dataclasses.replace(base, **overrides)
+        # Fail on an unknown voice or language now, not on the first job.
+        self._build(assistant_ids([self.tokenizer.chat.newline], self.tokenizer.chat), self.speaker)
+
+        self.max_streams = max_streams
+        if graphs is None:
+            graphs = self.model.talker.device.type == "cuda"
+        self.generator, self.codec = self._make_generator(
+            graphs, max_len=max_len, compile=compile, batch_buckets=batch_buckets,
+            capture_at_load=capture_at_load, codec_frames=(initial_chunk_frames, chunk_frames))
+        self.chunks = ChunkScheduler(self.decoder, self.codec, initial_chunk_frames=initial_chunk_frames,
+                                     chunk_frames=chunk_frames, ramp=ramp, eos=self.generator.eos)
+        on_cuda = self.decoder.device.type == "cuda"
+        self.overlap_codec = on_cuda if overlap_codec is None else overlap_codec
+        self._jobs: dict[int, Job] = {}  # every job not yet finished, in start order
+        self._queue: deque[Job] = deque()  # started, waiting for a talker slot
+        self.codec_encoder = codec_encoder
+        self.references = ReferenceCache(reference_cache)
+        self._registered: dict[str, VoiceReference] = {}  # named, not yet encoded
+
+    def _open(self, model: Qwen3TTSModel | str | Path, tokenizer: Qwen3TextTokenizer | None, *,
+              dtype: torch.dtype, device: torch.device | str, codec_dtype: torch.dtype,
+              ) -> tuple[Qwen3TTSModel, Qwen3TextTokenizer]:
+        """The model and tokenizer, loaded from a checkpoint directory if given one."""
         self.random_weights = False
         self.model_dir: Path | None = None
         if not isinstance(model, Qwen3TTSModel):
@@ -225,83 +213,63 @@ class Qwen3SpeechStage:
                 )
         if tokenizer is None:
             raise ValueError("a loaded model needs its tokenizer (Qwen3TextTokenizer)")
-        self.model = model
-        self.tokenizer = tokenizer
-        self.initial_chunk_frames = initial_chunk_frames
-        self.chunk_frames = chunk_frames
-        self.ramp = ramp
-        self.max_frames = max_frames
-        self.decoder = model.code2wav
-        self.sample_rate = model.code2wav.config.output_sample_rate
-        self.samples_per_frame = model.code2wav.samples_per_frame
+        return model, tokenizer
 
-        spk_ids = model.config.talker.spk_id
-        if speaker is None and model.config.tts_model_type == "custom_voice" and spk_ids:
-            speaker = next(iter(spk_ids))
-        self.speaker = speaker
-        self.language = language
-        base = sampling or TalkerSampling()
-        overrides = {}
-        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
-            if value is not None:
-                overrides[name] = overrides[f"subtalker_{name}"] = value
-        self.sampling = dataclasses.replace(base, **overrides)
-        # Fail on an unknown voice or language now, not on the first job.
-        self._build(assistant_ids([tokenizer.chat.newline], tokenizer.chat), self.speaker)
-
-        self.max_streams = max_streams
-        if graphs is None:
-            graphs = model.talker.device.type == "cuda"
-        self.generator: TalkerGenerator
-        self.codec: GraphedCode2Wav | None = None
+    def _make_generator(
+        self, graphs: bool, *, max_len: int, compile: bool | None, batch_buckets: Sequence[int] | None,
+        capture_at_load: bool, codec_frames: tuple[int, int],
+    ) -> tuple[TalkerGenerator, GraphedCode2Wav | None]:
+        """The talker's frame generator and, when graphed, the graphed code2wav."""
+        max_streams = self.max_streams
         if batch_buckets is not None and not graphs:
             raise ValueError("batch_buckets needs graphs=True (the plain generator has no buckets)")
-        if graphs:
-            if batch_buckets is not None and not all(1 <= b <= max_streams for b in batch_buckets):
-                raise ValueError(f"batch_buckets must lie in 1..max_streams ({max_streams}), "
-                                 f"got {list(batch_buckets)}")
-            sub = self.sampling
-            # Frame steps rank a top-k of the predictor's logits when the stage's top-k fits
-            # (captured at load); otherwise they sort them all (then those are captured).
-            cap = PREDICTOR_TOP_K_CAP if (sub.subtalker_temperature <= 0
-                                          or 0 < sub.subtalker_top_k <= PREDICTOR_TOP_K_CAP) else 0
-            graphed = GraphedTalkerGenerator(model.talker, max_streams=max_streams, max_len=max_len,
-                                             compile=compile, batch_buckets=batch_buckets,
-                                             predictor_top_k_cap=cap)
-            self.codec = GraphedCode2Wav(self.decoder, max_streams=max_streams,
-                                         max_frames=max(chunk_frames, initial_chunk_frames),
-                                         batch_buckets=batch_buckets, compile=graphed.compiled,
-                                         compile_frames={chunk_frames})
-            if graphed.capture and capture_at_load:
-                graphed.prepare()
-            if self.codec.capture and capture_at_load:
-                self.codec.prepare()
-            self.generator = graphed
-        else:
-            self.generator = TalkerGenerator(model.talker, max_streams=max_streams, max_len=max_len)
-        on_cuda = self.decoder.device.type == "cuda"
-        self.overlap_codec = on_cuda if overlap_codec is None else overlap_codec
-        # Every code2wav op (slot resets, decodes, the PCM copy) runs on this stream.
-        self._codec_stream = torch.cuda.Stream(self.decoder.device) if on_cuda else None
-        self._jobs: dict[int, _Job] = {}  # every job not yet finished, in start order
-        self._queue: deque[_Job] = deque()  # started, waiting for a talker slot
-        self._warned_speed = False
-        self.codec_encoder = codec_encoder
-        self.references = ReferenceCache(reference_cache)
-        self._registered: dict[str, VoiceReference] = {}  # named, not yet encoded
+        if not graphs:
+            return TalkerGenerator(self.model.talker, max_streams=max_streams, max_len=max_len), None
+        if batch_buckets is not None and not all(1 <= b <= max_streams for b in batch_buckets):
+            raise ValueError(f"batch_buckets must lie in 1..max_streams ({max_streams}), "
+                             f"got {list(batch_buckets)}")
+        sub = self.sampling
+        # Frame steps rank a top-k of the predictor's logits when the stage's top-k fits
+        # (captured at load); otherwise they sort them all (then those are captured).
+        cap = PREDICTOR_TOP_K_CAP if (sub.subtalker_temperature <= 0
+                                      or 0 < sub.subtalker_top_k <= PREDICTOR_TOP_K_CAP) else 0
+        graphed = GraphedTalkerGenerator(self.model.talker, max_streams=max_streams, max_len=max_len,
+                                         compile=compile, batch_buckets=batch_buckets,
+                                         predictor_top_k_cap=cap)
+        initial_chunk_frames, chunk_frames = codec_frames
+        codec = GraphedCode2Wav(self.decoder, max_streams=max_streams,
+                                max_frames=max(chunk_frames, initial_chunk_frames),
+                                batch_buckets=batch_buckets, compile=graphed.compiled,
+                                compile_frames={chunk_frames})
+        if graphed.capture and capture_at_load:
+            graphed.prepare()
+        if codec.capture and capture_at_load:
+            codec.prepare()
+        return graphed, codec
+
+    @property
+    def initial_chunk_frames(self) -> int:
+        return self.chunks.initial_chunk_frames
+
+    @property
+    def chunk_frames(self) -> int:
+        return self.chunks.chunk_frames
+
+    @property
+    def ramp(self) -> bool:
+        return self.chunks.ramp
 
     # ------------------------------------------------------------------ SpeechStage
 
     def start(self, job: SpeechJob) -> None:
-        """Queue a job; it joins the talker batch at the next step with a free slot."""
+        """Queue a job; it joins the talker batch at the next step with a free slot.
+        A ``speed`` outside :data:`~voxline.codecs.tempo.SPEED_RANGE` is refused."""
         if job.job_id in self._jobs:
             raise ValueError(f"job {job.job_id} is already running")
-        if job.speed != 1.0 and not self._warned_speed:
-            logger.info("Qwen3-TTS has no speed control: speed %.2f is ignored", job.speed)
-            self._warned_speed = True
-        entry = _Job(job, text_open=job.more_text)
+        tempo = TimeStretch(self.sample_rate, job.speed) if job.speed != 1.0 else None
+        entry = Job(job, text_open=job.more_text, tempo=tempo)
         self._jobs[job.job_id] = entry
-        self._add_text(entry, job.text)
+        entry.add_text(job.text, self.tokenizer.text_ids)
         self._queue.append(entry)
 
     def append_text(self, job_id: int, text: str) -> None:
@@ -312,12 +280,12 @@ class Qwen3SpeechStage:
             return
         if not entry.text_open:
             raise ValueError(f"job {job_id}'s text has ended (end_text) or was never open")
-        new = self._add_text(entry, text)
+        new = entry.add_text(text, self.tokenizer.text_ids)
         stream = entry.stream
         if new and entry.run_open and stream is not None and not stream.finished:
             ids = torch.tensor([new], dtype=torch.long, device=self.model.talker.device)
             stream.prompt.append_text(self.model.talker.embed_text(ids)[0])
-            self._feed(entry, len(new))
+            entry.feed(len(new), self.max_frames)
 
     def end_text(self, job_id: int) -> None:
         """The job's text is complete: its talker stream gets ``tts_eos`` after the last
@@ -330,34 +298,6 @@ class Qwen3SpeechStage:
             entry.stream.prompt.end_text()
         entry.run_open = False
 
-    def _add_text(self, entry: _Job, text: str) -> list[int]:
-        """Tokenize a segment onto the job's text (a space before all but the first, so
-        the ids are those of the whole text: the BPE never merges across that space)."""
-        new = self.tokenizer.text_ids((" " if entry.ids else "") + text)
-        if new:
-            entry.spans.append(_Span(text, len(entry.ids)))
-            entry.ids += new
-        return new
-
-    def _feed(self, entry: _Job, n: int) -> None:
-        """``n`` more of the job's tokens went into its talker stream: place their spans
-        and raise the stream's frame limit with its text."""
-        entry.fed += n
-        entry.run_tokens += n
-        frames0, token0 = entry.run_start
-        last = 0.0
-        for span in entry.spans:
-            if span.frame is not None:
-                last = span.frame
-            elif span.token < entry.fed:
-                span.frame = last = max(last, frames0 + (span.token - token0) * _SPOKEN_FRAMES_PER_TOKEN)
-        if entry.stream is not None:
-            entry.stream.params = dataclasses.replace(
-                entry.stream.params, max_frames=self._frame_limit(entry.run_tokens))
-
-    def _frame_limit(self, n_tokens: int) -> int:
-        return min(self.max_frames, _FRAMES_BASE + _FRAMES_PER_TOKEN * n_tokens)
-
     def cancel(self, job_id: int) -> None:
         """Drop a job now: its talker slot and decoder state are freed, no more outputs."""
         entry = self._jobs.pop(job_id, None)
@@ -368,7 +308,7 @@ class Qwen3SpeechStage:
         if entry in self._queue:
             self._queue.remove(entry)
         entry.pending.clear()
-        self._drop_codec(entry)
+        self.chunks.drop(entry)
 
     def has_work(self) -> bool:
         """A step would make progress. False while every job waits for text (its stream
@@ -379,7 +319,7 @@ class Qwen3SpeechStage:
             if j.done or j.pending:
                 return True
             if j.stream is None:
-                if not j.text_open or (free and j.fed < len(j.ids)):
+                if not j.text_open or (free and j.unfed > 0):
                     return True  # ends now, or starts a stream
             elif not awaits_text(j.stream, eos):
                 return True
@@ -393,8 +333,7 @@ class Qwen3SpeechStage:
         try:
             return self._step()
         except BaseException:
-            if self._codec_stream is not None:
-                self._codec_stream.synchronize()  # nothing may still read freed frames
+            self.chunks.synchronize()  # nothing may still read freed frames
             for job_id in list(self._jobs):
                 self.cancel(job_id)
             raise
@@ -402,9 +341,10 @@ class Qwen3SpeechStage:
     def _step(self) -> list[SpeechOut]:
         # Chunks due from earlier frames start first (before _admit changes any job's
         # talker stream, so the due rule sees what the previous step left).
-        early = self._launch(self._due(first_only=False)) if self.overlap_codec else None
+        jobs = self._jobs.values()
+        early = self.chunks.launch(self.chunks.due(jobs, first_only=False)) if self.overlap_codec else None
         self._talk()
-        late = self._launch(self._due(first_only=self.overlap_codec))
+        late = self.chunks.launch(self.chunks.due(jobs, first_only=self.overlap_codec))
         return self._outputs([c for c in (early, late) if c is not None])
 
     def _talk(self) -> None:
@@ -423,35 +363,92 @@ class Qwen3SpeechStage:
                 if r.finish is not None:
                     self._stream_stopped(entry)
 
-    def _stream_stopped(self, entry: _Job) -> None:
+    def _stream_stopped(self, entry: Job) -> None:
         """The job's talker stream stopped: the job is done unless text came (or may
         come) after what the stream was given; that text gets a new stream."""
         self.generator.release(entry.stream)  # type: ignore[arg-type]
         entry.stream = None
         entry.run_open = False
-        if entry.fed < len(entry.ids) or entry.text_open:
+        if entry.unfed > 0 or entry.text_open:
             self._queue.append(entry)
         else:
             entry.done = True
 
-    def synthesize_all(self, text: str, *, seed: int | None = None) -> np.ndarray:
+    def _outputs(self, launched: list[LaunchedChunks]) -> list[SpeechOut]:
+        """One output per job with new audio or finished, its chunks in launch order."""
+        audio = self.chunks.collect(launched)
+        outs: list[SpeechOut] = []
+        for job_id, entry in list(self._jobs.items()):
+            parts = audio.get(job_id)
+            finished = entry.done and not entry.pending
+            if parts is None and not finished:
+                continue
+            wav = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+            if entry.tempo is not None:
+                wav = _stretch(entry.tempo, wav, finished)
+                if not len(wav) and not finished:
+                    continue  # held back by the stretcher: its text waits for the audio
+            text = entry.span_text(finished) if len(wav) or finished else ""
+            outs.append(SpeechOut(job_id, wav, self.sample_rate, text, finished))
+            if finished:
+                del self._jobs[job_id]
+                self.chunks.drop(entry)
+        return outs
+
+    def synthesize_all(self, text: str, *, seed: int | None = None, speed: float = 1.0) -> np.ndarray:
         """Speak ``text`` as one job to the end (offline use; the stage must be idle)."""
         if self._jobs:
             raise RuntimeError("synthesize_all needs an idle stage")
-        self.start(SpeechJob(-1, text, seed=seed))
+        self.start(SpeechJob(-1, text, speed=speed, seed=seed))
         parts: list[np.ndarray] = []
         while self._jobs:
             parts += [o.audio for o in self.step()]
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------ jobs and prompts
+
+    def _admit(self) -> None:
+        """Give queued jobs with text to speak free talker slots (their prompts prefill
+        in this step); a job whose text has all been spoken ends, unless more may come."""
+        used = sum(1 for j in self._jobs.values() if j.stream is not None and j.stream.slot >= 0)
+        for entry in list(self._queue):
+            if entry.unfed == 0:
+                if not entry.text_open:
+                    self._queue.remove(entry)
+                    entry.done = True  # nothing (more) to say: finishes in this step
+                continue  # waits for text, holding no talker slot
+            if used >= self.max_streams:
+                continue
+            self._queue.remove(entry)
+            try:
+                self._start_stream(entry)
+                used += 1
+            except Exception:  # one bad job must not fail every other job
+                logger.exception("Qwen3-TTS could not start job %d", entry.job_id)
+                entry.done = True  # finishes with the audio it has, in this step
+
+    def _start_stream(self, entry: Job) -> None:
+        """A talker stream for the job's text not yet given to one; the decoder state is
+        set up for the job's first stream and kept for the next ones."""
+        job = entry.job
+        ids = entry.ids[entry.fed:]
+        clone = self.reference_of(job)
+        speaker = None if clone is not None else self.voice_of(job)
+        in_context = clone is not None and clone.ref_codes is not None
+        streaming = entry.text_open and not in_context  # an ICL prompt holds all its text
+        prompt = self._build(assistant_ids(ids, self.tokenizer.chat), speaker, clone,
+                             text_open=streaming)
+        self.chunks.open(entry, clone.ref_codes if in_context else None)  # type: ignore[union-attr]
+        params = dataclasses.replace(self.sampling, seed=job.seed, max_frames=1)
+        entry.start_run(self.generator.start(prompt, params, stream_id=job.job_id), streaming)
+        entry.feed(len(ids), self.max_frames)
 
     def prepare(self, job: SpeechJob) -> tuple[TalkerPrompt, TalkerSampling] | None:
         """The talker prompt and sampling settings a job runs with; None: nothing to say."""
         ids = self.tokenizer.assistant_ids(job.text)
         if ids is None:
             return None
-        limit = self._frame_limit(len(ids) - 8)  # the template adds 8 ids around the text
+        limit = frame_limit(len(ids) - 8, self.max_frames)  # the template adds 8 ids around the text
         clone = self.reference_of(job)
         speaker = None if clone is not None else self.voice_of(job)
         return (self._build(ids, speaker, clone),
@@ -541,160 +538,11 @@ class Qwen3SpeechStage:
         ids = ref_text_ids(self.tokenizer.text_ids(ref.text), self.tokenizer.chat)
         return EncodedReference(embedding, ids, codes)
 
-    def _admit(self) -> None:
-        """Give queued jobs with text to speak free talker slots (their prompts prefill
-        in this step); a job whose text has all been spoken ends, unless more may come."""
-        used = sum(1 for j in self._jobs.values() if j.stream is not None and j.stream.slot >= 0)
-        for entry in list(self._queue):
-            if entry.fed == len(entry.ids):
-                if not entry.text_open:
-                    self._queue.remove(entry)
-                    entry.done = True  # nothing (more) to say: finishes in this step
-                continue  # waits for text, holding no talker slot
-            if used >= self.max_streams:
-                continue
-            self._queue.remove(entry)
-            try:
-                self._start_stream(entry)
-                used += 1
-            except Exception:  # one bad job must not fail every other job
-                logger.exception("Qwen3-TTS could not start job %d", entry.job.job_id)
-                entry.done = True  # finishes with the audio it has, in this step
 
-    def _start_stream(self, entry: _Job) -> None:
-        """A talker stream for the job's text not yet given to one; the decoder state is
-        set up for the job's first stream and kept for the next ones."""
-        job = entry.job
-        ids = entry.ids[entry.fed:]
-        clone = self.reference_of(job)
-        speaker = None if clone is not None else self.voice_of(job)
-        in_context = clone is not None and clone.ref_codes is not None
-        streaming = entry.text_open and not in_context  # an ICL prompt holds all its text
-        prompt = self._build(assistant_ids(ids, self.tokenizer.chat), speaker, clone,
-                             text_open=streaming)
-        if not entry.decoder_ready:
-            if in_context:  # decode after the reference
-                entry.state = self.decoder.new_state()
-                self.decoder.prime(entry.state, clone.ref_codes.T.to(self.decoder.device))  # type: ignore[union-attr]
-            elif self.codec is not None:
-                with self._on_codec_stream():
-                    entry.codec_slot = self.codec.open()
-            else:
-                entry.state = self.decoder.new_state()
-            entry.decoder_ready = True
-        params = dataclasses.replace(self.sampling, seed=job.seed, max_frames=1)
-        entry.stream = self.generator.start(prompt, params, stream_id=job.job_id)
-        entry.run_open = streaming
-        entry.run_tokens = 0
-        entry.run_start = (entry.frames, entry.fed)
-        self._feed(entry, len(ids))
-
-    def _due(self, first_only: bool) -> list[_Job]:
-        """Jobs whose next chunk is due (only first chunks with ``first_only``)."""
-        due: list[_Job] = []
-        eos = self.generator.eos
-        for entry in self._jobs.values():
-            if entry.decoded == 0:
-                want = self.initial_chunk_frames
-            elif first_only:
-                continue
-            elif self.ramp:
-                want = min(self.chunk_frames, entry.decoded)
-            else:
-                want = self.chunk_frames
-            # A talker waiting for text (or between streams) leaves no frame undecoded.
-            waits = entry.stream is None or awaits_text(entry.stream, eos)
-            if entry.pending and (entry.done or waits or len(entry.pending) >= want):
-                due.append(entry)
-        return due
-
-    def _on_codec_stream(self) -> contextlib.AbstractContextManager:
-        if self._codec_stream is None:
-            return contextlib.nullcontext()
-        return torch.cuda.stream(self._codec_stream)
-
-    def _launch(self, due: list[_Job]) -> _Chunks | None:
-        """Decode the due jobs' pending frames and start the PCM's copy to the host; on
-        CUDA all on the codec stream (after the work queued so far on the current one),
-        returning at once."""
-        if not due:
-            return None
-        # Graphed slots and eager states (primed clones) decode in separate batches.
-        due.sort(key=lambda e: e.codec_slot is None)
-        graphed = [e for e in due if e.codec_slot is not None]
-        eager = due[len(graphed):]
-        out = _Chunks(due, [], keep=[f for e in due for f in e.pending])
-        main = torch.cuda.current_stream(self.decoder.device) if self._codec_stream is not None else None
-        with self._on_codec_stream():
-            if main is not None:  # after the frames (and primed states) queued on the main stream
-                self._codec_stream.wait_stream(main)  # type: ignore[union-attr]
-            wavs: list[Tensor] = []
-            if graphed:
-                wavs += self.codec.decode([e.codec_slot for e in graphed],  # type: ignore[union-attr,misc]
-                                          [torch.stack(e.pending, dim=1) for e in graphed])
-            if eager:
-                wavs += self.decoder.decode_batch([e.state for e in eager],  # type: ignore[misc]
-                                                  [torch.stack(e.pending, dim=1) for e in eager])
-            pcm = torch.cat(wavs).float()  # one device -> host copy
-            if pcm.device.type == "cuda":
-                out.host = torch.empty(pcm.shape, dtype=torch.float32, pin_memory=True)
-                out.host.copy_(pcm, non_blocking=True)
-                out.event = torch.cuda.Event()
-                out.event.record()
-            else:
-                out.audio = pcm.numpy()
-        out.sizes = [w.shape[0] for w in wavs]
-        for entry in due:
-            entry.decoded += len(entry.pending)
-            entry.pending = []
-        return out
-
-    def _to_host(self, chunks: _Chunks) -> np.ndarray:
-        """The chunks' PCM on the host (waits for its copy: an event, not a device sync)."""
-        if chunks.audio is None:
-            chunks.event.synchronize()  # type: ignore[union-attr]
-            chunks.audio = chunks.host.numpy().copy()  # type: ignore[union-attr]
-            chunks.keep.clear()
-        return chunks.audio
-
-    def _outputs(self, launched: list[_Chunks]) -> list[SpeechOut]:
-        """One output per job with new audio or finished, its chunks in launch order."""
-        audio: dict[int, list[np.ndarray]] = {}
-        for chunks in launched:
-            host = self._to_host(chunks)
-            offset = 0
-            for entry, n in zip(chunks.jobs, chunks.sizes, strict=True):
-                audio.setdefault(entry.job.job_id, []).append(host[offset : offset + n])
-                offset += n
-        outs: list[SpeechOut] = []
-        for job_id, entry in list(self._jobs.items()):
-            parts = audio.get(job_id)
-            finished = entry.done and not entry.pending
-            if parts is None and not finished:
-                continue
-            wav = np.concatenate(parts) if parts else np.zeros(0, np.float32)
-            text = self._span_text(entry, finished) if len(wav) or finished else ""
-            outs.append(SpeechOut(job_id, wav, self.sample_rate, text, finished))
-            if finished:
-                del self._jobs[job_id]
-                self._drop_codec(entry)
-        return outs
-
-    @staticmethod
-    def _span_text(entry: _Job, final: bool) -> str:
-        """The texts of the segments whose audio starts within the frames decoded so far
-        (all that are left, at the end)."""
-        texts = []
-        while entry.spans and (final or (entry.spans[0].frame is not None
-                                         and entry.spans[0].frame < entry.decoded)):
-            texts.append(entry.spans.popleft().text)
-        return " ".join(texts)
-
-    def _drop_codec(self, entry: _Job) -> None:
-        entry.state = None
-        if entry.codec_slot is not None and self.codec is not None:
-            self.codec.release(entry.codec_slot)
-        entry.codec_slot = None
+def _stretch(tempo: TimeStretch, wav: np.ndarray, final: bool) -> np.ndarray:
+    """The job's new PCM through its stretcher, with the stretcher's rest at the end."""
+    out = tempo.push(wav)
+    return np.concatenate([out, tempo.flush()]) if final else out
 
 
 def _is_random_weights(model_dir: Path) -> bool:
@@ -702,4 +550,3 @@ def _is_random_weights(model_dir: Path) -> bool:
         return bool(json.loads((model_dir / "config.json").read_text()).get(RANDOM_WEIGHTS_KEY))
     except (OSError, ValueError):
         return False
-

@@ -221,3 +221,21 @@ def test_approval_filters_follow_openai_semantics():
     assert McpServer("s", "http://x", approval={"always": {"read_only": True}}).needs_approval(tool)
     assert not McpServer("s", "http://x", allowed=("sub",)).allows(tool)
     assert json.dumps(tool)
+
+
+def test_the_embedded_model_refuses_mcp_tools_clearly():
+    from starlette.testclient import TestClient
+
+    from voxline.config import load_settings
+    from voxline.engines.client import InProcessEngineClient
+    from voxline.realtime.app import create_app
+
+    engine = InProcessEngineClient("fakes:make_fake_core", {})
+    with TestClient(create_app(load_settings(), engine)) as client, \
+            ready(client).websocket_connect("/v1/realtime") as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        ws.send_json({"type": "session.update", "session": {"type": "realtime", "tools": [
+            _mcp_tool("http://127.0.0.1:1/mcp")]}})
+        err = ws.receive_json()
+        assert err["type"] == "error" and err["error"]["param"] == "session.tools"
+        assert "embedded model" in err["error"]["message"]

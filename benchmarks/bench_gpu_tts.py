@@ -37,10 +37,10 @@ from voxline.engines.models.qwen3_tts.checkpoint import Qwen3TTSModel
 from voxline.engines.models.qwen3_tts.code2wav import Code2WavDecoder
 from voxline.engines.models.qwen3_tts.config import Code2WavConfig, Qwen3TTSConfig
 from voxline.engines.models.qwen3_tts.graphed_talker import GraphedTalkerGenerator
-from voxline.engines.models.qwen3_tts.stage import Qwen3SpeechStage
+from voxline.engines.models.qwen3_tts.speech_model import Qwen3SpeechModel
 from voxline.engines.models.qwen3_tts.talker import Talker
 from voxline.engines.models.qwen3_tts.tokenizer import Qwen3TextTokenizer
-from voxline.engines.speech_stage import SpeechJob
+from voxline.engines.speech_model import SpeechJob
 from voxline.kernels import gemv
 
 TEXT = "A longer sentence about the lazy dog and the brown fox."
@@ -109,7 +109,7 @@ def build_model(device: str) -> Qwen3TTSModel:
     return Qwen3TTSModel(config, talker.to(torch.bfloat16).eval(), code2wav.float().eval(), None)
 
 
-def speak(stage: Qwen3SpeechStage, c: int, seed0: int) -> dict:
+def speak(stage: Qwen3SpeechModel, c: int, seed0: int) -> dict:
     t0 = time.perf_counter()
     for i in range(c):
         stage.start(SpeechJob(seed0 + i, TEXT, seed=seed0 + i))
@@ -142,7 +142,7 @@ def speak(stage: Qwen3SpeechStage, c: int, seed0: int) -> dict:
                 audio=sum(audio_s.values()), wall=wall, underruns=underruns, steps=steps)
 
 
-def measure(stage: Qwen3SpeechStage, c: int, runs: int) -> dict:
+def measure(stage: Qwen3SpeechModel, c: int, runs: int) -> dict:
     speak(stage, c, 10_000)  # warm-up (allocator, cuDNN autotune, lazy buckets)
     rs = [speak(stage, c, 1000 * (r + 1)) for r in range(runs)]
     first = np.array([x for r in rs for x in r["first"]]) * 1000
@@ -159,7 +159,7 @@ def measure(stage: Qwen3SpeechStage, c: int, runs: int) -> dict:
     )
 
 
-def breakdown(stage: Qwen3SpeechStage, c: int) -> dict:
+def breakdown(stage: Qwen3SpeechModel, c: int) -> dict:
     """Milliseconds per decode step in each part (synchronised around each part)."""
     gen, dec = stage.generator, stage.decoder
     parts: dict[str, list[float]] = {"code_predictor": [], "talker": [], "code2wav": [], "pcm_to_host": []}
@@ -204,7 +204,7 @@ def breakdown(stage: Qwen3SpeechStage, c: int) -> dict:
     return out
 
 
-def add_checks(stage: Qwen3SpeechStage) -> None:
+def add_checks(stage: Qwen3SpeechModel) -> None:
     """Fail at the first frame with a code outside the codec's codebooks or a NaN state."""
     gen, step = stage.generator, stage.generator.step
     size = stage.decoder.config.codebook_size
@@ -231,7 +231,7 @@ def twin_check(model: Qwen3TTSModel, tok: Qwen3TextTokenizer, frames: int) -> di
                            ("sampled", TalkerSampling(min_frames=frames))):
         audio = {}
         for mode in ("graphs", "twin", "plain", "no_overlap"):
-            stage = Qwen3SpeechStage(model, tok, max_streams=4, max_len=256, max_frames=frames,
+            stage = Qwen3SpeechModel(model, tok, max_streams=4, max_len=256, max_frames=frames,
                                      sampling=sampling, graphs=mode != "plain", capture_at_load=False,
                                      overlap_codec=mode != "no_overlap")
             if mode == "twin":
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     sampling = TalkerSampling(min_frames=args.frames)
     for mode in args.modes.split(","):
         t0 = time.perf_counter()
-        stage = Qwen3SpeechStage(model, tok, max_streams=max(conc), max_len=args.max_len,
+        stage = Qwen3SpeechModel(model, tok, max_streams=max(conc), max_len=args.max_len,
                                  max_frames=args.frames, sampling=sampling, graphs=mode != "eager",
                                  capture_at_load=mode in ("graphs", "compiled"),
                                  compile=mode == "compiled", batch_buckets=buckets,

@@ -35,9 +35,9 @@ import torch
 
 from voxline.engines.models.qwen3_tts import TalkerSampling
 from voxline.engines.models.qwen3_tts import jobs as jobs_module
-from voxline.engines.models.qwen3_tts.stage import Qwen3SpeechStage
+from voxline.engines.models.qwen3_tts.speech_model import Qwen3SpeechModel
 from voxline.engines.responses import new_chunker
-from voxline.engines.speech_stage import SpeechJob
+from voxline.engines.speech_model import SpeechJob
 
 TEXT = ("Sure, here is the plan. We meet at nine at the station, take the early train, "
         "and walk along the cliffs until lunch.")
@@ -84,7 +84,7 @@ def segment_arrivals(text: str, tokens_per_s: float) -> list[tuple[float, str]]:
     return out + [(end, s) for s in chunker.flush()]
 
 
-def run_reply(stage: Qwen3SpeechStage, arrivals: list[tuple[float, str]], stream: bool,
+def run_reply(stage: Qwen3SpeechModel, arrivals: list[tuple[float, str]], stream: bool,
               job_base: int) -> Result:
     res = Result()
     starts = stage.generator.start
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
             model_dir = write_test_checkpoint(Path(tmp) / "tiny")
         sampling = TalkerSampling.greedy()
-        stage = Qwen3SpeechStage(model_dir, device=args.device, sampling=sampling,
+        stage = Qwen3SpeechModel(model_dir, device=args.device, sampling=sampling,
                                  max_len=1024, max_frames=900)
         if stage.random_weights:
             # Random weights never stop like speech: no codec EOS, and every talker stream

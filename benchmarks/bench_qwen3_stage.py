@@ -19,13 +19,13 @@ import numpy as np
 import torch
 
 from voxline.engines.models.qwen3_tts import TalkerSampling
-from voxline.engines.models.qwen3_tts.stage import Qwen3SpeechStage
-from voxline.engines.speech_stage import SpeechJob
+from voxline.engines.models.qwen3_tts.speech_model import Qwen3SpeechModel
+from voxline.engines.speech_model import SpeechJob
 
 TEXT = "A longer sentence about the lazy dog and the brown fox."
 
 
-def speak(stage: Qwen3SpeechStage, jobs: list[SpeechJob]) -> tuple[dict[int, np.ndarray], list[float]]:
+def speak(stage: Qwen3SpeechModel, jobs: list[SpeechJob]) -> tuple[dict[int, np.ndarray], list[float]]:
     for job in jobs:
         stage.start(job)
     audio: dict[int, list[np.ndarray]] = {j.job_id: [] for j in jobs}
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.make_test_checkpoint}")
         return 0
     greedy = TalkerSampling.greedy()
-    stage = Qwen3SpeechStage(args.model_dir, device=args.device, sampling=greedy, max_streams=16)
+    stage = Qwen3SpeechModel(args.model_dir, device=args.device, sampling=greedy, max_streams=16)
     print(f"device {args.device}; torch {torch.__version__}; threads {torch.get_num_threads()}")
     speak(stage, [SpeechJob(0, TEXT)])  # warm-up
     for b in [int(x) for x in args.batches.split(",")]:
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
               f"  per frame {np.percentile(ms, 50) / b:6.2f} ms  ({len(steps)} steps)")
     if args.device != "cpu":
         dev_audio, _ = speak(stage, [SpeechJob(1, TEXT)])
-        cpu = Qwen3SpeechStage(args.model_dir, device="cpu", sampling=greedy)
+        cpu = Qwen3SpeechModel(args.model_dir, device="cpu", sampling=greedy)
         cpu_audio, _ = speak(cpu, [SpeechJob(1, TEXT)])
         a, c = dev_audio[1], cpu_audio[1]
         n = min(len(a), len(c))

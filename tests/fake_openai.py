@@ -126,9 +126,9 @@ def make_remote_core(wake, url: str, timeout: float = 5.0, retries: int = 2,
 
     from voxline.engines.core import EngineCore, Models
     from voxline.engines.remote_llm import RemoteChat, RemoteLLMConfig
-    from voxline.engines.speech_stage import SentenceSpeechStage
+    from voxline.engines.speech_model import SentenceSpeechModel
 
     chat = RemoteChat(RemoteLLMConfig(url, "fake-model", api_key="sk-test", timeout=timeout,
                                       retries=retries, retry_backoff=0.05))
     return EngineCore(Models(EnergyVAD(), FixedASR(asr_text), chat,  # type: ignore[arg-type]
-                             SentenceSpeechStage(ToneTTS())), wake)
+                             SentenceSpeechModel(ToneTTS())), wake)

@@ -138,8 +138,8 @@ def make_fake_core(wake, stop_after: int = 12, step_seconds: float = 0.0,
                    max_slots: int = 4):
     """A real EngineCore over these stand-ins (core spec ``"fakes:make_fake_core"``)."""
     from voxline.engines.core import EngineCore, Models
-    from voxline.engines.speech_stage import SentenceSpeechStage
+    from voxline.engines.speech_model import SentenceSpeechModel
 
     lm = CountingLM(max_slots=max_slots, stop_after=stop_after, step_seconds=step_seconds)
     return EngineCore(Models(EnergyVAD(), FixedASR(asr_text), lm,
-                             SentenceSpeechStage(ToneTTS())), wake, max_responses=max_responses)
+                             SentenceSpeechModel(ToneTTS())), wake, max_responses=max_responses)

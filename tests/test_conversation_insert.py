@@ -12,7 +12,7 @@ from test_engine_core import has
 
 from voxline.engines import protocol as p
 from voxline.engines.core import EngineCore, Models
-from voxline.engines.speech_stage import SentenceSpeechStage
+from voxline.engines.speech_model import SentenceSpeechModel
 from voxline.realtime.wire_client import parse_command
 from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
@@ -98,7 +98,7 @@ class Engine(CoreDriver):
         super().__init__()
         self.lm = CountingLM(stop_after=4)
         self.core = EngineCore(Models(EnergyVAD(), FixedASR(), self.lm,
-                                      SentenceSpeechStage(ToneTTS())), self.woke.set)
+                                      SentenceSpeechModel(ToneTTS())), self.woke.set)
 
     def respond(self, response_id: str, item_id: str) -> p.ResponseDone:
         self.send(p.CreateResponse("s1", response_id, item_id, p.ResponseConfig(audio=False)))

@@ -8,7 +8,7 @@ from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS, tone
 
 from voxline.engines import protocol as p
 from voxline.engines.core import EngineCore, Models
-from voxline.engines.speech_stage import SentenceSpeechStage
+from voxline.engines.speech_model import SentenceSpeechModel
 
 
 class Harness(CoreDriver):
@@ -20,7 +20,7 @@ class Harness(CoreDriver):
         self.lm = CountingLM(stop_after=stop_after, step_seconds=step_seconds)
         self.tts = ToneTTS()
         self.asr = FixedASR(asr_text)
-        stage = SentenceSpeechStage(self.tts)
+        stage = SentenceSpeechModel(self.tts)
         self.core = EngineCore(Models(EnergyVAD(), self.asr, self.lm, stage), self.woke.set,
                                **core_kwargs)
 
@@ -365,7 +365,7 @@ def test_a_response_refused_for_want_of_a_kv_slot_still_ends():
     h.close()
 
 
-class CloningSpeech(SentenceSpeechStage):
+class CloningSpeech(SentenceSpeechModel):
     """Records, in order, the voices registered and the jobs started on the model."""
 
     def __init__(self) -> None:

@@ -21,7 +21,7 @@ from test_qwen3_tts_stage import TEXTS, make_stage, of, run, write_test_checkpoi
 
 from voxline.engines.models.qwen3_tts import TalkerSampling
 from voxline.engines.models.qwen3_tts.graphed_talker import GraphedTalkerGenerator
-from voxline.engines.speech_stage import SpeechJob
+from voxline.engines.speech_model import SpeechJob
 from voxline.kernels import gemv
 from voxline.kernels.sampling import sample_rows
 

@@ -20,7 +20,7 @@ from voxline.engines.models.qwen3_tts import TalkerSampling
 from voxline.engines.models.qwen3_tts.graphed_code2wav import GraphedCode2Wav
 from voxline.engines.models.qwen3_tts.graphed_talker import GraphedTalkerGenerator
 from voxline.engines.models.qwen3_tts.talker_steps import layer_args
-from voxline.engines.speech_stage import SpeechJob
+from voxline.engines.speech_model import SpeechJob
 from voxline.kernels.attention import position_mask
 from voxline.kernels.compiled import maybe_compile
 from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, pow2_buckets

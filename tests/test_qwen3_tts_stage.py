@@ -1,4 +1,4 @@
-"""Qwen3SpeechStage: the Qwen3-TTS talker + code2wav as the engine's speech stage.
+"""Qwen3SpeechModel: the Qwen3-TTS talker + code2wav as the engine's speech stage.
 
 The checkpoint here is built in-process from voxline's own modules with seeded RANDOM
 weights and written in the official layout, with a tiny byte-level BPE tokenizer: it
@@ -27,8 +27,8 @@ from voxline.config import load_settings
 from voxline.engines import protocol as p
 from voxline.engines.core import EngineCore, Models
 from voxline.engines.models.qwen3_tts import TalkerGenerator, TalkerSampling
-from voxline.engines.models.qwen3_tts.stage import RANDOM_WEIGHTS_KEY, Qwen3SpeechStage
-from voxline.engines.speech_stage import SpeechJob, SpeechOut
+from voxline.engines.models.qwen3_tts.speech_model import RANDOM_WEIGHTS_KEY, Qwen3SpeechModel
+from voxline.engines.speech_model import SpeechJob, SpeechOut
 from voxline.errors import ModelUnavailableError
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>",
@@ -90,14 +90,14 @@ def model_dir(tmp_path_factory) -> Path:
     return write_test_checkpoint(tmp_path_factory.mktemp("qwen3-stage") / "model")
 
 
-def make_stage(model_dir: Path, **kwargs) -> Qwen3SpeechStage:
+def make_stage(model_dir: Path, **kwargs) -> Qwen3SpeechModel:
     args = dict(initial_chunk_frames=2, chunk_frames=4, max_streams=4, max_len=256, max_frames=24,
                 sampling=TalkerSampling.greedy())
     args.update(kwargs)
-    return Qwen3SpeechStage(model_dir, **args)  # type: ignore[arg-type]
+    return Qwen3SpeechModel(model_dir, **args)  # type: ignore[arg-type]
 
 
-def run(stage: Qwen3SpeechStage, schedule: dict[int, list[SpeechJob]] | None = None,
+def run(stage: Qwen3SpeechModel, schedule: dict[int, list[SpeechJob]] | None = None,
         cancels: dict[int, list[int]] | None = None, max_steps: int = 500) -> list[tuple[int, SpeechOut]]:
     """Step until idle; jobs start / cancel before the step of their index."""
     schedule, cancels = schedule or {}, cancels or {}
@@ -272,7 +272,7 @@ def test_missing_tokenizer_is_a_clear_error(model_dir, tmp_path):
         (bare / name).symlink_to(model_dir / name)
     (bare / "speech_tokenizer").symlink_to(model_dir / "speech_tokenizer")
     with pytest.raises(ModelUnavailableError, match="tokenizer"):
-        Qwen3SpeechStage(bare)
+        Qwen3SpeechModel(bare)
 
 
 def test_rejects_unknown_voice(model_dir):
@@ -286,7 +286,7 @@ def test_rejects_unknown_voice(model_dir):
 
 
 class Harness:
-    def __init__(self, stage: Qwen3SpeechStage) -> None:
+    def __init__(self, stage: Qwen3SpeechModel) -> None:
         self.woke = threading.Event()
         self.stage = stage
         self.core = EngineCore(Models(EnergyVAD(), FixedASR(), CountingLM(), stage), self.woke.set)
@@ -338,7 +338,7 @@ def test_factory_builds_the_qwen3_stage_from_settings(model_dir):
 
     settings = load_settings(tts=f"qwen3:{model_dir}")
     stage = load_tts(settings)
-    assert isinstance(stage, Qwen3SpeechStage) and stage.random_weights
+    assert isinstance(stage, Qwen3SpeechModel) and stage.random_weights
     assert stage.max_streams == 8
     with pytest.raises(ValueError):
         load_settings(tts="espeak")

@@ -1,4 +1,4 @@
-"""One talker stream per reply: Qwen3SpeechStage fed text as it is written.
+"""One talker stream per reply: Qwen3SpeechModel fed text as it is written.
 
 A `more_text` job takes later segments into the same talker stream (the model's
 streaming-text layout: one text token per frame), over one decoder state for the whole
@@ -20,7 +20,7 @@ from voxline.engines import protocol as p
 from voxline.engines.core import EngineCore, Models
 from voxline.engines.models.qwen3_tts import TalkerGenerator, TalkerSampling
 from voxline.engines.models.qwen3_tts.generation import awaits_text
-from voxline.engines.speech_stage import SpeechJob
+from voxline.engines.speech_model import SpeechJob
 
 # EOS masked: the tiny random talker would stop after a few frames on some texts; here
 # every stream runs to its frame limit (well past the text, into tts_eos and tts_pad).

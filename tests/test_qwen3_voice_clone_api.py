@@ -41,8 +41,8 @@ from voxline.engines.models.qwen3_tts import (
     ref_text_ids,
 )
 from voxline.engines.models.qwen3_tts.reference import normalize_reference
-from voxline.engines.models.qwen3_tts.stage import Qwen3SpeechStage
-from voxline.engines.speech_stage import SpeechJob
+from voxline.engines.models.qwen3_tts.speech_model import Qwen3SpeechModel
+from voxline.engines.speech_model import SpeechJob
 from voxline.realtime.app import create_app
 
 REF_TEXT = "Fine, thank you!"
@@ -186,7 +186,7 @@ def test_custom_voice_checkpoint_refuses_to_clone(tmp_path):
 
 # ------------------------------------------------------------------------------ API
 
-CLONE_STAGE: dict[str, Qwen3SpeechStage] = {}
+CLONE_STAGE: dict[str, Qwen3SpeechModel] = {}
 
 
 def make_clone_core(wake, model_dir: str) -> EngineCore:

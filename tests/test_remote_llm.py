@@ -33,7 +33,7 @@ from voxline.engines.remote_llm import (
     function_call_text,
     function_output_text,
 )
-from voxline.engines.speech_stage import SentenceSpeechStage
+from voxline.engines.speech_model import SentenceSpeechModel
 from voxline.realtime.app import create_app
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -272,7 +272,7 @@ def test_a_function_call_streams_as_deltas_and_its_output_reaches_the_next_reque
 def test_the_embedded_model_refuses_tools_in_the_engine_too():
     woke = threading.Event()
     core = EngineCore(Models(EnergyVAD(), FixedASR(), CountingLM(),
-                             SentenceSpeechStage(ToneTTS())), woke.set)
+                             SentenceSpeechModel(ToneTTS())), woke.set)
     core.add_input(p.OpenStream("s1", p.StreamConfig(tools=(WEATHER,))))
     core.add_input(p.CreateResponse("s1", "r1", "a1"))
     err, = [o for o in core.step() if isinstance(o, p.StreamError)]

@@ -15,7 +15,7 @@ from test_speculation import AUTO, feed, harness, outcomes, silence, speculating
 
 from voxline.engines import protocol as p
 from voxline.engines.core import EngineCore, Models
-from voxline.engines.speech_stage import SentenceSpeechStage
+from voxline.engines.speech_model import SentenceSpeechModel
 from voxline.errors import ProtocolError
 from voxline.realtime.dialect import Dialect
 from voxline.realtime.wire_client import parse_command
@@ -37,7 +37,7 @@ class Engine(CoreDriver):
         super().__init__()
         self.lm = CountingLM(stop_after=4)
         self.core = EngineCore(Models(EnergyVAD(), FixedASR(), self.lm,
-                                      SentenceSpeechStage(ToneTTS())), self.woke.set)
+                                      SentenceSpeechModel(ToneTTS())), self.woke.set)
         self.send(p.OpenStream("s1", p.StreamConfig(turn_detection=None, truncation=truncation)))
         self.system = len(self.lm.render_message("system", p.DEFAULT_INSTRUCTIONS))
         self.header = len(self.lm.generation_header())

@@ -14,11 +14,11 @@ from test_speculation import AUTO, CFG, BurstASR, feed, outcomes, silence, specu
 
 from voxline.engines import protocol as p
 from voxline.engines.core import EngineCore, Models
-from voxline.engines.speech_stage import SpeechJob, SpeechOut
+from voxline.engines.speech_model import SpeechJob, SpeechOut
 
 
 class StreamingTones:
-    """A `TextStreamingStage`: each step speaks one received segment of each job as a
+    """A `TextStreamingModel`: each step speaks one received segment of each job as a
     short tone; a job ends once its text has ended and every segment was spoken."""
 
     sample_rate = 16000

@@ -29,12 +29,12 @@ def make_video_core(wake, video_dir: str):
 
     from voxline.engines.core import EngineCore, Models
     from voxline.engines.factory import load_video
-    from voxline.engines.speech_stage import SentenceSpeechStage
+    from voxline.engines.speech_model import SentenceSpeechModel
 
     torch.set_num_threads(1)  # tiny tensors: threads only contend on a shared machine
     video = load_video(Settings(video=f"helios:{video_dir}"))
     return EngineCore(Models(EnergyVAD(), FixedASR(), CountingLM(),
-                             SentenceSpeechStage(ToneTTS()), video=video), wake)
+                             SentenceSpeechModel(ToneTTS()), video=video), wake)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -11,7 +11,7 @@ from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS
 
 from voxline.engines import protocol as p
 from voxline.engines.core import EngineCore, Models
-from voxline.engines.speech_stage import SentenceSpeechStage
+from voxline.engines.speech_model import SentenceSpeechModel
 
 DONE = p.ResponseStatus
 
@@ -48,7 +48,7 @@ class FakeVideoModel:
 class Harness(CoreDriver):
     def __init__(self, video=None) -> None:
         super().__init__()
-        models = Models(EnergyVAD(), FixedASR(), CountingLM(), SentenceSpeechStage(ToneTTS()),
+        models = Models(EnergyVAD(), FixedASR(), CountingLM(), SentenceSpeechModel(ToneTTS()),
                         video=video)
         self.core = EngineCore(models, self.woke.set)
         self.steps: list[list[p.EngineOutput]] = []

@@ -117,7 +117,7 @@ async def _converse(args: argparse.Namespace) -> int:
 def _say(args: argparse.Namespace) -> int:
     from voxline.config import load_settings
     from voxline.engines.factory import load_tts
-    from voxline.engines.speech_stage import SpeechJob
+    from voxline.engines.speech_model import SpeechJob
 
     stage = load_tts(load_settings(tts=args.tts))
     stage.start(SpeechJob(1, args.text, seed=args.seed))

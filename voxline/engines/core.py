@@ -47,7 +47,7 @@ from voxline.engines.llm_stage import ChatModel, LLMStage
 from voxline.engines.prompt_cache import Conversation
 from voxline.engines.remote_llm import RemoteChat, RemoteLLMStage
 from voxline.engines.responses import Responses
-from voxline.engines.speech_stage import SpeechStage
+from voxline.engines.speech_model import SpeechModel
 from voxline.engines.stage import RequestRefused, StageWorker
 from voxline.engines.stage_table import StageSlot, StageTable
 from voxline.engines.streams import StreamRegistry, StreamState
@@ -69,7 +69,7 @@ class Models:
     vad: VADModel
     asr: ASRModel
     llm: ChatModel
-    tts: SpeechStage
+    tts: SpeechModel
     video: VideoModel | None = None  # the `video` setting's model; None: videos refused
 
 

@@ -24,7 +24,7 @@ from voxline.engines.client import EngineClient, InProcessEngineClient
 from voxline.engines.core import EngineCore, Models
 from voxline.engines.llm_stage import ChatModel
 from voxline.engines.remote_llm import RemoteChat, RemoteLLMConfig, parse_llm_spec
-from voxline.engines.speech_stage import SentenceSpeechStage, SpeechStage
+from voxline.engines.speech_model import SentenceSpeechModel, SpeechModel
 from voxline.engines.video_stage import VideoModel
 from voxline.errors import VoxlineError
 
@@ -65,7 +65,7 @@ def warm_up(models: Models) -> None:
     """Run each model once so the first user turn does not pay for lazy initialisation."""
     import numpy as np
 
-    from voxline.engines.speech_stage import SpeechJob
+    from voxline.engines.speech_model import SpeechJob
 
     t0 = time.perf_counter()
     models.vad.process(np.zeros((1, 512), np.float32), [models.vad.new_state()])
@@ -114,10 +114,10 @@ def llm_device(settings: Settings) -> str:
     return device
 
 
-def load_tts(settings: Settings) -> SpeechStage:
+def load_tts(settings: Settings) -> SpeechModel:
     """The speech stage `settings.tts` names: Piper (shipped) or a Qwen3-TTS checkpoint."""
     if settings.tts.startswith("qwen3:"):
-        from voxline.engines.models.qwen3_tts.stage import Qwen3SpeechStage
+        from voxline.engines.models.qwen3_tts.speech_model import Qwen3SpeechModel
 
         model_dir = settings.tts.removeprefix("qwen3:")
         t0 = time.perf_counter()
@@ -125,7 +125,7 @@ def load_tts(settings: Settings) -> SpeechStage:
         buckets = settings.tts_bucket_list()
         if buckets is not None and not cuda:
             raise ValueError("tts_batch_buckets needs tts_device=cuda (CUDA graphs)")
-        stage = Qwen3SpeechStage(model_dir, device=settings.tts_device,
+        stage = Qwen3SpeechModel(model_dir, device=settings.tts_device,
                                  dtype=torch.bfloat16 if cuda else torch.float32,
                                  speaker=settings.tts_speaker, language=settings.tts_language,
                                  max_streams=settings.tts_max_streams, batch_buckets=buckets,
@@ -137,7 +137,7 @@ def load_tts(settings: Settings) -> SpeechStage:
         return stage
     from voxline.engines.models.piper_tts import PiperTTS
 
-    return SentenceSpeechStage(PiperTTS.load(threads=1))
+    return SentenceSpeechModel(PiperTTS.load(threads=1))
 
 
 def load_video(settings: Settings) -> VideoModel | None:

@@ -42,7 +42,7 @@ from voxline.engines.llm_stage import (
 )
 from voxline.engines.prompt_cache import AudioSpan, ItemNotFound, cut_spans
 from voxline.engines.remote_llm import RemoteLLMStage, RemotePlan, function_call_text
-from voxline.engines.speech_stage import SpeechOut
+from voxline.engines.speech_model import SpeechOut
 from voxline.engines.stage import StreamId
 from voxline.engines.streams import StreamState
 from voxline.engines.text_chunker import TextChunker

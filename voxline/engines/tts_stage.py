@@ -1,6 +1,6 @@
 """The TTS stage: speech jobs of every stream's replies, stepped together on one model.
 
-The model side is a `SpeechStage` (`speech_stage`): it holds jobs and advances them
+The model side is a `SpeechModel` (`speech_model`): it holds jobs and advances them
 all a bounded amount per `step()`. This stage adds what the engine needs around it:
 which stream and response own each job, and cancels that reach the model only between
 steps (a step in flight is never mutated). Output of a job cancelled while its step
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from voxline.engines.protocol import VoiceReference
-from voxline.engines.speech_stage import SpeechJob, SpeechOut, SpeechStage, streams_text
+from voxline.engines.speech_model import SpeechJob, SpeechModel, SpeechOut, streams_text
 from voxline.engines.stage import StreamId
 
 
@@ -29,9 +29,9 @@ class TTSPlan:
 
 
 class TTSStage:
-    """Stage interface (see `voxline.engines.stage`) over a `SpeechStage` model."""
+    """Stage interface (see `voxline.engines.stage`) over a `SpeechModel`."""
 
-    def __init__(self, speech: SpeechStage) -> None:
+    def __init__(self, speech: SpeechModel) -> None:
         self.speech = speech
         self._owners: dict[int, SpeechOwner] = {}  # live jobs
         self._to_start: list[SpeechJob] = []

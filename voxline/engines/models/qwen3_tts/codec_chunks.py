@@ -1,4 +1,4 @@
-"""Codec-chunk scheduling for the Qwen3-TTS stage: which jobs' frames become audio when.
+"""Codec-chunk scheduling for the Qwen3-TTS speech model: which jobs' frames become audio when.
 
 :class:`ChunkScheduler` owns everything between a job's talker frames and its PCM:
 
@@ -56,7 +56,7 @@ class ChunkScheduler:
         initial_chunk_frames: int, chunk_frames: int, ramp: bool, eos: int,
     ) -> None:
         """``codec``: the graphed decoder (None: eager states only). Chunk sizes are >= 1
-        (the stage checks). ``eos``: the talker's codec EOS id (a stream that awaits text
+        (the model checks). ``eos``: the talker's codec EOS id (a stream that awaits text
         leaves no frame undecoded)."""
         self.decoder = decoder
         self.codec = codec

@@ -1,6 +1,6 @@
-"""A speech job inside the Qwen3-TTS stage: its text, its talker streams and its frames.
+"""A speech job inside the Qwen3-TTS speech model: its text, its talker streams and its frames.
 
-:class:`Job` is the stage's record of one :class:`~voxline.engines.speech_stage.SpeechJob`.
+:class:`Job` is the speech model's record of one :class:`~voxline.engines.speech_model.SpeechJob`.
 The text side lives here: the job's text tokens as segments arrive (tokenized onto the
 whole text, so the ids are those of one prompt), how many went into talker streams, the
 current stream's frame limit, and the segment texts (:class:`TextSpan`) waiting to ride
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from voxline.codecs.tempo import TimeStretch
-from voxline.engines.speech_stage import SpeechJob
+from voxline.engines.speech_model import SpeechJob
 
 from .code2wav import Code2WavState
 from .generation import TalkerStream

@@ -86,7 +86,7 @@ class EncodedReference:
 
 class ReferenceCache:
     """Encoded references: an LRU by content key, and named (registered) voices that are
-    never evicted. Touched only from the speech stage's own thread."""
+    never evicted. Touched only from the speech model's own thread (the TTS worker)."""
 
     def __init__(self, capacity: int = 16) -> None:
         self.capacity = capacity

@@ -1,13 +1,13 @@
-"""The TTS stage interface: speech models driven step by step by the engine core.
+"""The speech-model interface: what the TTS stage (`tts_stage.TTSStage`) drives step by step.
 
-A `SpeechStage` holds any number of jobs (one text segment each) and advances all of
+A `SpeechModel` holds any number of jobs (one text segment each) and advances all of
 them a bounded amount per `step()`, which the core runs on its TTS worker thread;
 `start`/`cancel` are only called between steps. A step returns audio as it becomes
 ready: a sentence-at-a-time model (Piper) returns whole sentences, an autoregressive
 codec model returns a chunk every few frames for every stream at once. `text` on an
 output names the span a new sentence starts with ("" continues the previous span).
 
-A stage that can take streaming text (`TextStreamingStage`, e.g. Qwen3-TTS) speaks a
+A model that can take streaming text (`TextStreamingModel`, e.g. Qwen3-TTS) speaks a
 whole reply as one job: it starts with the first segment and `more_text=True`, later
 segments are appended as the LLM writes them, and `end_text` closes it. Such a job's
 outputs may carry several segments' text at once (joined with a space), and its last
@@ -32,9 +32,9 @@ class SpeechJob:
     text: str
     speed: float = 1.0
     seed: int | None = None
-    voice: str | None = None  # a preset voice name; single-voice stages ignore it
-    reference: VoiceReference | None = None  # a voice to clone; stages that cannot ignore it
-    more_text: bool = False  # streaming text: append_text/end_text follow (TextStreamingStage)
+    voice: str | None = None  # a preset voice name; single-voice models ignore it
+    reference: VoiceReference | None = None  # a voice to clone; models that cannot ignore it
+    more_text: bool = False  # streaming text: append_text/end_text follow (TextStreamingModel)
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class SpeechOut:
     finished: bool  # the job's last output
 
 
-class SpeechStage(Protocol):
+class SpeechModel(Protocol):
     sample_rate: int
 
     def start(self, job: SpeechJob) -> None: ...
@@ -58,8 +58,8 @@ class SpeechStage(Protocol):
     def step(self) -> list[SpeechOut]: ...
 
 
-class TextStreamingStage(SpeechStage, Protocol):
-    """A speech stage that speaks a job's text as it is written (one stream per reply)."""
+class TextStreamingModel(SpeechModel, Protocol):
+    """A speech model that speaks a job's text as it is written (one stream per reply)."""
 
     def append_text(self, job_id: int, text: str) -> None:
         """More text for a `more_text` job (a segment; joined to the last with a space)."""
@@ -70,9 +70,9 @@ class TextStreamingStage(SpeechStage, Protocol):
         ...
 
 
-def streams_text(stage: SpeechStage) -> bool:
-    """The stage takes streaming text (`TextStreamingStage`)."""
-    return callable(getattr(stage, "append_text", None)) and callable(getattr(stage, "end_text", None))
+def streams_text(model: SpeechModel) -> bool:
+    """The model takes streaming text (`TextStreamingModel`)."""
+    return callable(getattr(model, "append_text", None)) and callable(getattr(model, "end_text", None))
 
 
 class SentenceChunk(Protocol):
@@ -88,7 +88,7 @@ class SentenceTTS(Protocol):
                    seed: int | None = None) -> Iterator[SentenceChunk]: ...
 
 
-class SentenceSpeechStage:
+class SentenceSpeechModel:
     """Adapts a sentence-at-a-time TTS (Piper): each step speaks one sentence of one job,
     rotating over jobs so one long reply never starves another stream."""
 

@@ -1,6 +1,6 @@
-"""Qwen3-TTS as the engine's :class:`~voxline.engines.speech_stage.SpeechStage`.
+"""Qwen3-TTS as the engine's :class:`~voxline.engines.speech_model.SpeechModel`.
 
-Every job (one text segment) becomes a talker stream. Each :meth:`Qwen3SpeechStage.step`
+Every job (one text segment) becomes a talker stream. Each :meth:`Qwen3SpeechModel.step`
 is one batched talker step over all live streams (continuous batching: a job started
 between steps is prefilled in the same forward as the others' next frame, a finished or
 cancelled job leaves at once), followed by one batched code2wav call over the streams
@@ -21,9 +21,9 @@ instead of an empty output after it; later chunks leave one step later, off the 
 critical path.
 
 One stream per reply (streaming text input): a job started with ``more_text`` takes
-later segments (:meth:`Qwen3SpeechStage.append_text`) into the same talker stream, one text
+later segments (:meth:`Qwen3SpeechModel.append_text`) into the same talker stream, one text
 token per frame as the model's streaming-text layout does, until
-:meth:`~Qwen3SpeechStage.end_text` adds ``tts_eos``. A stream whose next frame needs text
+:meth:`~Qwen3SpeechModel.end_text` adds ``tts_eos``. A stream whose next frame needs text
 that has not arrived waits (it skips steps; its undecoded frames are decoded meanwhile),
 so its frames are exactly those of one prompt with the whole text, however the text was
 split in time. The decoder state lives for the whole job. Text that reaches the job after
@@ -45,10 +45,10 @@ not 1 has its PCM time-stretched at the same pitch
 time, as Piper's ``length_scale / speed`` does. The stretcher holds back up to one
 analysis window, released on the job's next output or its last.
 
-Voice: the stage speaks every job with one preset ``speaker`` and ``language``, unless
+Voice: the model speaks every job with one preset ``speaker`` and ``language``, unless
 the job names another preset (``job.voice``) or, on a Base checkpoint, clones one: a
 ``job.reference`` (clip + transcript, normalised once for both encoders) or a ``job.voice``
-naming a reference registered with :meth:`Qwen3SpeechStage.register_voice`. Encoded
+naming a reference registered with :meth:`Qwen3SpeechModel.register_voice`. Encoded
 references are cached (:class:`~.reference.ReferenceCache`), so a repeated voice runs
 neither the speaker encoder nor the codec encoder again. In-context clones prime the
 job's codec decoder with the reference codes (eager decoder state, also when graphed).
@@ -68,7 +68,7 @@ import torch
 
 from voxline.codecs.tempo import TimeStretch
 from voxline.engines.protocol import VoiceReference
-from voxline.engines.speech_stage import SpeechJob, SpeechOut
+from voxline.engines.speech_model import SpeechJob, SpeechOut
 
 from .checkpoint import Qwen3TTSModel
 from .codec_chunks import ChunkScheduler, LaunchedChunks
@@ -87,7 +87,7 @@ from .reference import (
 )
 from .tokenizer import Qwen3TextTokenizer
 
-__all__ = ["RANDOM_WEIGHTS_KEY", "Qwen3SpeechStage"]
+__all__ = ["RANDOM_WEIGHTS_KEY", "Qwen3SpeechModel"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +95,8 @@ logger = logging.getLogger(__name__)
 RANDOM_WEIGHTS_KEY = "voxline_random_weights"
 
 
-class Qwen3SpeechStage:
-    """Continuous-batching Qwen3-TTS speech stage (see the module docstring)."""
+class Qwen3SpeechModel:
+    """Continuous-batching Qwen3-TTS speech model (see the module docstring)."""
 
     def __init__(
         self,
@@ -229,7 +229,7 @@ class Qwen3SpeechStage:
             raise ValueError(f"batch_buckets must lie in 1..max_streams ({max_streams}), "
                              f"got {list(batch_buckets)}")
         sub = self.sampling
-        # Frame steps rank a top-k of the predictor's logits when the stage's top-k fits
+        # Frame steps rank a top-k of the predictor's logits when the top-k fits
         # (captured at load); otherwise they sort them all (then those are captured).
         cap = PREDICTOR_TOP_K_CAP if (sub.subtalker_temperature <= 0
                                       or 0 < sub.subtalker_top_k <= PREDICTOR_TOP_K_CAP) else 0
@@ -259,7 +259,7 @@ class Qwen3SpeechStage:
     def ramp(self) -> bool:
         return self.chunks.ramp
 
-    # ------------------------------------------------------------------ SpeechStage
+    # ------------------------------------------------------------------ SpeechModel
 
     def start(self, job: SpeechJob) -> None:
         """Queue a job; it joins the talker batch at the next step with a free slot.

@@ -39,14 +39,17 @@ def make_video_core(wake, video_dir: str):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def app(tmp_path_factory):
+    import torch
     from tiny_helios import save_tiny_helios
 
+    threads = torch.get_num_threads()  # the core sets 1; given back after the module
     video_dir = save_tiny_helios(tmp_path_factory.mktemp("helios"))
     engine = InProcessEngineClient("test_video_api:make_video_core",
                                    {"video_dir": str(video_dir)})
     await engine.start()
     yield create_app(Settings(), engine, manage_engine=False)
     await engine.close()
+    torch.set_num_threads(threads)
 
 
 @pytest_asyncio.fixture(loop_scope="module")

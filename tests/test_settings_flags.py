@@ -106,8 +106,8 @@ def test_flags_not_given_leave_the_environment_and_defaults(monkeypatch):
 @pytest.mark.parametrize(("flags", "message"), [
     (["--max-sessions", "0"], "argument --max-sessions: Input should be greater than or equal to 1"),
     (["--port", "eighty"], "argument --port: Input should be a valid integer"),
-    (["--llm", "ollama"], "argument --llm: expected embedded|openai:URL"),
-    (["--tts", "espeak"], "argument --tts: expected piper|qwen3:DIR"),
+    (["--llm", "ollama"], "argument --llm: expected embedded|openai:<server url>"),
+    (["--tts", "espeak"], "argument --tts: expected piper|qwen3:<checkpoint dir>"),
     (["--llm-dtype", "int4"], "argument --llm-dtype: invalid choice: 'int4'"),
     (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
 ])
@@ -122,7 +122,7 @@ def test_help_shows_descriptions_defaults_and_choices(capsys):
         build_parser().parse_args(["serve", "--help"])
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert "--llm-dtype {int8,float32,bfloat16}" in out and "--engine {process,inprocess}" in out
-    assert "--device {cpu,cuda}" in out and "--tts piper|qwen3:DIR" in out
+    assert "--device {cpu,cuda}" in out and "--tts piper|qwen3:<checkpoint dir>" in out
     assert "(default: 8; env VOXLINE_MAX_SESSIONS)" in out
     assert "concurrent voice sessions" in out
 

@@ -88,7 +88,7 @@ class Settings(BaseSettings):
     engine: str = Field(default="process", pattern="^(process|inprocess)$",
                         description="run the engine in a supervised child process or a thread")
     tts: str = Field(default="piper", pattern=r"^(piper|qwen3:.+)$",
-                     json_schema_extra={"metavar": "piper|qwen3:DIR"},
+                     json_schema_extra={"metavar": "piper|qwen3:<checkpoint dir>"},
                      description="speech model: 'piper' (shipped voice) or 'qwen3:<checkpoint dir>' "
                                  "(Qwen3-TTS, official layout)")
     tts_device: str = Field(default="cpu", description="torch device of a neural TTS (e.g. "
@@ -110,7 +110,7 @@ class Settings(BaseSettings):
                                                "CUDA graphs are captured for, each <= tts_max_streams "
                                                "(empty: powers of two)")
     llm: str = Field(default="embedded", pattern=r"^(embedded|openai:https?://.+)$",
-                     json_schema_extra={"metavar": "embedded|openai:URL"},
+                     json_schema_extra={"metavar": "embedded|openai:<server url>"},
                      description="reply model: 'embedded' (shipped SmolLM2, in the engine) or "
                                  "'openai:<server url>' (any OpenAI-compatible "
                                  "/v1/chat/completions server: vLLM, SGLang, llama.cpp, "

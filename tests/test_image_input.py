@@ -16,7 +16,7 @@ from test_remote_llm import ready, realtime_app, receive_until
 from voxline.config import load_settings
 from voxline.engines import protocol as ep
 from voxline.engines.client import InProcessEngineClient
-from voxline.engines.prompt_cache import Conversation
+from voxline.engines.conversation import Conversation
 from voxline.engines.remote_llm import RemoteChat, RemoteLLMConfig, chat_messages
 from voxline.errors import ProtocolError
 from voxline.realtime.app import create_app

@@ -24,8 +24,8 @@ from starlette.testclient import TestClient
 from voxline.config import load_settings
 from voxline.engines import protocol as p
 from voxline.engines.client import InProcessEngineClient
+from voxline.engines.conversation import Conversation
 from voxline.engines.core import EngineCore, Models
-from voxline.engines.prompt_cache import Conversation
 from voxline.engines.remote_llm import (
     RemoteChat,
     RemoteLLMConfig,

@@ -20,7 +20,7 @@ discarded speculative reply puts the cut back as it found it (`Responses`).
 from __future__ import annotations
 
 from voxline.engines import protocol as p
-from voxline.engines.prompt_cache import Conversation, Item
+from voxline.engines.conversation import Conversation, Item
 
 
 class ContextWindow:

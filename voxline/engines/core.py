@@ -42,9 +42,9 @@ import numpy as np
 
 from voxline.engines import protocol as p
 from voxline.engines.asr_stage import ASRModel, ASRStage
+from voxline.engines.conversation import Conversation
 from voxline.engines.input_audio import MAX_UTTERANCE_MS, InputAudio
 from voxline.engines.llm_stage import ChatModel, LLMStage
-from voxline.engines.prompt_cache import Conversation
 from voxline.engines.remote_llm import RemoteChat, RemoteLLMStage
 from voxline.engines.responses import Responses
 from voxline.engines.speech_model import SpeechModel

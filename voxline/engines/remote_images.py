@@ -3,7 +3,7 @@
 An image is one symbol in a message's symbol sequence, placed at its offset in the text:
 `ImageSymbols.symbol` gives each image a fresh number past the chat marks and remembers
 the image under it weakly. The conversation's message holds the image itself
-(`prompt_cache.Item.images`), so an entry lives exactly as long as a message that can
+(`conversation.Item.images`), so an entry lives exactly as long as a message that can
 render it, and a deleted message or closed stream leaves nothing behind.
 `chat_content` turns a user message's text and image symbols back into Chat Completions
 content parts, in order: `{"type": "image_url", "image_url": {"url", "detail"}}`, as

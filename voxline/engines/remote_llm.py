@@ -1,6 +1,6 @@
 """The reply model on a remote OpenAI-compatible server (vLLM, SGLang, llama.cpp, Ollama).
 
-Two pieces, so that the engine's conversation logic stays in one home (`prompt_cache`,
+Two pieces, so that the engine's conversation logic stays in one home (`conversation`,
 `responses`) for both backends:
 
 - `RemoteChat` is the chat format the conversation is kept in. Its "tokens" are symbols:

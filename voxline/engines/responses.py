@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from voxline.engines import protocol as p
+from voxline.engines.conversation import AudioSpan, ItemNotFound, cut_spans
 from voxline.engines.llm_stage import (
     ChatModel,
     FinishReason,
@@ -40,7 +41,6 @@ from voxline.engines.llm_stage import (
     Slot,
     StepPlan,
 )
-from voxline.engines.prompt_cache import AudioSpan, ItemNotFound, cut_spans
 from voxline.engines.remote_llm import RemoteLLMStage, RemotePlan, function_call_text
 from voxline.engines.speech_model import SpeechOut
 from voxline.engines.stage import StreamId

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 
 from voxline.engines import protocol as p
 from voxline.engines.context_window import ContextWindow
+from voxline.engines.conversation import Conversation
 from voxline.engines.input_audio import InputAudio
 from voxline.engines.llm_stage import Slot
-from voxline.engines.prompt_cache import Conversation
 from voxline.engines.stage import RequestRefused, StreamId
 
 

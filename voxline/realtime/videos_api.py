@@ -6,7 +6,8 @@
   ``num_inference_steps``, ``guidance_scale``, ``negative_prompt``, ``seed``; unknown
   fields, sizes not a multiple of 16 and out-of-range numbers are 400s naming the field.
   Answers at once with the video object (``queued``); generation runs in the background,
-  one engine stream per video, and the object's ``progress`` follows the chunks.
+  one engine stream per video; each chunk is encoded as it arrives (on a worker thread,
+  so memory stays one chunk), and the object's ``progress`` follows the chunks.
 - ``GET /v1/videos/{id}``: the object (``queued`` / ``in_progress`` / ``completed`` /
   ``failed``, ``progress`` 0..100, timestamps, ``error``). ``GET /v1/videos``: the list,
   newest first. ``GET /v1/videos/{id}/content``: the MP4 once completed (H.264), else 404.
@@ -24,12 +25,14 @@ import asyncio
 import logging
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
+import anyio
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -264,67 +267,99 @@ async def delete_video(request: Request, video_id: str) -> Response:
 
 
 async def _generate(state: ServerState, store: VideoStore, record: VideoRecord) -> None:
-    """Run one video on its own engine stream; the record follows its chunks."""
+    """Run one video on its own engine stream; each chunk is encoded as it arrives (on a
+    worker thread) into a partial file, renamed into place once the video completed."""
     handle = None
+    req = record.request
+    writer = Mp4Writer(store.directory / f"{record.id}.mp4", req.fps)
     try:
         handle = await open_stream(state, "video")
-        req = record.request
         width, height = req.dimensions()
         handle.send(p.CreateVideo(handle.stream_id, record.id, req.prompt, width=width,
                                   height=height, num_frames=req.num_frames,
                                   num_inference_steps=req.num_inference_steps,
                                   guidance_scale=req.guidance_scale,
                                   negative_prompt=req.negative_prompt, seed=req.seed))
-        frames, done = await _collect(handle, record)
+        done = await _encode_chunks(handle, record, writer)
         if done is None or done.status != p.ResponseStatus.COMPLETED:
             record.error = record.error or (done.error if done else "the engine stream ended")
             record.status = "failed"
             return
-        path = store.directory / f"{record.id}.mp4"
-        await asyncio.to_thread(write_mp4, path, frames, req.fps)
-        record.path = path
-        if record.id not in store.videos:  # deleted while the file was written
-            path.unlink(missing_ok=True)
-            return
-        record.status, record.progress = "completed", 100
+        await asyncio.to_thread(writer.finish)
+        if record.id in store.videos:  # not deleted meanwhile
+            record.path = writer.path
+            record.status, record.progress = "completed", 100
     except AudioAPIError as exc:
         record.status, record.error = "failed", exc.message
     except Exception as exc:  # a failed video must not go unreported
         logger.exception("video %s failed", record.id)
         record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
     finally:
-        record.completed_at = int(time.time()) if record.status in ("completed", "failed") \
-            else None
-        await close_quietly(handle)
+        if record.status in ("completed", "failed"):
+            record.completed_at = int(time.time())
+        with anyio.CancelScope(shield=True):
+            if record.path is None:  # failed, cancelled or deleted: nothing stays on disk
+                await asyncio.to_thread(writer.discard)
+            await close_quietly(handle)
 
 
-async def _collect(handle: Any, record: VideoRecord
-                   ) -> tuple[list[np.ndarray], p.VideoDone | None]:
-    frames: list[np.ndarray] = []
+async def _encode_chunks(handle: Any, record: VideoRecord,
+                         writer: Mp4Writer) -> p.VideoDone | None:
     async for out in handle:
         match out:
             case p.VideoChunk():
                 record.status = "in_progress"
-                frames.append(np.frombuffer(out.frames, np.uint8).reshape(
-                    out.num_frames, out.height, out.width, 3))
+                frames = np.frombuffer(out.frames, np.uint8).reshape(
+                    out.num_frames, out.height, out.width, 3)
+                await asyncio.to_thread(writer.add, frames)
                 record.progress = min(99, 100 * (out.index + 1) // out.total_chunks)
             case p.StreamError():
                 record.error = out.message
             case p.VideoDone():
-                return frames, out
-    return frames, None
+                return out
+    return None
 
 
-def write_mp4(path: Path, chunks: list[np.ndarray], fps: int) -> None:
-    """Encode RGB frames (uint8, F x H x W x 3 per chunk) as H.264 in MP4 (yuv420p)."""
-    import av
+class Mp4Writer:
+    """H.264 (yuv420p) in MP4, written chunk by chunk to `path` + ``.part``; `finish`
+    renames it to `path`, `discard` removes whatever was written. Thread-safe: the calls
+    run on worker threads and `discard` may follow a cancelled `add`."""
 
-    with av.open(str(path), "w", format="mp4") as container:
-        first = chunks[0]
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height = first.shape[2], first.shape[1]
-        stream.pix_fmt = "yuv420p"
-        for chunk in chunks:
-            for frame in chunk:
-                container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-        container.mux(stream.encode(None))
+    def __init__(self, path: Path, fps: int) -> None:
+        self.path = path
+        self.partial = path.with_name(path.name + ".part")
+        self.fps = fps
+        self._lock = threading.Lock()
+        self._container: Any = None
+        self._stream: Any = None
+
+    def add(self, frames: np.ndarray) -> None:
+        """Encode RGB frames, uint8 (F, H, W, 3)."""
+        import av
+
+        with self._lock:
+            if self._container is None:
+                self._container = av.open(str(self.partial), "w", format="mp4")
+                self._stream = self._container.add_stream("libx264", rate=self.fps)
+                self._stream.width, self._stream.height = frames.shape[2], frames.shape[1]
+                self._stream.pix_fmt = "yuv420p"
+            for frame in frames:
+                packets = self._stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24"))
+                self._container.mux(packets)
+
+    def finish(self) -> None:
+        with self._lock:
+            if self._container is None:
+                raise RuntimeError(f"video {self.path.stem}: no frames were encoded")
+            self._container.mux(self._stream.encode(None))
+            self._container.close()
+            self._container = None
+            self.partial.replace(self.path)
+
+    def discard(self) -> None:
+        with self._lock:
+            if self._container is not None:
+                self._container.close()
+                self._container = None
+            self.partial.unlink(missing_ok=True)
+            self.path.unlink(missing_ok=True)

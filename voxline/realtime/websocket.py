@@ -89,9 +89,10 @@ class OpenSessions:
         try:
             await asyncio.wait({run, drain}, return_when=asyncio.FIRST_COMPLETED)
             # a reply in flight ends (response.done sent) before the session does
-            while not run.done() and runner.actor.response is not None \
-                    and loop.time() < self.deadline:
-                await asyncio.wait({run}, timeout=0.02)
+            replied = asyncio.ensure_future(runner.wait_no_response())
+            await asyncio.wait({run, replied}, timeout=max(0.0, self.deadline - loop.time()),
+                               return_when=asyncio.FIRST_COMPLETED)
+            replied.cancel()
             if not run.done():
                 run.cancel()  # the runner's clean-up still delivers events already queued
                 await asyncio.gather(run, return_exceptions=True)

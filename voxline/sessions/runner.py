@@ -63,6 +63,8 @@ class SessionRunner:
         self._stream: StreamHandle | None = None
         self._cause = "the session"  # what the commands being sent were for (for errors)
         self._busy = False  # the engine refused the last input (logged once per episode)
+        self._no_response = asyncio.Event()  # set while the actor has no response in flight
+        self._no_response.set()
         self._mcp = McpWorker(self._mcp_done)  # MCP tool I/O, off the actor (sessions/mcp.py)
 
     async def run(self, incoming: AsyncIterator[ClientCommand | ProtocolError]) -> None:
@@ -109,9 +111,17 @@ class SessionRunner:
                 with contextlib.suppress(EngineError):
                     await self._stream.aclose()
 
+    async def wait_no_response(self) -> None:
+        """Return once no response is in flight (its `response.done` is queued)."""
+        await self._no_response.wait()
+
     def _flush(self) -> None:
         actor = self.actor
         stream = self._stream
+        if actor.response is None:
+            self._no_response.set()
+        else:
+            self._no_response.clear()
         refused: list[ep.EngineOutput] = []
         for cmd in actor.take_commands():
             if stream is not None and not stream.ended:

@@ -137,6 +137,22 @@ class Settings(BaseSettings):
                              "e.g. stun:stun.example.org:3478,turn:turn.example.org:3478")
     turn_username: str | None = Field(default=None, description="username for the TURN servers")
     turn_credential: str | None = Field(default=None, description="password for the TURN servers")
+    client_secret_keys: str | None = Field(default=None, description="keys that sign "
+                                           "client secrets (ek_ tokens), comma-separated, "
+                                           "the current one first (it signs), then previous "
+                                           "ones (still accepted, for rotation); every server "
+                                           "behind one balancer needs the same; at least 16 "
+                                           "bytes each (unset: a random key per process, one "
+                                           "server only)")
+    server_id: str = Field(default="", pattern=r"^[A-Za-z0-9-]{0,32}$",
+                           description="this server's name in the ids it hands out (WebRTC "
+                                       "calls rtc_<server_id>_...), so a balancer can route "
+                                       "requests for a call to its server; unique per server "
+                                       "(empty: a random one per process)")
+    voice_dir: Path | None = Field(default=None, description="directory of registered voices "
+                                   "(POST /v1/voices); point every server at one shared "
+                                   "directory (NFS) to share them (unset: a temporary "
+                                   "directory, forgotten at exit)")
     rtc_ports: str = Field(default="", pattern=r"^(\d+-\d+)?$",
                            json_schema_extra={"metavar": "LOW-HIGH"},
                            description="WebRTC: UDP port range for media, e.g. 40000-40199 "
@@ -195,6 +211,7 @@ def settings_from_dump(dump: Mapping[str, Any] | None = None, **fields: object) 
 NOT_FLAGS: dict[str, str] = {
     "twilio_auth_token": "a secret, and a command line is visible to every local user (ps)",
     "turn_credential": "a secret, and a command line is visible to every local user (ps)",
+    "client_secret_keys": "a secret, and a command line is visible to every local user (ps)",
 }
 """Fields with no ``voxline serve`` flag, and why (their environment variable still works)."""
 

@@ -3,8 +3,11 @@
 A client presents the key as ``Authorization: Bearer KEY`` or, from a browser (which
 cannot set headers on a WebSocket), as the subprotocol ``openai-insecure-api-key.KEY``.
 Where the key would go, a client secret (``ek_...``, from ``/v1/realtime/client_secrets``)
-works too until it expires. Client secrets live in memory on the server that issued them;
-only their SHA-256 is kept, so a lookup's timing tells nothing about a near miss.
+works too until it expires. A client secret is stateless: an HMAC-signed token
+(`signed_tokens`) carrying its expiry and the session config it was issued with, so every
+server holding the same signing keys (the ``client_secret_keys`` setting) accepts it,
+whichever one issued it. Without that setting each server signs with a key generated at
+start-up, which suits one server. A token cannot be revoked before its expiry.
 """
 
 from __future__ import annotations
@@ -13,16 +16,23 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import HTTPConnection
 
+from voxline.errors import ProtocolError
+from voxline.realtime.signed_tokens import SigningKeys, sign, verify
+from voxline.realtime.wire_client import parse_command
+from voxline.sessions import commands as cmd
+from voxline.sessions.capabilities import check_supported
 from voxline.sessions.settings import SessionSettings
 
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 SECRET_PREFIX = "ek_"
-MAX_LIVE_SECRETS = 10_000  # tokens kept at once; past it the soonest to expire go first
+MAX_FORGOTTEN = 10_000  # expired tokens remembered as refused; past it the oldest go first
 
 
 def offered_subprotocols(conn: HTTPConnection) -> list[str]:
@@ -50,6 +60,16 @@ def authorized(conn: HTTPConnection, api_key: str | None) -> bool:
     return any(matches)
 
 
+def settings_from_session(doc: Any, base: SessionSettings | None = None, *,
+                          tools_supported: bool = False) -> SessionSettings:
+    """A GA `session` object as settings, checked as `session.update` would (ProtocolError)."""
+    update = parse_command({"type": "session.update", "session": doc})
+    assert isinstance(update, cmd.UpdateSession)
+    settings = (base or SessionSettings()).apply(update.changes)
+    check_supported(settings, "session", tools_supported=tools_supported)
+    return settings
+
+
 @dataclass(frozen=True)
 class ClientSecret:
     value: str
@@ -58,37 +78,52 @@ class ClientSecret:
 
 
 class ClientSecrets:
-    """Issued tokens by digest; expired ones are dropped when met or when space is needed."""
+    """Issues and verifies signed ``ek_`` tokens: ``ek_`` + `signed_tokens.sign` of
+    ``{"exp": unix seconds, "n": nonce, "session": the GA session object or null}``.
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    The session is carried as the client sent it (compact) and parsed again on use; it
+    was checked when the token was issued. A token this server has refused as expired is
+    afterwards answered as unknown, as when tokens lived in its memory and were dropped.
+    """
+
+    def __init__(self, keys: SigningKeys | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._keys = keys or SigningKeys.generate()
         self._clock = clock
-        self._live: dict[bytes, ClientSecret] = {}
+        self._forgotten: OrderedDict[bytes, None] = OrderedDict()
 
-    def issue(self, seconds: int, settings: SessionSettings | None) -> ClientSecret:
-        now = self._clock()
-        if len(self._live) >= MAX_LIVE_SECRETS:
-            self._live = {k: s for k, s in self._live.items() if s.expires_at > now}
-            while len(self._live) >= MAX_LIVE_SECRETS:
-                del self._live[min(self._live, key=lambda k: self._live[k].expires_at)]
-        secret = ClientSecret(SECRET_PREFIX + secrets.token_urlsafe(32), int(now + seconds), settings)
-        self._live[_digest(secret.value)] = secret
-        return secret
+    def issue(self, seconds: int, settings: SessionSettings | None,
+              session: dict[str, Any] | None = None) -> ClientSecret:
+        """A token valid for `seconds`; `session` is the GA object `settings` came from."""
+        expires_at = int(self._clock() + seconds)
+        payload = {"exp": expires_at, "n": secrets.token_urlsafe(8), "session": session}
+        return ClientSecret(SECRET_PREFIX + sign(payload, self._keys), expires_at, settings)
 
     def check(self, value: str) -> ClientSecret | str:
         """The secret, or why it is refused."""
-        key = _digest(value)
-        secret = self._live.get(key)
-        if secret is None:
+        payload = verify(value.removeprefix(SECRET_PREFIX), self._keys)
+        expires_at = payload.get("exp") if payload else None
+        if not isinstance(expires_at, int) or _digest(value) in self._forgotten:
             return "unknown client secret"
-        if secret.expires_at <= self._clock():
-            del self._live[key]
+        if expires_at <= self._clock():
+            self._forget(value)
             return "client secret has expired"
-        return secret
+        doc = payload.get("session") if payload else None
+        try:
+            # tools were allowed or refused by the server that issued the token
+            settings = None if doc is None else settings_from_session(doc, tools_supported=True)
+        except ProtocolError as exc:  # signed by a server of another version
+            return f"client secret carries an unusable session: {exc}"
+        return ClientSecret(value, expires_at, settings)
+
+    def _forget(self, value: str) -> None:
+        self._forgotten[_digest(value)] = None
+        while len(self._forgotten) > MAX_FORGOTTEN:
+            self._forgotten.popitem(last=False)
 
 
 def _digest(value: str) -> bytes:
     return hashlib.sha256(value.encode()).digest()
-
 
 
 @dataclass(frozen=True)

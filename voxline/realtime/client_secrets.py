@@ -1,6 +1,7 @@
 """`POST /v1/realtime/client_secrets`: short-lived tokens a browser can use instead of the
 server's API key, as OpenAI issues them (`ek_...`, an expiry, an optional session that
-the call or WebSocket opened with the token starts with). The store is in auth.py."""
+the call or WebSocket opened with the token starts with). Tokens are signed, not stored
+(auth.ClientSecrets): any server with the same ``client_secret_keys`` accepts them."""
 
 from __future__ import annotations
 
@@ -11,14 +12,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from voxline.errors import ProtocolError
-from voxline.realtime.auth import authorized
+from voxline.realtime.auth import authorized, settings_from_session
 from voxline.realtime.dialect import Dialect
 from voxline.realtime.state import get_state
-from voxline.realtime.wire_client import parse_command
 from voxline.realtime.wire_server import render
-from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
-from voxline.sessions.capabilities import check_supported
 from voxline.sessions.settings import SessionSettings
 
 router = APIRouter()
@@ -33,16 +31,6 @@ def error_response(status: int, message: str, *, code: str | None = None,
     headers = {"Retry-After": "1"} if status == 503 else None
     return JSONResponse({"error": {"message": message, "type": type, "param": param,
                                    "code": code}}, status_code=status, headers=headers)
-
-
-def settings_from_session(doc: Any, base: SessionSettings | None = None, *,
-                          tools_supported: bool = False) -> SessionSettings:
-    """A GA `session` object as settings, checked as `session.update` would (ProtocolError)."""
-    update = parse_command({"type": "session.update", "session": doc})
-    assert isinstance(update, cmd.UpdateSession)
-    settings = (base or SessionSettings()).apply(update.changes)
-    check_supported(settings, "session", tools_supported=tools_supported)
-    return settings
 
 
 def render_session(settings: SessionSettings) -> dict[str, Any]:
@@ -87,6 +75,6 @@ async def create_client_secret(request: Request) -> JSONResponse:
         except ProtocolError as exc:
             return error_response(400, str(exc), code=exc.code,
                                   param=f"session.{exc.param}" if exc.param else "session")
-    secret = state.client_secrets.issue(seconds, settings)
+    secret = state.client_secrets.issue(seconds, settings, body.get("session"))
     return JSONResponse({"value": secret.value, "expires_at": secret.expires_at,
                          "session": render_session(settings or SessionSettings())})

@@ -11,6 +11,7 @@ from voxline.engines.client import EngineClient
 from voxline.realtime.auth import ClientSecrets
 from voxline.realtime.metrics import Metrics
 from voxline.realtime.session_host import SessionHost, SessionLimits
+from voxline.realtime.signed_tokens import SigningKeys
 
 
 @dataclass
@@ -19,10 +20,12 @@ class ServerState:
     engine: EngineClient
     metrics: Metrics = field(default_factory=Metrics)
     started: float = field(default_factory=time.time)
-    client_secrets: ClientSecrets = field(default_factory=ClientSecrets)
+    client_secrets: ClientSecrets = field(init=False)  # signed with client_secret_keys
     calls: dict[str, Any] = field(default_factory=dict)  # WebRTC calls by id (webrtc.Call)
 
     def __post_init__(self) -> None:
+        keys = self.settings.client_secret_keys
+        self.client_secrets = ClientSecrets(SigningKeys.parse(keys) if keys else None)
         # every transport admits, builds and counts its sessions here
         self.host = SessionHost(self.engine, SessionLimits.from_settings(self.settings),
                                 metrics=self.metrics)

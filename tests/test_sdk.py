@@ -103,12 +103,12 @@ async def test_bad_options_and_tools_are_refused_at_the_call_site() -> None:
             engine.session(input_format="mp3")
         with pytest.raises(ProtocolError, match="session.temperature"):
             engine.session(temperature=9.0)
-        with pytest.raises(voxline.SessionError, match="noise"):
+        with pytest.raises(voxline.SessionError, match="truncation"):
             # valid on the wire, refused by the session: raised by `async with`
             from voxline.sdk.engine import LocalTransport
             from voxline.sdk.session import Session
             async with Session(LocalTransport(engine.client),
-                               {"audio": {"input": {"noise_reduction": {"type": "near_field"}}}}):
+                               {"truncation": "disabled"}):
                 pass
 
 

@@ -277,8 +277,6 @@ def test_input_transcription_deltas_only_append():
 def test_settings_the_server_would_ignore_are_refused():
     actor = make_actor()
     for session, param in [
-        ({"audio": {"input": {"noise_reduction": {"type": "near_field"}}}},
-         "session.audio.input.noise_reduction"),
         ({"truncation": "disabled"}, "session.truncation"),
         ({"audio": {"input": {"transcription": {"model": "m", "language": "fr"}}}},
          "session.audio.input.transcription.language"),

@@ -101,6 +101,9 @@ class StreamConfig(msgspec.Struct, frozen=True):
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] = "auto"
     truncation: Truncation = Truncation()
+    # Input noise reduction before VAD and ASR ("near_field" / "far_field"; None: off),
+    # see voxline.engines.noise_reduction.
+    noise_reduction: str | None = None
 
 
 # ----------------------------------------------------------------------------- inputs

@@ -75,18 +75,20 @@ class Turns:
 
     def opened(self, stream: StreamState) -> None:
         self.vad.add_stream(stream.internal_id, enabled=stream.input.detector is not None)
+        self.vad.set_noise_reduction(stream.internal_id, stream.config.noise_reduction)
 
     def configure(self, stream: StreamState, config: p.StreamConfig) -> None:
         """New stream settings: its turn detection (VAD on or off) and pause length."""
         stream.input.pause_ms = self.pause_ms(config)
         stream.input.configure(config.turn_detection)
         self.vad.enable(stream.internal_id, stream.input.detector is not None)
+        self.vad.set_noise_reduction(stream.internal_id, config.noise_reduction)
 
     def append(self, stream: StreamState, audio: np.ndarray) -> None:
         """Audio for VAD, or (manual turns) for the buffer; raises `RequestRefused` past
         either one's bound, keeping none of it."""
-        if stream.input.detector is None:
-            stream.input.append_manual(audio)
+        if stream.input.detector is None:  # denoised here; VAD's frames as they are framed
+            stream.input.append_manual(self.vad.denoise(stream.internal_id, audio))
         else:
             self.vad.append(stream.internal_id, audio)
 

@@ -59,6 +59,7 @@ def stream_config(settings: SessionSettings,
         tool_choice=chat_tool_choice(settings.tool_choice),
         auto_response=auto,
         truncation=truncation_config(settings.truncation),
+        noise_reduction=settings.noise_reduction,  # RNNoise before VAD and ASR
     )
 
 
@@ -79,9 +80,6 @@ def _refuse(event: str, param: str, what: str) -> ProtocolError:
 def check_supported(settings: SessionSettings, event: str = "session.update", *,
                     tools_supported: bool = False) -> None:
     """Raise ProtocolError naming the first setting this server would have to ignore."""
-    if settings.noise_reduction is not None:
-        raise _refuse(event, "session.audio.input.noise_reduction",
-                      f"noise reduction ({settings.noise_reduction!r})")
     if settings.truncation == "disabled":
         raise _refuse(event, "session.truncation", "truncation 'disabled' (only 'auto' or "
                       "'retention_ratio': the oldest turns are left out when the context is "

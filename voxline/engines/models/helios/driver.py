@@ -85,9 +85,6 @@ class HeliosChunkDriver:
         self.spatial = pipe.vae_scale_factor_spatial
         self.indices = _history_indices()
 
-    def validate(self, spec: VideoSpec) -> None:
-        validate_spec(spec)
-
     def begin(self, spec: VideoSpec) -> HeliosRender:
         """A new request's state (no model call: the prompt is encoded with chunk 0)."""
         validate_spec(spec)

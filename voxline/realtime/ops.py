@@ -6,7 +6,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from voxline.realtime.metrics import CONTENT_TYPE
+from voxline.realtime.session_host import SHUTDOWN_REASON
 from voxline.realtime.state import get_state
+from voxline.realtime.websocket import open_sessions
 from voxline.sessions.settings import DEFAULT_MODEL
 
 router = APIRouter()
@@ -20,7 +22,9 @@ async def health(request: Request) -> JSONResponse:
             "sessions": state.sessions}
     if not state.engine.ready:
         body["reason"] = status.get("last_error") or "engine is starting"
-    return JSONResponse(body, status_code=200 if state.engine.ready else 503)
+    if open_sessions(request.app).draining:  # SIGTERM: take this server out of rotation
+        body["status"], body["reason"] = "draining", SHUTDOWN_REASON
+    return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
 
 @router.get("/metrics")

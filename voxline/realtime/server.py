@@ -18,10 +18,15 @@ logger = logging.getLogger(__name__)
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn, but SIGTERM/SIGINT drain: stop accepting, let replies in flight finish
-    (up to `grace` s), close sessions with 1001 and a reason, then shut down and exit 0.
+    """uvicorn, but SIGTERM/SIGINT drain: refuse new sessions, let replies in flight
+    finish (up to `grace` s), close sessions with 1001 and a reason, then shut down and
+    exit 0.
 
-    Plain uvicorn closes WebSockets at once (1012) and re-raises the signal at exit.
+    While it drains the server still listens, so that ``/health`` can answer 503
+    ``draining`` (a load balancer's health check takes the server out of rotation) and a
+    new session's handshake gets HTTP 503 (a balancer retries it on another server)
+    rather than a refused connection. Plain uvicorn closes WebSockets at once (1012) and
+    re-raises the signal at exit.
     """
 
     def __init__(self, config: uvicorn.Config, sessions: OpenSessions, grace: float) -> None:
@@ -34,10 +39,10 @@ class DrainingServer(uvicorn.Server):
         self._captured_signals.clear()  # a drained shutdown is a clean exit, not a death
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        for server in self.servers:
-            server.close()  # stop accepting before draining
         if not self.force_exit:
-            await self._sessions.drain(self._grace)
+            await self._sessions.drain(self._grace)  # still listening: /health says why
+        for server in self.servers:
+            server.close()
         await super().shutdown(sockets)
 
 

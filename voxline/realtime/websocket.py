@@ -14,6 +14,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from voxline.errors import ProtocolError
 from voxline.realtime.auth import Access, authenticate, offered_subprotocols
+from voxline.realtime.client_secrets import error_response
 from voxline.realtime.dialect import detect_dialect
 from voxline.realtime.outbox import Outbox, SlowClient, close_after
 from voxline.realtime.session_host import SHUTDOWN_REASON, Admission, Refusal, SessionRefused
@@ -149,8 +150,13 @@ async def realtime(ws: WebSocket) -> None:
         state.host.count_refusal()
         await ws.close(code=CLOSE_POLICY, reason=access)
         return
-    await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
     sessions = open_sessions(ws.app)
+    if sessions.draining:  # HTTP 503, not a close after 101: a balancer retries elsewhere
+        state.host.count_refusal()
+        await ws.send_denial_response(error_response(503, SHUTDOWN_REASON,
+                                                     code="server_shutting_down"))
+        return
+    await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
     try:
         admission = state.host.admit(draining=sessions.draining)
     except SessionRefused as refused:

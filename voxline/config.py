@@ -85,6 +85,12 @@ class Settings(BaseSettings):
     output_lead_ms: float = Field(default=200.0, gt=0, le=1000,
                                   description="audio sent ahead of real-time playout, ms "
                                               "(<= 1000)")
+    generation_lead_s: float = Field(default=20.0, ge=0, description="seconds of a spoken "
+                                     "reply the engine generates ahead of its playout; past "
+                                     "it the reply's LLM and TTS work waits for the listener, "
+                                     "so a long answer never overflows and a barge-in "
+                                     "discards at most this (0: off, generate as fast as "
+                                     "possible; a reply 300 s ahead is then cut)")
     engine: str = Field(default="process", pattern="^(process|inprocess)$",
                         description="run the engine in a supervised child process or a thread")
     tts: str = Field(default="piper", pattern=r"^(piper|qwen3:.+)$",

@@ -43,6 +43,7 @@ import numpy as np
 from voxline.engines import protocol as p
 from voxline.engines.asr_stage import ASRModel, ASRStage
 from voxline.engines.conversation import Conversation
+from voxline.engines.end_of_turn_stage import EndOfTurnModel, EndOfTurnStage
 from voxline.engines.input_audio import MAX_UTTERANCE_MS, InputAudio
 from voxline.engines.llm_stage import ChatModel, LLMStage
 from voxline.engines.remote_llm import RemoteChat, RemoteLLMStage
@@ -71,6 +72,7 @@ class Models:
     llm: ChatModel
     tts: SpeechModel
     video: VideoModel | None = None  # the `video` setting's model; None: videos refused
+    end_of_turn: EndOfTurnModel | None = None  # None: semantic VAD judges the words alone
 
 
 class EngineCore:
@@ -81,12 +83,15 @@ class EngineCore:
     `max_responses` bounds the responses (replies and speech) in progress engine-wide.
     `speculate_after_ms` (0: off): a pause this long in a server-VAD turn starts the
     turn's transcript and reply speculatively (see `Responses.speculate`).
+    `generation_lead_ms` (None: off): a reply whose playout is reported is generated at
+    most this far ahead of it (flow control, see `Responses`).
     """
 
     def __init__(self, models: Models, wake: Callable[[], None], max_streams: int = 64,
                  max_input_backlog_ms: float = MAX_BACKLOG_MS,
                  max_utterance_ms: float = MAX_UTTERANCE_MS, max_responses: int = 8,
-                 speculate_after_ms: float = DEFAULT_SPECULATE_AFTER_MS) -> None:
+                 speculate_after_ms: float = DEFAULT_SPECULATE_AFTER_MS,
+                 generation_lead_ms: float | None = None) -> None:
         self.models = models
         self.max_responses = max_responses
         self.max_utterance_ms = max_utterance_ms
@@ -100,11 +105,14 @@ class EngineCore:
         self.tts = TTSStage(models.tts)
         self._outputs: list[p.EngineOutput] = []
         self.responses = Responses(models.llm, self.llm, self.tts, self._outputs.append,
-                                   self.registry.live)
+                                   self.registry.live, lead_ms=generation_lead_ms)
         self.videos = Videos(VideoStage(models.video) if models.video is not None else None,
                              self._outputs.append, self.registry.live)
+        self.end_of_turn = (EndOfTurnStage(models.end_of_turn)
+                            if models.end_of_turn is not None else None)
         self.turns = Turns(self.registry, self.vad, self.asr, self.responses,
-                           self._outputs.append, speculate_after_ms, max_responses)
+                           self._outputs.append, speculate_after_ms, max_responses,
+                           self.end_of_turn)
         # `_release_closed` reads the LLM's running plan: KV slots a step in flight writes
         self._llm_worker = StageWorker(self.llm, wake, "voxline-llm")
         self.table = self._stage_table(wake)
@@ -119,6 +127,10 @@ class EngineCore:
                             landed=self._release_closed)
         if isinstance(llm, RemoteLLMStage):
             llm_row.on_close = llm.close  # its HTTP requests run outside the worker
+        eot = self.end_of_turn
+        eot_rows = [] if eot is None else [
+            StageSlot("end_of_turn", eot, StageWorker(eot, wake, "voxline-eot"),
+                      route=turns.on_turn_end_heard, fail=turns.turn_end_failed)]
         videos = self.videos
         video_rows = [] if videos.stage is None else [
             StageSlot("video", videos.stage, StageWorker(videos.stage, wake, "voxline-video"),
@@ -132,6 +144,7 @@ class EngineCore:
             StageSlot("tts", self.tts, StageWorker(self.tts, wake, "voxline-tts"),
                       route=responses.route_speech, fail=responses.fail_speech,
                       waiting=responses.speech_ready, prepare=responses.start_speech),
+            *eot_rows,
             *video_rows,
         ])
 
@@ -213,6 +226,8 @@ class EngineCore:
                 self._register_voice(msg)
             case p.CancelResponse():
                 responses.cancel(stream)
+            case p.PlayoutProgress():
+                responses.playout(stream, msg)
             case p.CreateVideo():
                 self.videos.create(stream, msg)
             case p.CancelVideo():

@@ -169,7 +169,8 @@ def make_engine_core(wake: Callable[[], None], settings: Mapping[str, Any] | Non
     models = load_models(resolved, llm_path=llm_path, max_slots=resolved.max_sessions)
     return EngineCore(models, wake, max_streams=max_streams,
                       max_responses=resolved.max_responses,
-                      speculate_after_ms=resolved.speculate_after_ms)
+                      speculate_after_ms=resolved.speculate_after_ms,
+                      generation_lead_ms=resolved.generation_lead_s * 1000 or None)
 
 
 DEFAULT_CORE = "voxline.engines.factory:make_engine_core"

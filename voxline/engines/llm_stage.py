@@ -10,6 +10,9 @@ confirms tokens and samples. A request whose inputs changed while its step was i
 (its `epoch` moved) has that step's work discarded: the cache is rolled back to the
 confirmed tokens and the sampled token is dropped.
 
+A `paused` request (flow control: `Responses` holds a reply that is far enough ahead
+of its playout) sits out of the batch, keeping its slot, until it is unpaused.
+
 Every step a request's prompt is recomputed as `target()`; only the part after the
 longest common prefix with the slot's confirmed tokens is fed. That one rule covers
 first prefill, a new turn appended to a cached conversation, edits that roll the cache
@@ -126,6 +129,9 @@ class GenerationRequest:
     error: str | None = None  # why the backend failed it (FinishReason.ERROR), if it says
     first_token_ms: float | None = None  # remote backend: request sent -> first token
     reported_output_tokens: int | None = None  # the backend's count, where known
+    # Held by flow control (its reply's audio is far enough ahead of playout): not
+    # scheduled, and no work for the stage, until cleared; it keeps its slot and tokens.
+    paused: bool = False
 
     def target(self) -> list[int]:
         return self.prompt() + self.generated
@@ -183,7 +189,7 @@ class LLMStage:
             self.model.truncate(slot.index, length)
 
     def has_work(self) -> bool:
-        return bool(self.running)
+        return any(not r.paused for r in self.running.values())
 
     def schedule(self) -> StepPlan | None:
         """Pick each running request's next tokens under the step's token budget."""
@@ -191,7 +197,8 @@ class LLMStage:
         entries: list[PlanEntry] = []
         budget = self.token_budget
         # Decodes first (1 token each, latency-critical), then prefills share the rest.
-        reqs = sorted(self.running.values(), key=lambda r: not r.generated)
+        reqs = sorted((r for r in self.running.values() if not r.paused),
+                      key=lambda r: not r.generated)
         for req in reqs:
             if budget <= 0:
                 break

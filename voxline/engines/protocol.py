@@ -219,6 +219,23 @@ class CancelResponse(msgspec.Struct, tag=True, frozen=True):
     stream_id: str
 
 
+class PlayoutProgress(msgspec.Struct, tag=True, frozen=True):
+    """The caller's listener has heard `played_ms` of response `response_id`'s audio.
+
+    Flow control for long replies: the first report of a response (the session sends
+    one as the response starts) opts it in, and from then on the engine keeps its audio
+    at most its generation lead (the `generation_lead_s` setting) ahead of the latest
+    `played_ms`, holding the response's LLM decoding and TTS segments while it is
+    further ahead and resuming as reports arrive. A response never reported on is
+    generated as fast as the engine can. A report for a response that is not running
+    is ignored (it finished or was cancelled meanwhile).
+    """
+
+    stream_id: str
+    response_id: str
+    played_ms: float
+
+
 class CloseStream(msgspec.Struct, tag=True, frozen=True):
     """End the stream: abort every request behind it and free its resources."""
 
@@ -264,6 +281,7 @@ EngineInput = (
     | Speak
     | RegisterVoice
     | CancelResponse
+    | PlayoutProgress
     | CloseStream
     | CreateVideo
     | CancelVideo

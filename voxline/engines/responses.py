@@ -19,6 +19,16 @@ go out at once under the caller's ids and the response goes on as any other. Any
 else (speech resumes, the conversation changes, another response is asked for) discards
 it: the tentative user item leaves the conversation and the KV slot is rolled back to
 the tokens it held before, as if the speculation had never run.
+
+Flow control (`lead_ms`, the `generation_lead_s` setting): a response whose caller
+reports its playout (`PlayoutProgress`) is generated only a bounded lead ahead of what
+its listener has heard. While its generated audio is `lead_ms` or more ahead of the
+last reported `played_ms`, the response is *held*: its LLM request sits out of the
+batch (`paused`) and it starts no TTS segment (a streaming job is fed no more text);
+the next report that brings it under the lead releases it. A segment starts only under
+the lead, so generated audio never passes played + lead + one segment, a barge-in
+discards at most that, and the cycles go to other streams meanwhile. A response never
+reported on is not held.
 """
 
 from __future__ import annotations
@@ -104,6 +114,8 @@ class ResponseRun:
     llm_done: bool = False
     llm_ms: float = 0.0
     tts_ms: float = 0.0
+    played_ms: float | None = None  # playout its caller reported (None: none, never held)
+    held: bool = False  # flow control: too far ahead of playout to generate more (see above)
 
     def __post_init__(self) -> None:
         self.key = self.key or self.response_id
@@ -111,8 +123,9 @@ class ResponseRun:
     @property
     def speech_ready(self) -> bool:
         """A segment waits and none is being spoken (or the streaming job takes it), or
-        the streaming job's text has ended. A speculation speaks only its first segment."""
-        if self.speculative is not None and self.segments:
+        the streaming job's text has ended. A speculation speaks only its first segment;
+        a held response none."""
+        if self.held or (self.speculative is not None and self.segments):
             return False
         if self.tts_open:
             return bool(self.tts_queue) or self.llm_done
@@ -138,8 +151,10 @@ class Responses:
 
     def __init__(self, model: ChatModel, llm: LLMStage | RemoteLLMStage, tts: TTSStage,
                  emit: Callable[[p.EngineOutput], None],
-                 live: Callable[[StreamId], StreamState | None]) -> None:
+                 live: Callable[[StreamId], StreamState | None],
+                 lead_ms: float | None = None) -> None:
         self.model = model
+        self.lead_ms = lead_ms  # flow control (see the module docstring); None: off
         self.llm = llm
         self.tts = tts
         self._emit = emit
@@ -352,6 +367,23 @@ class Responses:
         if msg is not None:
             self.create(stream, msg)
 
+    # ----------------------------------------------------------------- flow control
+
+    def playout(self, stream: StreamState, msg: p.PlayoutProgress) -> None:
+        """The caller's listener has heard `msg.played_ms` of the response's audio."""
+        run = self._runs.get(stream.internal_id)
+        if run is None or run.speculative is not None or run.response_id != msg.response_id:
+            return  # finished, cancelled or replaced meanwhile
+        run.played_ms = max(run.played_ms or 0.0, msg.played_ms)
+        self._pace(run)
+
+    def _pace(self, run: ResponseRun) -> None:
+        """Hold `run` while its unplayed audio reaches the lead; release it once under."""
+        run.held = (self.lead_ms is not None and run.played_ms is not None
+                    and run.audio_ms - run.played_ms >= self.lead_ms)
+        if run.request is not None:
+            run.request.paused = run.held
+
     # ---------------------------------------------------------------------- advance
 
     def conversation_changed(self, stream: StreamState) -> None:
@@ -448,6 +480,7 @@ class Responses:
             response.audio_ms += ms
             self._send(response, p.AudioChunk(stream.external_id, response.response_id,
                                               audio.tobytes(), out.sample_rate, ms, out.text))
+            self._pace(response)
         if out.finished:
             response.tts_job = None
             self.finish_if_done(stream)

@@ -35,6 +35,7 @@ from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
 from voxline.sessions.ids import new_id
 from voxline.sessions.images import ImageLimits
+from voxline.sessions.playout_lead import PlayoutReports
 from voxline.sessions.runner import SessionRunner
 from voxline.sessions.settings import AudioFormat, SessionSettings
 
@@ -166,7 +167,7 @@ class Admission:
                              max_event_bytes=limits.max_event_bytes, media_format=media_format,
                              transport_reports_playout=transport_reports_playout,
                              tools_supported=limits.tools_supported, voice_error=voice_error,
-                             images=limits.images)
+                             images=limits.images, playout=PlayoutReports())
         metrics = self.host.metrics
         return SessionRunner(actor, self.host.engine, send,
                              max_seconds=limits.max_session_seconds,

@@ -15,8 +15,7 @@ media tracks both ways in that format, whatever the session's wire formats say: 
 input is decoded in it, and `AudioDelta` payloads are paced PCM frames of
 `MEDIA_FRAME_MS` for the outgoing track, never wire events. The transport routes them.
 
-One state machine, kept in one file (a little over 600 lines) so that every transition
-between turns, responses and playout reads in one place.
+One state machine in one file, so that every transition reads in one place.
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ from voxline.sessions.ids import new_id
 from voxline.sessions.images import ImageLimits, engine_images
 from voxline.sessions.mcp import McpOutcome, McpRequest, McpTools
 from voxline.sessions.pacing import OutFrame, OutputBufferFull, OutputPacer
+from voxline.sessions.playout_lead import PlayoutReports
 from voxline.sessions.records import ActiveResponse, ItemRecord, log_trace
 from voxline.sessions.settings import AudioFormat, SessionSettings
 from voxline.sessions.transcription import PartialTranscript
@@ -95,6 +95,7 @@ class SessionActor:
     voice_error: Callable[[str], str | None] | None = None
     # The reply model reads images, within these bounds; None: input_image is refused.
     images: ImageLimits | None = None
+    playout: PlayoutReports = field(default_factory=PlayoutReports.off)  # engine flow control
 
     def __post_init__(self) -> None:
         self.images_accepted = 0  # over the session's life (see sessions.images)
@@ -747,6 +748,7 @@ class SessionActor:
             self._emit(ev.AudioDelta(response_id=r.response.id, item_id=r.item_id,
                                      delta=frame.payload))
         r = self.response
+        self.commands.extend(self.playout.report(self.stream_id, r, self.pacer, now))
         if (r is not None and r.engine_done is not None and not self.pacer.pending(r.response.id)
                 and (r.cancel_reason is not None or not self.mcp.holds(r.response.id))):
             self._finish_response(now)

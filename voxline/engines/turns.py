@@ -11,7 +11,10 @@ becomes the final when it lands). Every final counted in `stream.pending_finals`
 exactly once, transcribed or failed, so a response waiting for it always starts. A pause
 transcript feeds semantic turn detection and may start a speculative reply
 (`Responses.speculate`); one made stale by speech resuming (an older `generation`) is
-void, and a failed one just means no speculation.
+void, and a failed one just means no speculation. Under semantic turn detection a pause
+also goes to the end-of-turn model when one is loaded (`end_of_turn_stage`), whose
+verdict joins the words' in the stream's `TurnDetector`; a stale or failed one is
+ignored (the words decide alone).
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ import numpy as np
 
 from voxline.engines import protocol as p
 from voxline.engines.asr_stage import ASRJob, ASRStage
+from voxline.engines.end_of_turn_stage import EndOfTurnJob, EndOfTurnStage
 from voxline.engines.input_audio import (
     PartialDue,
     TurnPaused,
     TurnResumed,
     TurnStarted,
     TurnStopped,
+    Utterance,
 )
 from voxline.engines.responses import Responses
 from voxline.engines.streams import StreamRegistry, StreamState
@@ -45,12 +50,15 @@ class Turns:
 
     `speculate_after_ms` (0: off): a pause this long starts a speculative reply, while
     fewer than `max_responses` are in progress (never at the cost of running ones).
+    `end_of_turn` (None: rules over the words alone) hears semantic-VAD pauses.
     """
 
     def __init__(self, registry: StreamRegistry, vad: VADStage, asr: ASRStage,
                  responses: Responses, emit: Callable[[p.EngineOutput], None],
-                 speculate_after_ms: float, max_responses: int) -> None:
+                 speculate_after_ms: float, max_responses: int,
+                 end_of_turn: EndOfTurnStage | None = None) -> None:
         self.registry = registry
+        self.end_of_turn = end_of_turn
         self.vad = vad
         self.asr = asr
         self.responses = responses
@@ -103,6 +111,8 @@ class Turns:
     def closed(self, stream: StreamState) -> None:
         """Forget a closing stream's queued audio and jobs (a running job is void)."""
         self.asr.drop(stream.internal_id)
+        if self.end_of_turn is not None:
+            self.end_of_turn.drop(stream.internal_id)
         self.vad.remove_stream(stream.internal_id)
 
     # -------------------------------------------------------------------- VAD slot
@@ -141,13 +151,21 @@ class Turns:
             case TurnPaused():
                 utt = turn.utterance
                 utt.pause_asr = True
-                self.asr.add(ASRJob(stream.internal_id, utt.item_id, utt.audio(), final=False,
+                audio = utt.audio()
+                self.asr.add(ASRJob(stream.internal_id, utt.item_id, audio, final=False,
                                     pause=utt, generation=utt.generation))
+                self._hear_pause(stream, utt, audio)
             case TurnResumed():
                 self.responses.discard_speculation(stream)
             case PartialDue():
                 utt = turn.utterance
                 self.asr.add(ASRJob(stream.internal_id, utt.item_id, utt.audio(), final=False))
+
+    def _hear_pause(self, stream: StreamState, utt: Utterance, audio: np.ndarray) -> None:
+        """Semantic turn detection with a model: it judges the pause beside the words."""
+        td = stream.config.turn_detection
+        if self.end_of_turn is not None and td is not None and td.eagerness is not None:
+            self.end_of_turn.add(EndOfTurnJob(stream.internal_id, utt, utt.generation, audio))
 
     def _queue_final(self, stream: StreamState, item_id: str, audio: np.ndarray) -> None:
         stream.pending_finals += 1
@@ -215,3 +233,18 @@ class Turns:
             stream.input.detector.judge(text)
         if self.speculate_after_ms > 0 and self.responses.in_progress() < self.max_responses:
             self.responses.speculate(stream, job.item_id, text)
+
+    # ------------------------------------------------------------- end-of-turn slot
+
+    def on_turn_end_heard(self, job: EndOfTurnJob, probability: float, seconds: float) -> None:
+        """The model's verdict on a pause joins the words' (if that pause still lasts)."""
+        stream = self.registry.live(job.stream_id)
+        if stream is None or stream.input.detector is None:
+            return
+        utt = job.utterance
+        if stream.input.utterance is utt and job.generation == utt.generation:
+            stream.input.detector.hear(probability)
+
+    def turn_end_failed(self, job: EndOfTurnJob, error: Exception) -> None:
+        """A failed verdict is only missing: the words decide that pause alone (logged by
+        the stage table)."""

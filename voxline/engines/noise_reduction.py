@@ -100,7 +100,7 @@ class NoiseReducer:
         self._fresh()
 
     def close(self) -> None:
-        if self._state is not None:
+        if getattr(self, "_state", None) is not None:  # (None too if __init__ raised)
             self._lib.rnnoise_destroy(self._state)
             self._state = None
 

@@ -31,6 +31,7 @@ from voxline.realtime.wire_client import (
 )
 from voxline.realtime.wire_server import render, render_json, wire_type
 from voxline.realtime.wire_session import render_session, settings_from_wire
+from voxline.sessions import events as mcp_ev
 from voxline.sessions.events import (
     SERVER_EVENT_CLASSES,
     AudioDelta,
@@ -702,6 +703,16 @@ def _samples() -> dict[type[ServerEvent], ServerEvent]:
         FunctionCallArgumentsDone(response_id="resp_1", item_id="item_c", output_index=1,
                                   call_id="call_1", name="get_weather",
                                   arguments='{"city":"Paris"}'),
+        mcp_ev.McpListToolsInProgress(item_id="mcpl_1"),
+        mcp_ev.McpListToolsCompleted(item_id="mcpl_1"),
+        mcp_ev.McpListToolsFailed(item_id="mcpl_1"),
+        mcp_ev.McpCallArgumentsDelta(response_id="resp_1", item_id="mcp_1", output_index=1,
+                                     delta='{"q":'),
+        mcp_ev.McpCallArgumentsDone(response_id="resp_1", item_id="mcp_1", output_index=1,
+                                    arguments='{"q":"x"}'),
+        mcp_ev.McpCallInProgress(item_id="mcp_1", output_index=1),
+        mcp_ev.McpCallCompleted(item_id="mcp_1", output_index=1),
+        mcp_ev.McpCallFailed(item_id="mcp_1", output_index=1),
         OutputAudioBufferStarted(response_id="resp_1"),
         OutputAudioBufferStopped(response_id="resp_1"),
         OutputAudioBufferCleared(response_id="resp_1"),
@@ -743,6 +754,14 @@ GA_NAMES = {
     TextDone: "response.output_text.done",
     FunctionCallArgumentsDelta: "response.function_call_arguments.delta",
     FunctionCallArgumentsDone: "response.function_call_arguments.done",
+    mcp_ev.McpListToolsInProgress: "mcp_list_tools.in_progress",
+    mcp_ev.McpListToolsCompleted: "mcp_list_tools.completed",
+    mcp_ev.McpListToolsFailed: "mcp_list_tools.failed",
+    mcp_ev.McpCallArgumentsDelta: "response.mcp_call_arguments.delta",
+    mcp_ev.McpCallArgumentsDone: "response.mcp_call_arguments.done",
+    mcp_ev.McpCallInProgress: "response.mcp_call.in_progress",
+    mcp_ev.McpCallCompleted: "response.mcp_call.completed",
+    mcp_ev.McpCallFailed: "response.mcp_call.failed",
     OutputAudioBufferStarted: "output_audio_buffer.started",
     OutputAudioBufferStopped: "output_audio_buffer.stopped",
     OutputAudioBufferCleared: "output_audio_buffer.cleared",
@@ -760,6 +779,8 @@ BETA_NAMES = {
     AudioTranscriptDone: "response.audio_transcript.done",
     TextDelta: "response.text.delta",
     TextDone: "response.text.done",
+    # MCP tools are GA-only: beta clients get none of their events
+    **{cls: None for cls in GA_NAMES if cls.__name__.startswith("Mcp")},
 }
 
 

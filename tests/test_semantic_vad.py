@@ -1,0 +1,150 @@
+"""Semantic turn detection with an end-of-turn model: the words and the sound combined.
+
+`end_of_turn.decide` is the table; the engine tests run it end to end with a scripted
+model (a fixed probability) on the end-of-turn stage's own thread.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from core_driver import CoreDriver
+from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS, tone
+from test_speculation import feed, silence
+
+from voxline.engines import end_of_turn as eot
+from voxline.engines import protocol as p
+from voxline.engines.core import EngineCore, Models
+from voxline.engines.end_of_turn import Ending, Sound
+from voxline.engines.speech_model import SentenceSpeechModel
+from voxline.engines.turn_detector import TurnDetector, TurnEvent
+
+
+@pytest.mark.parametrize("eagerness", eot.EAGERNESS)
+def test_the_sound_moves_the_words_verdict_one_step_and_trailing_words_always_wait(eagerness):
+    complete, neutral, incomplete = eot.SILENCE_MS[eagerness]
+    agreed = eot.AGREED_MS[eagerness]
+    assert agreed < complete < neutral < incomplete
+    table = {
+        (Ending.COMPLETE, Sound.FINISHED): agreed,
+        (Ending.COMPLETE, Sound.UNSURE): complete,
+        (Ending.COMPLETE, None): complete,
+        (Ending.COMPLETE, Sound.GOING_ON): neutral,
+        (Ending.NEUTRAL, Sound.FINISHED): complete,
+        (Ending.NEUTRAL, Sound.UNSURE): neutral,
+        (Ending.NEUTRAL, None): neutral,
+        (Ending.NEUTRAL, Sound.GOING_ON): incomplete,
+        (Ending.INCOMPLETE, Sound.FINISHED): incomplete,
+        (Ending.INCOMPLETE, None): incomplete,
+        (Ending.INCOMPLETE, Sound.GOING_ON): incomplete,
+    }
+    for (words, heard), wait in table.items():
+        assert eot.decide(eagerness, words, heard) == wait, (words, heard)
+
+
+def test_eagerness_sets_how_sure_the_model_must_be():
+    assert eot.sound("high", 0.75) == Sound.FINISHED
+    assert eot.sound("medium", 0.75) == Sound.UNSURE
+    assert eot.sound("auto", 0.85) == Sound.FINISHED
+    assert eot.sound("low", 0.85) == Sound.UNSURE
+    assert eot.sound("medium", 0.1) == Sound.GOING_ON
+
+
+def _pause(det: TurnDetector) -> float:
+    """Speak 640 ms, then stay silent until PAUSED; returns the clock."""
+    t = 0.0
+    for _ in range(20):
+        det.update(1.0, t, 32)
+        t += 32
+    while det.update(0.0, t, 32) != TurnEvent.PAUSED:
+        t += 32
+    return t + 32
+
+
+def test_detector_takes_whichever_verdict_comes_first_and_forgets_both_when_speech_resumes():
+    det = TurnDetector(p.TurnDetection(eagerness="medium"), pause_ms=160)
+    t = _pause(det)
+    det.hear(0.95)  # the model answers before the transcript
+    assert det.silence_ms == eot.SILENCE_MS["medium"][Ending.COMPLETE]
+    det.judge("What time is it?")
+    assert det.silence_ms == eot.AGREED_MS["medium"]
+    assert det.update(1.0, t, 32) == TurnEvent.RESUMED
+    assert (det.words, det.heard) == (Ending.NEUTRAL, None)
+    assert det.silence_ms == eot.SILENCE_MS["medium"][Ending.NEUTRAL]
+
+
+def test_server_vad_ignores_the_model():
+    det = TurnDetector(p.TurnDetection(silence_duration_ms=500), pause_ms=160)
+    _pause(det)
+    det.hear(0.99)
+    assert det.silence_ms == 500
+
+
+class FixedTurnModel:
+    """An end-of-turn model that always hears `probability`; counts its calls."""
+
+    def __init__(self, probability: float) -> None:
+        self.probability_value = probability
+        self.calls = 0
+        self.threads: set[str] = set()
+
+    def probability(self, audio: np.ndarray) -> float:
+        self.calls += 1
+        self.threads.add(threading.current_thread().name)
+        return self.probability_value
+
+
+class TurnHarness(CoreDriver):
+    def __init__(self, asr_text: str, probability: float | None) -> None:
+        super().__init__()
+        self.model = FixedTurnModel(probability) if probability is not None else None
+        models = Models(EnergyVAD(), FixedASR(asr_text), CountingLM(), SentenceSpeechModel(ToneTTS()),
+                        end_of_turn=self.model)
+        self.core = EngineCore(models, self.woke.set, speculate_after_ms=0)
+
+
+@pytest.mark.parametrize("text, probability, pause_s, ends", [
+    # words NEUTRAL (500 ms at high); finished-sounding -> COMPLETE (250 ms)
+    ("Paris is nice", 0.95, 0.4, True),
+    ("Paris is nice", None, 0.4, False),  # no model: the words' 500 ms
+    # going on -> INCOMPLETE (2 s): a 1 s pause does not cut the user off
+    ("Paris is nice", 0.05, 1.0, False),
+    ("Paris is nice", 0.05, 2.2, True),
+    # trailing words wait whatever the model hears
+    ("I would like to book a table for", 0.99, 1.0, False),
+])
+def test_semantic_vad_in_the_engine_combines_words_and_sound(text, probability, pause_s, ends):
+    h = TurnHarness(text, probability)
+    h.send(p.OpenStream("s1", p.StreamConfig(turn_detection=p.TurnDetection(eagerness="high"))))
+    feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.2)]))
+    stream = h.core.streams["s1"]
+    det = stream.input.detector
+    h.run_until(lambda _: stream.input.utterance is None or (
+        stream.input.utterance.pause_text is not None
+        and (probability is None or det.heard is not None)))
+    feed(h, silence(pause_s - 0.2))
+    assert bool(h.of(p.SpeechStopped)) == ends
+    if h.model is not None:
+        assert h.model.calls == 1 and all(n.startswith("voxline-eot") for n in h.model.threads)  # off the loop
+    h.close()
+
+
+def test_a_verdict_on_a_pause_that_speech_resumed_is_void():
+    h = TurnHarness("Paris is nice", 0.95)
+    h.send(p.OpenStream("s1", p.StreamConfig(turn_detection=p.TurnDetection(eagerness="high"))))
+    feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.2), tone(0.1)]))
+    stream = h.core.streams["s1"]
+    h.run_until(lambda _: not h.core.table.has_work())
+    assert stream.input.detector.heard is None  # speech resumed: the old pause's verdict is void
+    h.close()
+
+
+def test_server_vad_queues_no_model_work():
+    h = TurnHarness("Paris is nice", 0.95)
+    h.send(p.OpenStream("s1", p.StreamConfig(turn_detection=p.TurnDetection())))
+    feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.8)]))
+    h.run_until(lambda outs: any(isinstance(o, p.TranscriptFinal) for o in outs))
+    assert h.model.calls == 0
+    h.close()

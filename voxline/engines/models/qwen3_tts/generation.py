@@ -110,6 +110,16 @@ def triage(streams: Sequence[TalkerStream], eos: int
     return live, results, completing
 
 
+def record_frame(stream: TalkerStream, frame: Tensor) -> TalkerFrame:
+    """Count the stream's completed frame (finishing it at its frame limit); the step's
+    output for it. Shared by the eager and the graphed generators."""
+    stream.frames += 1
+    stream.pending = None
+    if stream.frames >= stream.params.max_frames:
+        stream.finish = FinishReason.LENGTH
+    return TalkerFrame(stream, frame, stream.finish)
+
+
 def awaits_text(stream: TalkerStream, eos: int) -> bool:
     """The stream's next step would feed a frame whose text has not arrived yet
     (streaming text input, :meth:`TalkerPrompt.has_text_for`): hold it back until it has.
@@ -181,11 +191,7 @@ class TalkerGenerator:
             first = torch.tensor([s.pending for s in completing], device=self.talker.device)
             frames = self.talker.complete_frames(hidden, first, self._code_picker(completing))
             for i, s in enumerate(completing):
-                s.frames += 1
-                s.pending = None
-                if s.frames >= s.params.max_frames:
-                    s.finish = FinishReason.LENGTH
-                results[id(s)] = TalkerFrame(s, frames[i], s.finish)
+                results[id(s)] = record_frame(s, frames[i])
 
         feed: list[TalkerStream] = []
         embeds: list[Tensor] = []

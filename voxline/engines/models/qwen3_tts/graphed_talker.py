@@ -65,6 +65,7 @@ from .generation import (
     TalkerGenerator,
     TalkerSampling,
     TalkerStream,
+    record_frame,
     triage,
 )
 from .prompt import TalkerPrompt
@@ -219,11 +220,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
         if completing:
             frames, embeds = self._complete(completing)
             for i, s in enumerate(completing):
-                s.frames += 1
-                s.pending = None
-                if s.frames >= s.params.max_frames:
-                    s.finish = FinishReason.LENGTH
-                results[id(s)] = TalkerFrame(s, frames[i], s.finish)
+                results[id(s)] = record_frame(s, frames[i])
                 if s.finished:
                     continue
                 if self.cache.lengths[s.slot] + 1 > self.cache.max_len:

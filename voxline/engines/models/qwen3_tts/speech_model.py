@@ -41,9 +41,10 @@ TalkerSampling.greedy()`` (or ``temperature=0``), deterministic for every job.
 
 Speed: Qwen3-TTS has no speaking-rate control of its own, so a job whose ``speed`` is
 not 1 has its PCM time-stretched at the same pitch
-(:class:`~voxline.codecs.tempo.TimeStretch`, FFmpeg's ``atempo``), streamed chunk by chunk: 2.0 speaks in half the
-time, as Piper's ``length_scale / speed`` does. The stretcher holds back up to one
-analysis window, released on the job's next output or its last.
+(:class:`~voxline.codecs.tempo.TimeStretch`, FFmpeg's ``atempo``), streamed chunk by
+chunk: 2.0 speaks in half the time, as Piper's ``length_scale / speed`` does. The
+stretcher holds back up to one analysis window, released on the job's next output or
+its last; a speed outside ``SPEED_RANGE`` (0.25..4) is refused by :meth:`start`.
 
 Voice: the model speaks every job with one preset ``speaker`` and ``language``, unless
 the job names another preset (``job.voice``) or, on a Base checkpoint, clones one: a
@@ -168,12 +169,8 @@ class Qwen3SpeechModel:
             speaker = next(iter(spk_ids))
         self.speaker = speaker
         self.language = language
-        base = sampling or TalkerSampling()
-        overrides = {}
-        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
-            if value is not None:
-                overrides[name] = overrides[f"subtalker_{name}"] = value
-        self.sampling = dataclasses.replace(base, **overrides)
+        self.sampling = _with_overrides(sampling or TalkerSampling(), temperature=temperature,
+                                        top_k=top_k, top_p=top_p)
         # Fail on an unknown voice or language now, not on the first job.
         self._build(assistant_ids([self.tokenizer.chat.newline], self.tokenizer.chat), self.speaker)
 
@@ -537,6 +534,15 @@ class Qwen3SpeechModel:
         codes = self.codec_encoder.encode(audio)
         ids = ref_text_ids(self.tokenizer.text_ids(ref.text), self.tokenizer.chat)
         return EncodedReference(embedding, ids, codes)
+
+
+def _with_overrides(base: TalkerSampling, **values: float | None) -> TalkerSampling:
+    """``base`` with each given setting applied to the talker and the code predictor alike."""
+    overrides = {}
+    for name, value in values.items():
+        if value is not None:
+            overrides[name] = overrides[f"subtalker_{name}"] = value
+    return dataclasses.replace(base, **overrides)
 
 
 def _stretch(tempo: TimeStretch, wav: np.ndarray, final: bool) -> np.ndarray:

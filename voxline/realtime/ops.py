@@ -19,7 +19,7 @@ async def health(request: Request) -> JSONResponse:
     state = get_state(request)
     status = state.engine.status()
     body = {"status": "ok" if state.engine.ready else "unavailable", "engine": status,
-            "sessions": state.sessions}
+            "sessions": state.sessions, "server_id": state.server_id}
     if not state.engine.ready:
         body["reason"] = status.get("last_error") or "engine is starting"
     if open_sessions(request.app).draining:  # SIGTERM: take this server out of rotation

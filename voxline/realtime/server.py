@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
 import socket
 from types import FrameType
@@ -33,14 +35,25 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self._sessions = sessions
         self._grace = grace
+        self._drain: asyncio.Future[None] | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
         self._captured_signals.clear()  # a drained shutdown is a clean exit, not a death
+        with contextlib.suppress(RuntimeError):  # no loop yet: shutdown drains
+            # drain from now, not from uvicorn's next tick (up to 0.1 s later): a session
+            # that arrives meanwhile would be admitted only to be closed
+            asyncio.get_running_loop().call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.ensure_future(self._sessions.drain(self._grace))
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if not self.force_exit:
-            await self._sessions.drain(self._grace)  # still listening: /health says why
+            self._start_drain()
+            assert self._drain is not None
+            await self._drain  # still listening meanwhile: /health says why
         for server in self.servers:
             server.close()
         await super().shutdown(sockets)

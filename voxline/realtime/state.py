@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,9 +22,11 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     started: float = field(default_factory=time.time)
     client_secrets: ClientSecrets = field(init=False)  # signed with client_secret_keys
+    server_id: str = field(init=False)  # in the ids of calls, so a balancer can route them
     calls: dict[str, Any] = field(default_factory=dict)  # WebRTC calls by id (webrtc.Call)
 
     def __post_init__(self) -> None:
+        self.server_id = self.settings.server_id or os.urandom(4).hex()
         keys = self.settings.client_secret_keys
         self.client_secrets = ClientSecrets(SigningKeys.parse(keys) if keys else None)
         # every transport admits, builds and counts its sessions here

@@ -5,10 +5,16 @@ is usable by name as ``voice`` in `/v1/audio/speech` and as ``session.audio.outp
 in `/v1/realtime` sessions. The server keeps each clip once, normalised (mono, 24 kHz,
 peak <= 1: what both of the model's encoders take), and registers it with the engine's
 speech stage, which encodes it on first use and caches the encoding; the engine never
-sees this HTTP API, only `VoiceReference` payloads. Registrations live in the server's
-memory (a server restart forgets them); after an engine restart (the supervisor's fresh
-engine process knows none) every stored voice is registered with it again
-(:func:`keep_engine_voices`).
+sees this HTTP API, only `VoiceReference` payloads. Registrations live in the voice store
+(`voice_store.VoiceStore`, a directory: the ``voice_dir`` setting, default a temporary one
+a server restart forgets). Servers sharing one ``voice_dir`` share the voices: each
+lookup reads the directory, and a voice this server's engine has not been told about yet
+(registered through another server) is registered with it when a session names it and by
+a sync every `SYNC_SECONDS`; the engine's encoded-voice cache stays per server. After an
+engine restart (the supervisor's fresh engine process knows none) every stored voice is
+registered with it again (:func:`keep_engine_voices`). A store that cannot be read gives
+503 ``voice_store_unavailable`` on the voice endpoints and a session error naming the
+voice; nothing else depends on it.
 
 `POST /v1/voices` is multipart: ``name`` (letters, digits, ``-``/``_``, up to 64),
 ``audio`` (any file PyAV reads; ``file`` is accepted too) and optional ``ref_text``, the
@@ -21,13 +27,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import functools
 import json
 import logging
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +61,7 @@ from voxline.realtime.audio_http import (
     unavailable,
 )
 from voxline.realtime.state import ServerState
+from voxline.realtime.voice_store import StoredVoice, VoiceExists, VoiceStore, VoiceStoreError
 
 __all__ = ["StoredVoice", "VoiceStore", "clone_error", "keep_engine_voices",
            "reference_from_request", "router", "session_voice_check", "voice_store"]
@@ -66,52 +74,35 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class StoredVoice:
-    name: str
-    audio: bytes  # float32 LE mono at REFERENCE_RATE, normalised
-    ref_text: str | None
-    seconds: float
-    created_at: int
-
-    def reference(self, *, named: bool = False) -> p.VoiceReference:
-        return p.VoiceReference(self.audio, REFERENCE_RATE, self.ref_text,
-                                self.name if named else None)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.name, "object": "voice", "name": self.name, "ref_text": self.ref_text,
-                "duration_seconds": round(self.seconds, 3), "created_at": self.created_at}
+SYNC_SECONDS = 2.0  # a shared store: how often voices added elsewhere reach this engine
 
 
-class VoiceStore:
-    """The server's registered voices, by case-insensitive name."""
+@dataclass
+class ServerVoices:
+    """The store, and which of its voices this server's engine has been told about."""
 
-    def __init__(self) -> None:
-        self._voices: dict[str, StoredVoice] = {}
-        self.lock = asyncio.Lock()  # one registration change reaches the engine at a time
+    store: VoiceStore
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one engine change at a time
+    known: set[str] = field(default_factory=set)  # lower-cased names the engine holds
 
-    def get(self, name: str) -> StoredVoice | None:
-        return self._voices.get(name.lower())
 
-    def put(self, voice: StoredVoice) -> None:
-        self._voices[voice.name.lower()] = voice
+def _store_call(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+    return asyncio.to_thread(fn, *args)
 
-    def remove(self, name: str) -> StoredVoice | None:
-        return self._voices.pop(name.lower(), None)
 
-    def all(self) -> list[StoredVoice]:
-        return sorted(self._voices.values(), key=lambda v: v.created_at)
+def store_down(exc: VoiceStoreError) -> AudioAPIError:
+    return unavailable(str(exc), "voice_store_unavailable")
 
 
 def voice_store(request: Request) -> VoiceStore:
-    return store_of(request.app.state)
+    return store_of(request.app.state).store
 
 
-def store_of(app_state: Any) -> VoiceStore:
-    store = getattr(app_state, "voices", None)
-    if store is None:
-        store = app_state.voices = VoiceStore()
-    return store
+def store_of(app_state: Any) -> ServerVoices:
+    voices = getattr(app_state, "voices", None)
+    if voices is None:
+        voices = app_state.voices = ServerVoices(VoiceStore(app_state.voxline.settings.voice_dir))
+    return voices
 
 
 async def keep_engine_voices(app_state: Any) -> None:
@@ -125,34 +116,66 @@ async def keep_engine_voices(app_state: Any) -> None:
     came_up = asyncio.Event()
     remove_listener = state.engine.add_ready_listener(came_up.set)
     seen = state.engine.status().get("restarts", 0)
+    shared = store_of(app_state).store.shared
     try:
         while True:
-            await came_up.wait()
+            with contextlib.suppress(TimeoutError):  # a shared store: sync now and then
+                await asyncio.wait_for(came_up.wait(), SYNC_SECONDS if shared else None)
             came_up.clear()  # a restart during the registration below sets it again
             restarts = state.engine.status().get("restarts", 0)
-            if restarts == seen or not state.engine.ready:
+            if not state.engine.ready:
                 continue
-            if await _register_all(app_state):
-                seen = restarts
+            if restarts != seen:
+                store_of(app_state).known.clear()  # a fresh engine holds none
+                if await _register_all(app_state, restarted=True):
+                    seen = restarts
+            elif shared:
+                await _register_all(app_state)
     finally:
         remove_listener()
 
 
-async def _register_all(app_state: Any) -> bool:
-    """Register every stored voice with the engine; False if it went down meanwhile (the
-    next time it is ready, we are told again)."""
-    store = store_of(app_state)
+async def _register_all(app_state: Any, *, restarted: bool = False) -> bool:
+    """Bring the engine up to the store: register the stored voices it was not told about,
+    unregister those gone from the store; False if the engine or the store failed (the
+    next time the engine is ready, or the next sync, tries again)."""
+    voices = store_of(app_state)
     try:
-        async with store.lock:
-            for voice in store.all():
-                await _tell_engine(app_state.voxline, voice.reference(named=True))
-    except AudioAPIError as exc:
-        logger.warning("re-registering voices after an engine restart failed: %s",
-                       exc.message)
+        async with voices.lock:
+            stored = {v.name.lower(): v.name for v in await _store_call(voices.store.all)}
+            added = [name for key, name in stored.items() if key not in voices.known]
+            for name in added:
+                await _sync_voice(app_state.voxline, voices, name)
+            for key in sorted(voices.known - stored.keys()):
+                await _tell_engine(app_state.voxline, p.VoiceReference(b"", REFERENCE_RATE,
+                                                                       None, key))
+                voices.known.discard(key)
+    except (AudioAPIError, VoiceStoreError) as exc:
+        logger.warning("registering stored voices with the engine failed: %s", exc)
         return False
-    if store.all():
-        logger.info("registered %d voices with the restarted engine", len(store.all()))
+    if added:
+        logger.info("registered %d voices with the %s engine", len(added),
+                    "restarted" if restarted else "(voices added on another server)")
     return True
+
+
+async def _sync_voice(state: ServerState, voices: ServerVoices, name: str) -> None:
+    """Tell the engine about stored voice `name` (under `voices.lock`)."""
+    voice = await _store_call(voices.store.get, name)
+    if voice is not None:
+        await _tell_engine(state, voice.reference(named=True))
+        voices.known.add(name.lower())
+
+
+async def _ensure_known(app_state: Any, name: str) -> None:
+    """A session names a stored voice this engine was not told about: tell it now."""
+    voices = store_of(app_state)
+    try:
+        async with voices.lock:
+            if name.lower() not in voices.known:
+                await _sync_voice(app_state.voxline, voices, name)
+    except (AudioAPIError, VoiceStoreError) as exc:
+        logger.warning("registering voice %r with the engine failed: %s", name, exc)
 
 
 @functools.cache
@@ -216,14 +239,18 @@ async def reference_from_request(request: Request, state: ServerState, voice: st
         if ref_text is not None:
             raise bad("'ref_text' needs 'ref_audio': the transcript of the reference clip",
                       "ref_text")
-        stored = voice_store(request).get(voice)
-        if stored is not None:
-            return stored.reference()
-        if clone_error(state.settings) is None and voice.lower() not in _OPENAI_VOICES:
-            known = ", ".join(v.name for v in voice_store(request).all()) or "none"
-            raise bad(f"voice {voice!r} does not exist; register it with POST /v1/voices "
-                      f"(registered: {known})", "voice", "voice_not_found")
-        return None
+        store = voice_store(request)
+        try:
+            stored = await _store_call(store.get, voice)
+            if stored is not None:
+                return stored.reference()
+            if clone_error(state.settings) is not None or voice.lower() in _OPENAI_VOICES:
+                return None  # a preset voice
+            known = ", ".join(v.name for v in await _store_call(store.all)) or "none"
+        except VoiceStoreError as exc:
+            raise store_down(exc) from exc
+        raise bad(f"voice {voice!r} does not exist; register it with POST /v1/voices "
+                  f"(registered: {known})", "voice", "voice_not_found")
     _require_clone(state.settings, "ref_audio")
     audio, _ = await _normalised(_decode_base64(ref_audio, "ref_audio"), "ref_audio")
     text = ref_text.strip() if ref_text and ref_text.strip() else None
@@ -236,16 +263,33 @@ def session_voice_check(app_state: Any) -> Callable[[str], str | None] | None:
     checkpoint's own voice), or None. None (no check) on servers that cannot clone."""
     if clone_error(app_state.voxline.settings) is not None:
         return None
-    store = store_of(app_state)
+    voices = store_of(app_state)
 
     def why(voice: str) -> str | None:
-        if store.get(voice) is not None or voice.lower() in _OPENAI_VOICES:
+        if voice.lower() in _OPENAI_VOICES:
             return None
-        known = ", ".join(v.name for v in store.all()) or "none"
+        try:
+            if voices.store.exists(voice):  # one stat; registered here or on another server
+                if voice.lower() not in voices.known:
+                    _background(_ensure_known(app_state, voice))
+                return None
+            # the error path only: list the names (a read of each voice's metadata)
+            known = ", ".join(v.name for v in voices.store.all()) or "none"
+        except VoiceStoreError as exc:
+            return f"voice {voice!r} cannot be looked up: {exc}"
         return (f"voice {voice!r} does not exist; register it with POST /v1/voices "
                 f"(registered: {known})")
 
     return why
+
+
+_TASKS: set[asyncio.Task[None]] = set()  # held so they are not collected mid-run
+
+
+def _background(work: Awaitable[None]) -> None:
+    task = asyncio.ensure_future(work)
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
 
 
 _OPENAI_VOICES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage",
@@ -288,10 +332,9 @@ async def create_voice(request: Request) -> Response:
         ref_text = form.get("ref_text")
         if ref_text is not None and not isinstance(ref_text, str):
             raise bad("'ref_text' must be text: the transcript of the clip", "ref_text")
-        store = voice_store(request)
-        if store.get(name) is not None:
-            raise AudioAPIError(409, f"voice {name!r} already exists; delete it first",
-                                param="name", code="voice_exists")
+        voices = store_of(request.app.state)
+        if await _store_call(voices.store.exists, name):
+            raise _exists(name)
         data = await upload.read()
         if len(data) > MAX_UPLOAD_BYTES:
             raise bad(f"'audio' is {len(data)} bytes; the maximum is {MAX_UPLOAD_BYTES}", "audio",
@@ -299,36 +342,55 @@ async def create_voice(request: Request) -> Response:
         audio, seconds = await _normalised(data, "audio")
         text = ref_text.strip() if ref_text and ref_text.strip() else None
         voice = StoredVoice(name, audio, text, seconds, int(time.time()))
-        async with store.lock:
-            await _tell_engine(state, voice.reference(named=True))
-            store.put(voice)
+        async with voices.lock:
+            try:
+                await _store_call(voices.store.put, voice)  # atomic: one server wins a name
+            except VoiceExists:
+                raise _exists(name) from None
+            try:
+                await _tell_engine(state, voice.reference(named=True))
+            except AudioAPIError:
+                await _store_call(voices.store.remove, name)  # not usable: not registered
+                raise
+            voices.known.add(name.lower())
+    except VoiceStoreError as exc:
+        return store_down(exc).response()
     except AudioAPIError as exc:
         return exc.response()
     return JSONResponse(voice.to_json(), status_code=201)
+
+
+def _exists(name: str) -> AudioAPIError:
+    return AudioAPIError(409, f"voice {name!r} already exists; delete it first", param="name",
+                         code="voice_exists")
 
 
 @router.get("/v1/voices", response_model=None)
 async def list_voices(request: Request) -> Response:
     try:
         check_request(request)
+        stored = await _store_call(voice_store(request).all)
+    except VoiceStoreError as exc:
+        return store_down(exc).response()
     except AudioAPIError as exc:
         return exc.response()
-    return JSONResponse({"object": "list",
-                         "data": [v.to_json() for v in voice_store(request).all()]})
+    return JSONResponse({"object": "list", "data": [v.to_json() for v in stored]})
 
 
 @router.delete("/v1/voices/{name}", response_model=None)
 async def delete_voice(request: Request, name: str) -> Response:
     try:
         state = check_request(request)
-        store = voice_store(request)
-        if store.get(name) is None:
-            raise AudioAPIError(404, f"voice {name!r} does not exist", param="name",
-                                code="voice_not_found")
-        async with store.lock:
+        voices = store_of(request.app.state)
+        async with voices.lock:
+            if not await _store_call(voices.store.exists, name):
+                raise AudioAPIError(404, f"voice {name!r} does not exist", param="name",
+                                    code="voice_not_found")
             await _tell_engine(state, p.VoiceReference(b"", REFERENCE_RATE, None, name))
-            store.remove(name)
+            voices.known.discard(name.lower())
+            await _store_call(voices.store.remove, name)
+    except VoiceStoreError as exc:
+        return store_down(exc).response()
     except AudioAPIError as exc:
         return exc.response()
     return JSONResponse({"id": name, "object": "voice", "deleted": True})
-

@@ -419,7 +419,9 @@ async def create_call(request: Request) -> Response:
         return error_response(401, access, code="invalid_api_key")
     sessions = open_sessions(request.app)
     try:  # the slot is held from before the first await: concurrent offers cannot pass the limit
-        admission = state.host.admit(prefix="rtc", draining=sessions.draining)
+        # the call id names this server (rtc_<server_id>_...): a balancer routes by it
+        admission = state.host.admit(prefix=f"rtc_{state.server_id}",
+                                     draining=sessions.draining)
     except SessionRefused as refused:
         return error_response(503, refused.reason, code=REFUSAL_CODES[refused.refusal],
                               type="server_error")
@@ -474,10 +476,20 @@ async def hangup_call(call_id: str, request: Request) -> Response:
         return error_response(401, access, code="invalid_api_key")
     call = state.calls.get(call_id)
     if call is None:
-        return error_response(404, f"no call with id {call_id!r} (it may have ended)",
+        return error_response(404, f"no call with id {call_id!r} {_not_here(state, call_id)}",
                               code="call_not_found", param="call_id")
     call.hangup()
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(call.done.wait(), 10)
     await call.close()
     return Response(status_code=200)
+
+
+def _not_here(state: ServerState, call_id: str) -> str:
+    """Why a call id is unknown here: it ended, or it names another server (a balancer
+    that does not route by the id; see deploy/haproxy.cfg)."""
+    owner = call_id.split("_")[1] if call_id.count("_") >= 2 else None
+    if owner and owner != state.server_id:
+        return (f"on this server ({state.server_id}): it belongs to server {owner}; route "
+                "/v1/realtime/calls/rtc_<server_id>_... to that server")
+    return "(it may have ended)"

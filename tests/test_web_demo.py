@@ -260,6 +260,19 @@ def test_browser_voice_chat_with_real_server(tmp_path: Path):
     assert stats["samplesPlayed"] == stats["samplesScheduled"] == stats["samplesReceived"]
     assert stats["speechStarted"] == 1 and stats["playbackStops"] == 0
     assert state["status"].startswith("listening")
+    assert_latency_counts_from_the_end_of_speech(state)
+
+
+def assert_latency_counts_from_the_end_of_speech(state: dict[str, Any]) -> None:
+    """The latency line counts from the end of the speech itself (the microphone's last
+    voiced block), not from speech_stopped, which comes after the server's 500 ms silence
+    window: that window lies inside what it reports, and the line says both."""
+    stats = state["stats"]
+    line, = [e["text"] for e in entries(state, "system") if "first audio" in e["text"]]
+    assert line.startswith("end of speech → first audio: ") and "(after speech_stopped: " in line
+    total, after = stats["latenciesMs"][0], stats["afterStoppedMs"][0]
+    print(f"page latency line: {line}")
+    assert total >= after + 400, (total, after)  # (less a VAD tail's worth of the window)
 
 
 IN_LOOPBACK_NAMESPACE = "VOXLINE_TEST_LOOPBACK_NETNS"
@@ -318,6 +331,7 @@ def test_webrtc_turn_in_loopback_namespace(tmp_path: Path, caplog: pytest.LogCap
     assert stats["outputStarted"] >= 1 and stats["speechStarted"] == 1
     assert stats["playbackStops"] == 0
     assert 0 < stats["latenciesMs"][0] < 60_000
+    assert_latency_counts_from_the_end_of_speech({**state, "stats": stats})
     # Loopback only: the browser used the server's 127.0.0.1 candidate, and every pair the
     # server checked ran between 127.0.0.1 sockets.
     assert stats["candidatePair"]["remote"].startswith("127.0.0.1:"), stats["candidatePair"]

@@ -355,7 +355,8 @@ def _fmt(v: float | None, scale: float = 1.0) -> str:
 
 
 def table(report: dict[str, Any]) -> str:
-    head = (f"{'level':>10} {'ok/n':>7} {'TTFA p50/p95/p99 ms':>21} {'EOS->audio p50/p95 ms':>22}"
+    # the second column counts from speech_stopped, after the VAD's silence window
+    head = (f"{'level':>10} {'ok/n':>7} {'TTFA p50/p95/p99 ms':>21} {'stopped->audio p50/p95':>22}"
             f" {'RTF p50':>8} {'audio s/s':>9} {'underruns':>9} errors")
     lines = [f"voxline bench: {report['mode']} @ {report['url']}", head]
     for lv in report["levels"]:

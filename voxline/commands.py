@@ -32,7 +32,11 @@ class TurnResult:
     asr_ms: float = 0.0
     llm_ms: float = 0.0
     tts_ms: float = 0.0
+    # from the end of the speech itself (the VAD's audio_end_ms, on the feed's clock):
+    # only when the audio was fed in real time, as a speaker says it
     speech_end_to_first_audio_ms: float | None = None
+    # from speech_stopped, which comes after the VAD's silence window: the engine's part
+    stopped_to_first_audio_ms: float | None = None
     status: str = ""
 
 
@@ -40,8 +44,9 @@ async def converse_turn(client: object, audio16k: np.ndarray, *, stream_id: str 
                         seed: int | None = None, realtime: bool = False) -> TurnResult:
     """One spoken turn through an engine client: feed audio, answer the detected question.
 
-    Latency is measured from the moment the engine reports the end of speech (after its
-    silence window) to the first reply audio chunk.
+    Latency to the first reply audio chunk is measured from `SpeechStopped` (which comes
+    after the VAD's silence window) and, fed in `realtime`, from the end of the speech
+    itself: the moment the sample at its `audio_end_ms` was fed.
     """
     from voxline.engines.client import EngineClient
 
@@ -51,25 +56,41 @@ async def converse_turn(client: object, audio16k: np.ndarray, *, stream_id: str 
     audio = np.concatenate([audio16k, np.zeros(int(TRAILING_SILENCE_S * p.INPUT_RATE), np.float32)])
     step = p.INPUT_RATE * FEED_MS // 1000
 
+    fed: list[tuple[float, float]] = []  # (ms of audio fed, when), per chunk
+
     async def feed() -> None:
-        for i in range(0, len(audio), step):
+        t0 = time.perf_counter()
+        for n, i in enumerate(range(0, len(audio), step)):
+            # a chunk goes once its audio has been spoken, as a live microphone sends it
+            wait = t0 + (n + 1) * FEED_MS / 1000 - time.perf_counter() if realtime else 0
+            await asyncio.sleep(max(0.0, wait))
             stream.send(p.AppendAudio(stream_id, audio[i:i + step].astype("<f4").tobytes()))
-            await asyncio.sleep(FEED_MS / 1000 if realtime else 0)
+            fed.append((min(i + step, len(audio)) * 1000 / p.INPUT_RATE, time.perf_counter()))
+
+    def fed_at(ms: float) -> float | None:
+        """When the sample at `ms` of the input was fed (None: not yet)."""
+        chunk = next(((end, at) for end, at in fed if end >= ms), None)
+        return None if chunk is None else chunk[1] - (chunk[0] - ms) / 1000
 
     feeder = asyncio.create_task(feed())
     stopped_at: float | None = None
+    speech_end_at: float | None = None
     try:
         async for out in stream:
             match out:
                 case p.SpeechStopped():
                     stopped_at = time.perf_counter()
+                    speech_end_at = fed_at(out.audio_end_ms) if realtime else None
                 case p.TranscriptFinal(text=text) if text and not result.transcript:
                     result.transcript, result.asr_ms = text, out.asr_ms
                     stream.send(p.CreateResponse(stream_id, "resp_1", "item_reply",
                                                  p.ResponseConfig(seed=seed)))
                 case p.AudioChunk():
-                    if result.speech_end_to_first_audio_ms is None and stopped_at is not None:
-                        result.speech_end_to_first_audio_ms = (time.perf_counter() - stopped_at) * 1000
+                    if result.stopped_to_first_audio_ms is None and stopped_at is not None:
+                        now = time.perf_counter()
+                        result.stopped_to_first_audio_ms = (now - stopped_at) * 1000
+                        if speech_end_at is not None:
+                            result.speech_end_to_first_audio_ms = (now - speech_end_at) * 1000
                     result.audio.append(np.frombuffer(out.audio, dtype="<f4"))
                     result.sample_rate = out.sample_rate
                 case p.ResponseDone():
@@ -97,7 +118,9 @@ async def _converse(args: argparse.Namespace) -> int:
     await client.start()
     logger.info("engine ready in %.2f s", time.perf_counter() - t0)
     try:
-        result = await converse_turn(client, audio16k, seed=args.seed)
+        # in real time, as a speaker says it: the VAD's silence window is then waited out
+        # as a listener waits for it, and the end of speech is on the wall clock
+        result = await converse_turn(client, audio16k, seed=args.seed, realtime=True)
     finally:
         await client.close()
     reply = np.concatenate(result.audio) if result.audio else np.zeros(0, np.float32)
@@ -107,11 +130,21 @@ async def _converse(args: argparse.Namespace) -> int:
     print(f"reply:     {result.reply}")
     print(f"timing:    ASR {result.asr_ms:.0f} ms | LLM {result.llm_ms:.0f} ms | "
           f"TTS {result.tts_ms:.0f} ms")
-    if result.speech_end_to_first_audio_ms is not None:
-        print(f"latency:   end of speech (VAD) -> first reply audio "
-              f"{result.speech_end_to_first_audio_ms:.0f} ms")
+    print(f"latency:   {latency_line(result)}")
     print(f"wrote {args.output} ({len(reply) / max(result.sample_rate, 1):.1f} s, 24 kHz)")
     return 0
+
+
+def latency_line(result: TurnResult) -> str:
+    """What `converse` prints, each number named by where it counts from."""
+    stopped = result.stopped_to_first_audio_ms
+    if stopped is None:
+        return "no reply audio after the end of speech"
+    after = f"speech_stopped (after the VAD's silence window) -> first reply audio {stopped:.0f} ms"
+    if result.speech_end_to_first_audio_ms is None:
+        return after
+    return (f"end of speech -> first reply audio {result.speech_end_to_first_audio_ms:.0f} ms "
+            f"(of it, {after})")
 
 
 def _say(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@
   const MAX_QUEUED_CHUNKS = 75;  // audio kept (3 s) while the socket is still opening
   const PLAYBACK_MARGIN_S = 0.05;  // jitter margin when playback (re)starts
   const AUDIBLE_PEAK = 0.004;    // a reply-track block louder than this (-48 dBFS) is audible
+  const VOICED_PEAK = 0.02;      // a microphone block louder than this (-34 dBFS) is speech
   const PTT_TAIL_MS = 250;       // WebRTC press-to-talk: the last audio still on its way
   const RECONNECT_DELAYS_MS = [1000, 2000, 4000];  // after a live call drops
 
@@ -39,10 +40,14 @@
     framesReceived: 0, audibleFrames: 0, iceState: "", candidatePair: null,        // WebRTC reply
     playbackStops: 0, outputStarted: 0, outputCleared: 0,
     speechStarted: 0, responsesCreated: 0, responsesDone: 0, userTranscripts: 0, assistantTranscripts: 0,
-    errors: 0, reconnects: 0, latenciesMs: [], captureRate: 0, lastClose: null,
+    errors: 0, reconnects: 0, captureRate: 0, lastClose: null,
+    // per turn: end of speech (the mic's last voiced block) -> first audible reply, and the
+    // part of it after speech_stopped (or the press-to-talk release) reached the page
+    latenciesMs: [], afterStoppedMs: [],
   };
   Object.defineProperty(window, "voxlineStats", {
-    get: () => Object.freeze({ ...stats, latenciesMs: [...stats.latenciesMs] }), enumerable: true,
+    get: () => Object.freeze({ ...stats, latenciesMs: [...stats.latenciesMs],
+      afterStoppedMs: [...stats.afterStoppedMs] }), enumerable: true,
   });
 
   // Audio-thread code. "voxline-capture": mono float mic at the context's rate -> PCM16 at
@@ -211,17 +216,36 @@ registerProcessor("voxline-meter", VoxlineMeter);
   }
 
   // ---- latency: end of the user's speech -> first reply audio they can hear ------------
+  // The end of speech is the microphone's last voiced 20 ms block (metered on the page, so
+  // on the page's clock), not speech_stopped: that arrives after the server's silence
+  // window (500 ms by default), which is part of the wait the user feels. Both are shown.
 
-  function turnEnded(c) {
-    c.turnEndedAt = performance.now();
+  function voiceHeard(c) {
+    c.lastVoiceAt = performance.now();
+  }
+
+  function turnEnded(c, signal) {
+    const now = performance.now();
+    c.stoppedAt = now;
+    c.stopSignal = signal;
+    // voiced since the previous turn ended: that is this turn's end of speech
+    const voiced = c.lastVoiceAt !== null && c.lastVoiceAt > c.previousStopAt;
+    c.turnEndedAt = voiced ? c.lastVoiceAt : null;
+    c.previousStopAt = now;
   }
 
   function replyAudible(c, at) {
-    if (c.turnEndedAt === null) return;
-    const ms = Math.max(0, Math.round(at - c.turnEndedAt));
-    c.turnEndedAt = null;
-    stats.latenciesMs.push(ms);
-    const text = `end of speech → first audio: ${(ms / 1000).toFixed(2)} s`;
+    if (c.stoppedAt === null) return;
+    const after = Math.max(0, Math.round(at - c.stoppedAt));
+    const total = c.turnEndedAt === null ? null : Math.max(0, Math.round(at - c.turnEndedAt));
+    c.stoppedAt = c.turnEndedAt = null;
+    const s = (ms) => `${(ms / 1000).toFixed(2)} s`;
+    let text = `${c.stopSignal} → first audio: ${s(after)} (no voiced microphone level seen)`;
+    if (total !== null) {
+      stats.latenciesMs.push(total);
+      text = `end of speech → first audio: ${s(total)} (after ${c.stopSignal}: ${s(after)})`;
+    }
+    stats.afterStoppedMs.push(after);
     latencyEl.textContent = `last turn: ${text}`;
     addEntry("system latency", text);
   }
@@ -257,6 +281,10 @@ registerProcessor("voxline-meter", VoxlineMeter);
       URL.revokeObjectURL(url);
     }
     c.nodes = [c.micSource];
+    const level = new AudioWorkletNode(c.ctx, "voxline-meter", { numberOfOutputs: 0 });
+    level.port.onmessage = (e) => { if (c === call && e.data > VOICED_PEAK && micOn(c)) voiceHeard(c); };
+    c.micSource.connect(level);
+    c.nodes.push(level);
     if (c.transport !== "websocket") return;  // WebRTC sends the track itself
     const capture = new AudioWorkletNode(c.ctx, "voxline-capture", {
       numberOfInputs: 1, numberOfOutputs: 1, outputChannelCount: [1],
@@ -532,13 +560,13 @@ registerProcessor("voxline-meter", VoxlineMeter);
         // Barge-in. Over the WebSocket the page silences its own playback now; over WebRTC
         // the server clears its track (output_audio_buffer.cleared follows).
         stats.speechStarted += 1;
-        c.turnEndedAt = null;
+        c.stoppedAt = c.turnEndedAt = null;
         markInterrupted(c, stopPlayback(c) || c.outputPlaying);
         setStatus("hearing", "hearing you…");
         break;
       }
       case "input_audio_buffer.speech_stopped":
-        turnEnded(c);
+        turnEnded(c, "speech_stopped");
         setStatus("thinking", "thinking…");
         break;
       case "input_audio_buffer.committed":
@@ -663,7 +691,7 @@ registerProcessor("voxline-meter", VoxlineMeter);
       listening();
       return;
     }
-    turnEnded(c);
+    turnEnded(c, "release");
     setStatus("thinking", "thinking…");
     // Over WebRTC the last words are still in flight on the track: keep the mic open a
     // moment, then commit. Over the WebSocket they were sent in order before this.
@@ -734,7 +762,8 @@ registerProcessor("voxline-meter", VoxlineMeter);
       nodes: null, remoteStream: null, ready: false, live: false, stopping: false,
       queued: [], playing: new Set(), playhead: 0, carry: null, lastAudioItem: null, outputPlaying: false,
       users: new Map(), replies: new Map(), activeResponses: new Set(), interrupted: new Set(),
-      holding: false, heldAt: 0, tailUntil: 0, turnEndedAt: null,
+      holding: false, heldAt: 0, tailUntil: 0, turnEndedAt: null, stoppedAt: null, stopSignal: "",
+      lastVoiceAt: null, previousStopAt: -Infinity,
     };
     call = c;
     stats.transport = c.transport;

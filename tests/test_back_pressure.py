@@ -373,3 +373,90 @@ def test_remote_llm_deltas_wait_in_the_http_stream_past_their_bound(monkeypatch)
             assert request.finish == remote_llm.FinishReason.STOP and fake.completed == 1
         finally:
             stage.close()
+
+
+# --------------------------------------------------------------- instructions past the context
+
+
+def test_instructions_past_the_context_are_refused_naming_the_field_untokenized_when_huge():
+    from test_engine_core import Harness
+
+    h = Harness()
+    rendered: list[int] = []
+    render = h.lm.render_message
+    h.lm.render_message = lambda role, text, *rest: rendered.append(len(text)) or render(
+        role, text, *rest)
+    h.lm.max_token_chars = 4  # no token of this model covers more than 4 characters
+    huge = "w " * 1_000_000  # far past 256 tokens x 4 characters: refused before tokenizing
+    h.send(p.OpenStream("s1", p.StreamConfig(instructions=huge)),
+           p.AddItem("s1", "u1", "user", "hello"),
+           p.CreateResponse("s1", "r1", "a1"))
+    outs = h.run_until(lambda o: any(isinstance(x, p.ResponseDone) for x in o))
+    error = next(o for o in outs if isinstance(o, p.StreamError))
+    assert error.code == p.ErrorCode.CONTEXT_LENGTH_EXCEEDED and not error.fatal
+    assert error.param == "session.instructions"
+    assert error.message.startswith(f"session.instructions is {len(huge)} characters")
+    assert "256 tokens" in error.message and len(huge) not in rendered
+    done = next(o for o in outs if isinstance(o, p.ResponseDone))
+    assert done.status == p.ResponseStatus.FAILED
+    # a per-response override that fits in characters but not in tokens: tokenized, refused
+    h.outputs.clear()
+    h.send(p.CreateResponse("s1", "r2", "a2", p.ResponseConfig(instructions="w " * 300)))
+    outs = h.run_until(lambda o: any(isinstance(x, p.ResponseDone) for x in o))
+    error = next(o for o in outs if isinstance(o, p.StreamError))
+    assert error.param == "response.instructions"
+    assert error.message.startswith("response.instructions is 305 tokens")
+    # the stream lives on: without the override the next response generates
+    h.send(p.UpdateStream("s1", p.StreamConfig(instructions="Be brief.")))
+    h.outputs.clear()
+    h.send(p.CreateResponse("s1", "r3", "a3"))
+    outs = h.run_until(lambda o: any(isinstance(x, p.ResponseDone) for x in o))
+    assert next(o for o in outs if isinstance(o, p.ResponseDone)).status == \
+        p.ResponseStatus.COMPLETED
+    h.close()
+
+
+async def test_an_input_sent_as_the_engine_goes_down_ends_the_session_with_engine_dead():
+    """The death is seen (not ready) before the streams are failed: an input the session
+    sends in between must not end it with an internal error."""
+    from voxline.engines.client import ENGINE_DEAD
+    from voxline.sessions.actor import SessionActor
+    from voxline.sessions.commands import AppendAudio
+    from voxline.sessions.events import ErrorEvent
+    from voxline.sessions.runner import SessionEnded, SessionRunner
+
+    engine = InProcessEngineClient("echo_core:make_echo_core")
+    await engine.start()
+    events: list[Any] = []
+    sent = asyncio.Event()
+
+    async def send(event: Any) -> None:
+        events.append(event)
+        sent.set()
+
+    commands: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def incoming() -> Any:  # a command is done once the runner asks for the next
+        while (command := await commands.get()) is not None:
+            yield command
+            commands.task_done()
+
+    runner = SessionRunner(SessionActor("sess_1", "s1"), engine, send)
+    run = asyncio.create_task(runner.run(incoming()))
+    try:
+        await asyncio.wait_for(sent.wait(), 30 * TIME_FACTOR)  # session.created: running
+        engine._set_down("engine process 1 was killed by SIGKILL")  # seen, streams not failed
+        await commands.put(AppendAudio(audio=bytes(4800)))  # 100 ms: an engine AppendAudio
+        handled = asyncio.ensure_future(commands.join())
+        await asyncio.wait({handled, run}, timeout=30 * TIME_FACTOR,
+                           return_when=asyncio.FIRST_COMPLETED)
+        assert handled.done() and not run.done(), run.exception() if run.done() else None
+        engine._fail_all_streams("engine process 1 was killed by SIGKILL", ENGINE_DEAD)
+        with pytest.raises(SessionEnded) as ended:
+            await asyncio.wait_for(run, 30 * TIME_FACTOR)
+        assert ended.value.code == 1011 and "SIGKILL" in ended.value.reason
+        assert [e.error.code for e in events if isinstance(e, ErrorEvent)] == ["engine_dead"]
+    finally:
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        await engine.close()

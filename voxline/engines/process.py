@@ -16,10 +16,11 @@ loop's bounded `Inbox` (`engines.loop.INBOX_LIMIT`) and, while the inbox is full
 instead of reading on; the socket then fills to its high-water mark (`_HWM` messages on
 each side), and the client's non-blocking send is refused with `EngineBusyError`
 ("engine input queue is full"), which the session turns into an `error` event. Outputs:
-the client reads its socket as fast as it arrives; each stream's own queue is bounded
-(`max_queued_outputs`, see `voxline.engines.client`). Nothing polls on a timer: the pump
-blocks on its socket and a stop pipe; after a death the client drains the dead child's
-last outputs until its socket reports the disconnect (at most `_DRAIN_TIMEOUT_S`).
+the client reads its socket as fast as it arrives (past `_HWM` unread messages the child's
+send waits, pausing the engine loop); each stream's own queue is bounded
+(`max_queued_outputs`, see `voxline.engines.client`). The pump does not poll: it blocks
+on its socket and a stop pipe; after a death the client drains the dead child's last
+outputs until its socket reports the disconnect (at most `_DRAIN_TIMEOUT_S`).
 
 Supervision. The client watches the child's sentinel fd on the event loop, so a death
 is seen at once: `ready` turns False, every open stream ends with

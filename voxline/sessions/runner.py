@@ -7,7 +7,9 @@ client is not reading and the session ends (`SessionEnded(1008)`). An engine inp
 engine refuses because its input queue is full (`EngineBusyError`) is not lost silently:
 the actor hears it as the engine's own refusal, a `server_busy` error naming the client
 event that caused it (and a refused `response.create` ends its response as failed), and
-the session lives on.
+the session lives on. An input sent while the engine is going down (its death seen, the
+streams not failed yet) is not sent: the stream's `engine_dead` end follows and ends the
+session with that error, not with an internal one.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from voxline.engines import protocol as ep
 from voxline.engines.client import EngineClient, StreamHandle
-from voxline.errors import EngineBusyError, EngineError, ProtocolError
+from voxline.errors import EngineBusyError, EngineDeadError, EngineError, ProtocolError
 from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
 from voxline.sessions.commands import ClientCommand
@@ -130,6 +132,9 @@ class SessionRunner:
                     self._busy = False
                 except EngineBusyError as exc:
                     refused.extend(self._refusal(cmd, exc))
+                except EngineDeadError:  # going down: the stream's `engine_dead` end follows
+                    logger.debug("session %s: engine down, %s not sent", actor.session_id,
+                                 type(cmd).__name__)
         for out in refused:  # after the sends: the actor may queue commands of its own
             actor.on_engine(out, self._clock())
         if refused:

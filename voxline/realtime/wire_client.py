@@ -16,7 +16,14 @@ import json
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    PrivateAttr,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from voxline.codecs.pcm import b64decode_audio
@@ -37,7 +44,7 @@ from voxline.realtime.wire_session import (
     protocol_error_from_validation,
 )
 from voxline.sessions import commands as cmd
-from voxline.sessions.commands import ResponseOverrides
+from voxline.sessions.commands import ResponseOverrides, VideoParams
 from voxline.sessions.items import (
     ContentPart,
     ContentType,
@@ -178,12 +185,44 @@ class ResponseAudioParams(WireModel):
     output: ResponseAudioOutputParams | None = None
 
 
+def _patch_multiple(value: int) -> int:
+    if value % VIDEO_SIZE_MULTIPLE:
+        raise PydanticCustomError("invalid_value", "must be a multiple of {multiple} (the video "
+                                  "model's patch size)", {"multiple": VIDEO_SIZE_MULTIPLE})
+    return value
+
+
+VIDEO_SIZE_MULTIPLE = 16
+VideoSide = Annotated[int, Field(ge=VIDEO_SIZE_MULTIPLE, le=4096), AfterValidator(_patch_multiple)]
+# GA output_modalities may add "video" (a voxline extension; see ResponseVideoParams)
+ResponseModalities = Annotated[list[Literal["text", "audio", "video"]], Field(min_length=1)]
+
+
+class ResponseVideoParams(WireModel):
+    """voxline extension: ``response.video``, the video a response shows (with "video" in
+    ``output_modalities``); the same names and bounds as ``POST /v1/videos``."""
+
+    prompt: Annotated[str, Field(min_length=1, max_length=4096)]
+    width: VideoSide = 640
+    height: VideoSide = 384
+    fps: Annotated[int, Field(ge=1, le=60)] = 24
+    num_frames: Annotated[int, Field(ge=1, le=10_000)] = 33
+    num_inference_steps: Annotated[int, Field(ge=1, le=200)] = 50
+    guidance_scale: Annotated[float, Field(ge=0, le=100)] = 5.0
+    negative_prompt: str = ""
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+
+    def to_params(self) -> VideoParams:
+        return VideoParams(**self.model_dump())
+
+
 class ResponseParams(WireModel):
     """The ``response`` object of ``response.create``: per-response overrides, either dialect."""
 
     instructions: str | None = None
-    output_modalities: Modalities | None = None
-    modalities: Modalities | None = None
+    output_modalities: ResponseModalities | None = None
+    modalities: Modalities | None = None  # beta: no video extension
+    video: ResponseVideoParams | None = None
     max_output_tokens: MaxTokens | None = None
     max_response_output_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
@@ -229,6 +268,8 @@ class ResponseParams(WireModel):
             custom_input=self.input is not None,
             tools=tuple(self.tools) if self.tools is not None else None,
             tool_choice=self.tool_choice,
+            video_modality="video" in (modalities or ()),
+            video=self.video.to_params() if self.video is not None else None,
         )
 
 

@@ -58,6 +58,9 @@ from voxline.sessions.events import (
     SpeechStopped,
     TextDelta,
     TextDone,
+    VideoChunk,
+    VideoDone,
+    VideoStarted,
 )
 from voxline.sessions.items import (
     ITEM_TYPES,
@@ -146,12 +149,18 @@ _WIRE_TYPES: dict[type[ServerEvent], WireTypes] = {
     mcp_ev.McpCallInProgress: WireTypes("response.mcp_call.in_progress", None),
     mcp_ev.McpCallCompleted: WireTypes("response.mcp_call.completed", None),
     mcp_ev.McpCallFailed: WireTypes("response.mcp_call.failed", None),
+    # voxline extensions (sent only when a response asked for video): same in both dialects
+    VideoStarted: WireTypes("response.output_video.started",
+                            "response.output_video.started"),
+    VideoChunk: WireTypes("response.output_video.chunk", "response.output_video.chunk"),
+    VideoDone: WireTypes("response.output_video.done", "response.output_video.done"),
 }
 
 assert set(_WIRE_TYPES) == set(SERVER_EVENT_CLASSES), "every server event has wire names"
 
-_PAYLOAD_FIELDS: dict[type[ServerEvent], tuple[str, ...]] = {
-    cls: tuple(name for name in cls.model_fields if name != "event_id") for cls in _WIRE_TYPES
+_PAYLOAD_FIELDS: dict[type[ServerEvent], tuple[str, ...]] = {  # excluded fields stay local
+    cls: tuple(name for name, info in cls.model_fields.items()
+               if name != "event_id" and not info.exclude) for cls in _WIRE_TYPES
 }
 _BETA_PART_TYPES = {"output_text": "text", "output_audio": "audio"}
 

@@ -28,7 +28,6 @@ import numpy as np
 
 from voxline.engines import protocol as ep
 from voxline.engines.input_audio import MIN_COMMIT_MS
-from voxline.engines.remote_llm import function_call_text, function_output_text
 from voxline.errors import AudioFormatError, ProtocolError
 from voxline.sessions import capabilities
 from voxline.sessions import commands as cmd
@@ -50,6 +49,7 @@ from voxline.sessions.playout_lead import PlayoutReports
 from voxline.sessions.records import ActiveResponse, ItemRecord, log_trace
 from voxline.sessions.settings import AudioFormat, SessionSettings
 from voxline.sessions.transcription import PartialTranscript
+from voxline.sessions.video_responses import VideoResponses
 
 logger = logging.getLogger(__name__)
 
@@ -66,15 +66,6 @@ MEDIA_FRAME_MS = 20  # one RTP packet of Opus: barge-in stops a track within one
 def _role(item: it.ConversationItem) -> str:
     """A message's role, else the item's type (``function_call``...)."""
     return item.role if isinstance(item, it.MessageItem) else item.type
-
-
-def engine_message(item: it.ConversationItem) -> tuple[str, str]:
-    """The (role, text) of a client-created item in the engine's conversation."""
-    if isinstance(item, it.FunctionCallItem):
-        return "function_call", function_call_text(item.call_id, item.name, item.arguments)
-    if isinstance(item, it.FunctionCallOutputItem):
-        return "function_call_output", function_output_text(item.call_id, item.output)
-    return item.role, item.text
 
 
 @dataclass
@@ -120,6 +111,7 @@ class SessionActor:
         self.playing: str | None = None  # response whose audio the client is playing
         self.last_audio_response: str | None = None
         self.mcp = McpTools(self)  # MCP tools: listing, calls, approvals (sessions/mcp.py)
+        self.video = VideoResponses(self)  # a response's video (sessions/video_responses.py)
 
     # ------------------------------------------------------------------------ outputs
 
@@ -309,7 +301,7 @@ class SessionActor:
                                param="previous_item_id", previous_item_id=previous)
         self._add_record(ItemRecord(item), previous)
         self.images_accepted += len(images)
-        self.commands.append(ep.AddItem(self.stream_id, item.id, *engine_message(item), previous,
+        self.commands.append(ep.AddItem(self.stream_id, item.id, *it.engine_message(item), previous,
                                         images=images))
         prev = self._previous(item.id)
         self._emit(ev.ItemAdded(item=item, previous_item_id=prev))
@@ -381,6 +373,7 @@ class SessionActor:
                 self._check_voice(params.voice, "response.create", "response.audio.output.voice")
         settings = params.apply_to(self.settings) if params is not None else self.settings
         self._start_response(settings, now, trigger=now, metadata=params.metadata if params else None)
+        self.video.start(self.response, params)
 
     def _check_voice(self, voice: str, event: str, param: str) -> None:
         why = self.voice_error(voice) if self.voice_error is not None else None
@@ -455,6 +448,7 @@ class SessionActor:
             self.pacer.clear(now)
         self._buffer_cleared()
         self.commands.append(ep.CancelResponse(self.stream_id))
+        self.video.cancel()
 
     def _buffer_cleared(self) -> None:
         """The client's output audio buffer was dropped (barge-in, cancel)."""
@@ -548,6 +542,8 @@ class SessionActor:
                 self._audio_chunk(out, now)
             case ep.ResponseDone():
                 self._engine_response_done(out, now)
+            case ep.VideoChunk() | ep.VideoDone():
+                self.video.on_engine(out)
             case ep.ItemTruncated():
                 self._item_truncated(out)
             case ep.StreamError():
@@ -750,6 +746,7 @@ class SessionActor:
         r = self.response
         self.commands.extend(self.playout.report(self.stream_id, r, self.pacer, now))
         if (r is not None and r.engine_done is not None and not self.pacer.pending(r.response.id)
+                and not self.video.holds(r.response.id)
                 and (r.cancel_reason is not None or not self.mcp.holds(r.response.id))):
             self._finish_response(now)
         if self.mcp.take_follow_up():  # MCP results the model has not answered yet

@@ -18,6 +18,7 @@ from voxline.errors import ProtocolError
 from voxline.sessions import mcp_servers as mcp
 from voxline.sessions.commands import ResponseOverrides
 from voxline.sessions.settings import SessionSettings
+from voxline.sessions.video_responses import check_video_overrides
 
 # The shipped ASR (Moonshine base-en) transcribes English only and takes no prompt.
 TRANSCRIPTION_LANGUAGES = ("en",)
@@ -99,6 +100,7 @@ def check_overrides(overrides: ResponseOverrides, *, session_tools: tuple[dict, 
     """The same for one response's overrides (a tool_choice may name a session tool)."""
     tools = overrides.tools if overrides.tools is not None else session_tools
     _check_tools("response.create", "response", tools, overrides.tool_choice, tools_supported)
+    check_video_overrides(overrides)
 
 
 def _check_tools(event: str, root: str, tools: tuple[dict, ...] | list[dict],

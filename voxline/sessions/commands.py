@@ -80,6 +80,22 @@ class DeleteItem(Command):
 
 
 @dataclass(frozen=True)
+class VideoParams:
+    """A response's video (the voxline extension ``response.video``): the `/v1/videos`
+    names; the engine's video model checks what it can make."""
+
+    prompt: str
+    width: int = 640
+    height: int = 384
+    fps: int = 24
+    num_frames: int = 33
+    num_inference_steps: int = 50
+    guidance_scale: float = 5.0
+    negative_prompt: str = ""
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
 class ResponseOverrides:
     """Per-response settings; None means "as the session says".
 
@@ -98,6 +114,8 @@ class ResponseOverrides:
     custom_input: bool = False
     tools: tuple[dict[str, Any], ...] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    video_modality: bool = False  # "video" is in output_modalities (a voxline extension)
+    video: VideoParams | None = None  # response.video
 
     @property
     def out_of_band(self) -> bool:

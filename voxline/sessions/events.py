@@ -246,6 +246,44 @@ class McpCallFailed(ServerEvent):
     output_index: int
 
 
+class VideoStarted(ServerEvent):
+    """voxline extension ``response.output_video.started``: the response's video began.
+    `video_id` names it (over the WebSocket, ``/v1/videos/{video_id}`` holds its MP4)."""
+
+    response_id: str
+    video_id: str
+    width: int
+    height: int
+    fps: int
+    num_frames: int
+
+
+class VideoChunk(ServerEvent):
+    """voxline extension ``response.output_video.chunk``: chunk `index` of `total` made,
+    `frames` frames of it. `pixels` (uint8 RGB, (frames, height, width, 3)) is for the
+    transport's video track or recorder only: it is never rendered on the wire."""
+
+    response_id: str
+    video_id: str
+    index: int
+    total: int
+    frames: int
+    width: int = Field(exclude=True)
+    height: int = Field(exclude=True)
+    fps: int = Field(exclude=True)
+    pixels: bytes = Field(exclude=True, repr=False)
+
+
+class VideoDone(ServerEvent):
+    """voxline extension ``response.output_video.done``: the video ended (``completed``,
+    ``cancelled`` by response.cancel or barge-in, or ``failed`` with `error`)."""
+
+    response_id: str
+    video_id: str
+    status: str
+    error: str | None = None
+
+
 class OutputAudioBufferStarted(ServerEvent):
     response_id: str
 
@@ -314,4 +352,11 @@ SERVER_EVENT_CLASSES: tuple[type[ServerEvent], ...] = (
     McpCallInProgress,
     McpCallCompleted,
     McpCallFailed,
+    VideoStarted,
+    VideoChunk,
+    VideoDone,
 )
+
+# voxline's own Realtime extension events (not OpenAI's): sent only to a client that asked
+# for them (a response.create with "video"); the openai SDK passes unknown types through.
+VOXLINE_EXTENSION_EVENTS: tuple[type[ServerEvent], ...] = (VideoStarted, VideoChunk, VideoDone)

@@ -15,6 +15,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from voxline.engines.remote_llm import function_call_text, function_output_text
 from voxline.errors import ProtocolError
 from voxline.sessions.ids import new_id
 from voxline.sessions.settings import AudioFormat, SessionSettings
@@ -279,3 +280,12 @@ class RateLimit(BaseModel):
     limit: int
     remaining: int
     reset_seconds: float
+
+
+def engine_message(item: ConversationItem) -> tuple[str, str]:
+    """The (role, text) of a client-created item in the engine's conversation."""
+    if isinstance(item, FunctionCallItem):
+        return "function_call", function_call_text(item.call_id, item.name, item.arguments)
+    if isinstance(item, FunctionCallOutputItem):
+        return "function_call_output", function_output_text(item.call_id, item.output)
+    return item.role, item.text

@@ -1,0 +1,122 @@
+"""A response's video: the voxline Realtime extension, sans I/O like the actor it serves.
+
+A ``response.create`` with "video" in ``output_modalities`` and a ``response.video``
+object (`commands.VideoParams`) makes its response show a generated video beside the
+reply: the session sends the engine `CreateVideo` (the video's id is fresh, ``video_...``)
+and reports it to the client as ``response.output_video.started``, one
+``response.output_video.chunk`` per chunk as the engine makes it (the chunk's frames ride
+along in the event's `pixels`, never rendered on the wire: the transport plays them on a
+video track or records them), and ``response.output_video.done``.
+
+Lifecycle rules: the response stays in progress until its video ended (`holds`), so
+``response.done`` ends both. ``response.cancel`` and barge-in (the actor's `_cancel`) send
+`CancelVideo`: the engine stops at the next chunk boundary and nothing more of the video is
+sent; the done event (``cancelled``) goes out at once, so a transport stops playing it
+then. Each response has at most one video and a new response's video replaces the last
+one on the track. Without a video model the engine refuses `CreateVideo` with an error
+naming the `video` setting; the response then ends as its reply does and the session
+lives on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from voxline.engines import protocol as ep
+from voxline.errors import ProtocolError
+from voxline.sessions import events as ev
+from voxline.sessions.commands import ResponseOverrides, VideoParams
+from voxline.sessions.ids import new_id
+
+if TYPE_CHECKING:
+    from voxline.sessions.records import ActiveResponse
+
+_STATUS = {ep.ResponseStatus.COMPLETED: "completed", ep.ResponseStatus.CANCELLED: "cancelled"}
+
+
+def check_video_overrides(overrides: ResponseOverrides) -> None:
+    """Refuse a response.create whose video modality and ``response.video`` disagree."""
+    if not overrides.video_modality and overrides.video is None:
+        return
+    if overrides.video is None:
+        raise ProtocolError("response.create: output_modalities includes 'video' but "
+                            "response.video (with its prompt) is missing",
+                            code="missing_required_parameter", param="response.video.prompt")
+    if not overrides.video_modality:
+        raise ProtocolError("response.create: response.video is set but "
+                            "response.output_modalities does not include 'video'",
+                            code="invalid_value", param="response.output_modalities")
+
+
+class VideoHost(Protocol):
+    """What of the actor this needs: its engine stream and its outgoing lists."""
+
+    stream_id: str
+    commands: list[ep.EngineInput]
+    events: list[ev.ServerEvent]
+
+
+@dataclass
+class ActiveVideo:
+    response_id: str
+    video_id: str
+    params: VideoParams
+
+
+class VideoResponses:
+    """The actor's video half: at most one video in flight (the active response's)."""
+
+    def __init__(self, actor: VideoHost) -> None:
+        self._actor = actor
+        self.active: ActiveVideo | None = None
+
+    def start(self, response: ActiveResponse | None, overrides: ResponseOverrides | None
+              ) -> None:
+        """`response` just started: ask the engine for its video, if it asked for one."""
+        params = overrides.video if overrides is not None else None
+        if response is None or params is None:
+            return
+        actor = self._actor
+        response_id = response.response.id
+        video = ActiveVideo(response_id, new_id("video"), params)
+        self.active = video
+        actor.commands.append(ep.CreateVideo(
+            actor.stream_id, video.video_id, params.prompt, width=params.width,
+            height=params.height, num_frames=params.num_frames,
+            num_inference_steps=params.num_inference_steps,
+            guidance_scale=params.guidance_scale, negative_prompt=params.negative_prompt,
+            seed=params.seed))
+        actor.events.append(ev.VideoStarted(response_id=response_id, video_id=video.video_id,
+                                            width=params.width, height=params.height,
+                                            fps=params.fps, num_frames=params.num_frames))
+
+    def holds(self, response_id: str) -> bool:
+        """True while `response_id`'s video is still being made (its response waits)."""
+        return self.active is not None and self.active.response_id == response_id
+
+    def cancel(self) -> None:
+        """Stop the active video at the engine's next chunk boundary; done at once."""
+        video = self.active
+        if video is None:
+            return
+        self._actor.commands.append(ep.CancelVideo(self._actor.stream_id, video.video_id))
+        self._end(video, "cancelled", None)
+
+    def on_engine(self, out: ep.VideoChunk | ep.VideoDone) -> None:
+        video = self.active
+        if video is None or out.video_id != video.video_id:
+            return  # a cancelled video's tail
+        if isinstance(out, ep.VideoChunk):
+            self._actor.events.append(ev.VideoChunk(
+                response_id=video.response_id, video_id=video.video_id, index=out.index,
+                total=out.total_chunks, frames=out.num_frames, width=out.width,
+                height=out.height, fps=video.params.fps, pixels=out.frames))
+            return
+        self._end(video, _STATUS.get(out.status, "failed"), out.error or None)
+
+    def _end(self, video: ActiveVideo, status: str, error: str | None) -> None:
+        self.active = None
+        self._actor.events.append(ev.VideoDone(response_id=video.response_id,
+                                               video_id=video.video_id, status=status,
+                                               error=error))

@@ -28,7 +28,8 @@ batch (`paused`) and it starts no TTS segment (a streaming job is fed no more te
 the next report that brings it under the lead releases it. A segment starts only under
 the lead, so generated audio never passes played + lead + one segment, a barge-in
 discards at most that, and the cycles go to other streams meanwhile. A response never
-reported on is not held.
+reported on is not held. (A remote reply model streams its text at the server's pace
+regardless: its deltas share one bounded queue, so only its speech is held.)
 """
 
 from __future__ import annotations

@@ -60,6 +60,8 @@ frontend voxline
     bind 127.0.0.1:{port}
     acl call_request path_reg ^/v1/realtime/calls/rtc_[A-Za-z0-9-]+_
     use_backend call_%[path,field(5,/),field(2,_)] if call_request
+    acl video_request path_reg ^/v1/videos/video_[A-Za-z0-9-]+_
+    use_backend call_%[path,field(4,/),field(2,_)] if video_request
     default_backend voxline
 backend voxline
     balance leastconn
@@ -168,6 +170,13 @@ async def test_two_servers_behind_haproxy_share_tokens_spread_sessions_and_drain
             r = await http.post("/v1/realtime/calls/rtc_b_0123/hangup",
                                 headers={"Authorization": f"Bearer {API_KEY}"})
             assert r.status_code == 404 and "(it may have ended)" in r.json()["error"]["message"]
+            # so does a video id: b answers for its own id (no "belongs to server" hint,
+            # which a server gives for another server's id)
+            for _ in range(4):
+                r = await http.get("/v1/videos/video_b_0123",
+                                   headers={"Authorization": f"Bearer {API_KEY}"})
+                assert r.status_code == 404
+                assert "belongs to server" not in r.json()["error"]["message"]
 
         refusals: list[str] = []
         owner: list[str] = []  # which server took each session
@@ -210,7 +219,9 @@ async def test_two_servers_behind_haproxy_share_tokens_spread_sessions_and_drain
 
         drained = [ws for ws, sid in zip(sessions, owner, strict=True) if sid == "a"]
         async with httpx.AsyncClient(base_url=servers["a"]) as http:
-            while (health := await http.get("/health")).status_code == 200:
+            for _ in range(3000):  # another process: its /health is all there is to wait on
+                if (health := await http.get("/health")).status_code != 200:
+                    break
                 await asyncio.sleep(0.01)  # the signal is handled on a's loop
         assert health.json()["status"] == "draining"
         # new sessions while a drains (before and after HAProxy's check sees it): all go

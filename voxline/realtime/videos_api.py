@@ -27,7 +27,6 @@ import shutil
 import tempfile
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -46,7 +45,8 @@ from voxline.realtime.audio_http import (
     close_quietly,
     open_stream,
 )
-from voxline.realtime.state import ServerState
+from voxline.realtime.owned_ids import not_here_reason, owned_id
+from voxline.realtime.state import ServerState, get_state
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +159,11 @@ class VideoStore:
 
 
 def _store(request: Request) -> VideoStore:
-    app_state = request.app.state
+    return video_store(request.app.state)
+
+
+def video_store(app_state: Any) -> VideoStore:
+    """The app's videos (made on first use); a Realtime session's recorder adds to it."""
     store = getattr(app_state, "videos", None)
     if store is None:
         store = app_state.videos = VideoStore()
@@ -169,7 +173,10 @@ def _store(request: Request) -> VideoStore:
 def _find(request: Request, video_id: str) -> VideoRecord:
     record = _store(request).videos.get(video_id)
     if record is None:
-        raise AudioAPIError(404, f"no video with id {video_id!r}", param="video_id",
+        elsewhere = not_here_reason(video_id, get_state(request).server_id,
+                                    "/v1/videos/video_<server_id>_...")
+        raise AudioAPIError(404, f"no video with id {video_id!r}"
+                            + (f" {elsewhere}" if elsewhere else ""), param="video_id",
                             code="not_found")
     return record
 
@@ -214,7 +221,9 @@ async def create_video(request: Request) -> Response:
     try:
         state = check_request(request)
         req = parse_video_request(await _body(request))
-        record = VideoRecord(f"video_{uuid.uuid4().hex}", req, int(time.time()))
+        # the id names this server (video_<server_id>_...): a balancer routes by it
+        record = VideoRecord(owned_id("video", get_state(request).server_id), req,
+                             int(time.time()))
         store = _store(request)
         store.add(record)
     except AudioAPIError as exc:

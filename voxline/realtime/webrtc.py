@@ -9,7 +9,10 @@ naming the call. Then, as on the WebSocket, a thin adapter around one session ac
 - reply: the actor's paced PCM frames go to an outgoing Opus track that plays 20 ms
   per frame in real time; `output_audio_buffer.cleared` empties it at once (barge-in);
 - events: the same JSON as `/v1/realtime` (GA) on the `oai-events` data channel, minus
-  the audio deltas, which travel on the track.
+  the audio deltas, which travel on the track;
+- video: when the offer has a video section, a response's video (the voxline extension)
+  plays on the call's video track (`realtime.video_track`) while its events go on the
+  data channel.
 
 `POST /v1/realtime/calls/{id}/hangup` ends a call, as does the peer closing, ICE failing,
 the session ending, or the call never connecting. Every end closes the peer connection.
@@ -44,8 +47,10 @@ from voxline.realtime.client_secrets import error_response, settings_from_sessio
 from voxline.realtime.dialect import Dialect
 from voxline.realtime.ice import default_hosts, restrict_gathering, rtc_configuration
 from voxline.realtime.outbox import SlowClient
+from voxline.realtime.owned_ids import not_here_reason
 from voxline.realtime.session_host import Admission, Refusal, SessionRefused
 from voxline.realtime.state import ServerState, get_state
+from voxline.realtime.video_track import GeneratedVideoTrack, add_video_track
 from voxline.realtime.voices import session_voice_check
 from voxline.realtime.websocket import OpenSessions, open_sessions
 from voxline.realtime.wire_client import parse_command
@@ -193,6 +198,7 @@ class Call:
         self.pc = pc
         self.state = state
         self.track = PacedAudioTrack()
+        self.video_track = GeneratedVideoTrack()  # sent only if the offer has video
         self.channel: RTCDataChannel | None = None
         self._pending: deque[str] = deque()
         self._inbox = CallInbox()
@@ -209,6 +215,7 @@ class Call:
     # ------------------------------------------------------------------ session side
 
     async def _send(self, event: ev.ServerEvent) -> None:
+        self.video_track.on_event(event)  # a video event's pixels: the track plays them
         if isinstance(event, ev.AudioDelta):
             self.track.push(event.delta)
             return
@@ -335,6 +342,7 @@ class Call:
             if task is not current:
                 task.cancel()
         self.track.stop()
+        self.video_track.stop()
         self.admission.release()
         try:
             await self.pc.close()
@@ -449,12 +457,14 @@ async def _answer_call(request: Request, access: Access, admission: Admission,
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         pc.addTrack(call.track)
+        add_video_track(pc, call.video_track)
         _only_opus(pc)
         restrict_gathering(pc, config.ice_host_list() or default_hosts(), config.rtc_port_range())
         await pc.setLocalDescription(await pc.createAnswer())
     except BaseException as exc:  # aiortc reports a bad offer as ValueError and others
         await pc.close()
         call.track.stop()
+        call.video_track.stop()
         if not isinstance(exc, Exception):
             raise  # cancelled: nothing of the call stays
         logger.info("call %s refused: %s", call.id, exc)
@@ -488,8 +498,5 @@ async def hangup_call(call_id: str, request: Request) -> Response:
 def _not_here(state: ServerState, call_id: str) -> str:
     """Why a call id is unknown here: it ended, or it names another server (a balancer
     that does not route by the id; see deploy/haproxy.cfg)."""
-    owner = call_id.split("_")[1] if call_id.count("_") >= 2 else None
-    if owner and owner != state.server_id:
-        return (f"on this server ({state.server_id}): it belongs to server {owner}; route "
-                "/v1/realtime/calls/rtc_<server_id>_... to that server")
-    return "(it may have ended)"
+    return (not_here_reason(call_id, state.server_id, "/v1/realtime/calls/rtc_<server_id>_...")
+            or "(it may have ended)")

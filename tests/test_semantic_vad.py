@@ -23,7 +23,7 @@ from voxline.engines.turn_detector import TurnDetector, TurnEvent
 
 
 @pytest.mark.parametrize("eagerness", eot.EAGERNESS)
-def test_the_sound_moves_the_words_verdict_one_step_and_trailing_words_always_wait(eagerness):
+def test_more_coming_by_either_waits_long_else_a_finished_sound_shortens_the_words(eagerness):
     complete, neutral, incomplete = eot.SILENCE_MS[eagerness]
     agreed = eot.AGREED_MS[eagerness]
     assert agreed < complete < neutral < incomplete
@@ -31,7 +31,7 @@ def test_the_sound_moves_the_words_verdict_one_step_and_trailing_words_always_wa
         (Ending.COMPLETE, Sound.FINISHED): agreed,
         (Ending.COMPLETE, Sound.UNSURE): complete,
         (Ending.COMPLETE, None): complete,
-        (Ending.COMPLETE, Sound.GOING_ON): neutral,
+        (Ending.COMPLETE, Sound.GOING_ON): incomplete,  # "to the," written "to that."
         (Ending.NEUTRAL, Sound.FINISHED): complete,
         (Ending.NEUTRAL, Sound.UNSURE): neutral,
         (Ending.NEUTRAL, None): neutral,
@@ -39,17 +39,24 @@ def test_the_sound_moves_the_words_verdict_one_step_and_trailing_words_always_wa
         (Ending.INCOMPLETE, Sound.FINISHED): incomplete,
         (Ending.INCOMPLETE, None): incomplete,
         (Ending.INCOMPLETE, Sound.GOING_ON): incomplete,
+        # no transcript yet: a confident "finished" need not wait for it, an unsure
+        # sound waits for it, and with no model the wait is the rules' own
+        (None, Sound.FINISHED): complete,
+        (None, Sound.UNSURE): incomplete,
+        (None, Sound.GOING_ON): incomplete,
+        (None, None): neutral,
     }
     for (words, heard), wait in table.items():
         assert eot.decide(eagerness, words, heard) == wait, (words, heard)
 
 
 def test_eagerness_sets_how_sure_the_model_must_be():
-    assert eot.sound("high", 0.75) == Sound.FINISHED
-    assert eot.sound("medium", 0.75) == Sound.UNSURE
-    assert eot.sound("auto", 0.85) == Sound.FINISHED
-    assert eot.sound("low", 0.85) == Sound.UNSURE
-    assert eot.sound("medium", 0.1) == Sound.GOING_ON
+    assert eot.sound("high", 0.85) == Sound.FINISHED
+    assert eot.sound("medium", 0.85) == Sound.UNSURE
+    assert eot.sound("auto", 0.92) == Sound.FINISHED
+    assert eot.sound("low", 0.92) == Sound.UNSURE
+    assert eot.sound("medium", 0.05) == Sound.GOING_ON
+    assert eot.sound("medium", 0.15) == Sound.UNSURE
 
 
 def _pause(det: TurnDetector) -> float:
@@ -71,7 +78,7 @@ def test_detector_takes_whichever_verdict_comes_first_and_forgets_both_when_spee
     det.judge("What time is it?")
     assert det.silence_ms == eot.AGREED_MS["medium"]
     assert det.update(1.0, t, 32) == TurnEvent.RESUMED
-    assert (det.words, det.heard) == (Ending.NEUTRAL, None)
+    assert (det.words, det.heard) == (None, None)
     assert det.silence_ms == eot.SILENCE_MS["medium"][Ending.NEUTRAL]
 
 

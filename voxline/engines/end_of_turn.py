@@ -5,26 +5,33 @@ Two witnesses judge each pause in a turn:
 - the words: rules over the transcript of the turn up to the pause (the engine
   transcribes every pause anyway, to speculate). Words that end a sentence are
   COMPLETE; words that trail off on a connective ("and", "so", "for") or a filler
-  ("um") are INCOMPLETE; anything else (or no transcript yet) is NEUTRAL.
+  ("um") are INCOMPLETE; anything else is NEUTRAL. Until the transcript lands the
+  words are pending.
 - the sound: an end-of-turn model (Smart Turn v3.2, `models.smart_turn`) hears the last
   8 s and gives the probability that the speaker sounds finished; `sound` reads it as
   FINISHED, UNSURE or GOING_ON by the eagerness's thresholds (`SOUND_THRESHOLDS`).
 
-`decide` combines them: the sound moves the words' verdict one step either way, except
-that words which trail off always wait (a sentence that grammatically goes on is not
-ended by its intonation), and both agreeing on "finished" waits least:
+`decide` combines them. Either witness saying "more is coming" waits long: words that
+trail off (a sentence that grammatically goes on is not ended by its intonation) or a
+sound confidently mid-phrase (ASR often writes "to the," as "to that."). Otherwise a
+finished sound moves the words' verdict one step shorter, and both agreeing on
+"finished" waits least:
 
-    words / sound   FINISHED   UNSURE/none   GOING_ON
-    COMPLETE        AGREED     COMPLETE      NEUTRAL
-    NEUTRAL         COMPLETE   NEUTRAL       INCOMPLETE
-    INCOMPLETE      INCOMPLETE INCOMPLETE    INCOMPLETE
+    words / sound   FINISHED   UNSURE       GOING_ON     none
+    COMPLETE        AGREED     COMPLETE     INCOMPLETE   COMPLETE
+    NEUTRAL         COMPLETE   NEUTRAL      INCOMPLETE   NEUTRAL
+    INCOMPLETE      INCOMPLETE INCOMPLETE   INCOMPLETE   INCOMPLETE
+    pending         COMPLETE   INCOMPLETE*  INCOMPLETE   NEUTRAL
 
 Each verdict is a pause length per eagerness (`SILENCE_MS`, `AGREED_MS`): INCOMPLETE
 waits up to OpenAI's documented maxima (8 / 4 / 2 s for `low` / `medium` / `high`).
 `auto` is `medium`. With no model (or before it has answered) the sound is "none", and
-the table is the words' rules alone. The model usually answers well before the
-transcript (tens of ms against hundreds), so a finished-sounding pause ends the turn at
-the COMPLETE length without waiting for the words.
+the table is the words' rules alone, as before the model. The model usually answers
+before the transcript (a Whisper-tiny encoder over 8 s against Moonshine over the whole
+turn), so a confidently finished-sounding pause ends the turn at the COMPLETE length
+without waiting for the words; *an unsure one waits for them (the transcript re-decides
+when it lands) rather than timing out at NEUTRAL while a slow transcript is still coming.
+The thresholds are high on purpose: a mid-clause pause that sounds finished is a cut-off.
 """
 
 from __future__ import annotations
@@ -60,10 +67,10 @@ class Sound(enum.IntEnum):
 # (finished at or above, going on below) the model's probability, per eagerness: a
 # more eager detector believes "finished" sooner.
 SOUND_THRESHOLDS: dict[str, tuple[float, float]] = {
-    "high": (0.7, 0.2),
-    "medium": (0.8, 0.2),
-    "auto": (0.8, 0.2),
-    "low": (0.9, 0.2),
+    "high": (0.8, 0.1),
+    "medium": (0.9, 0.1),
+    "auto": (0.9, 0.1),
+    "low": (0.95, 0.1),
 }
 
 _FILLERS = frozenset({"um", "umm", "uh", "uhh", "er", "erm", "hmm", "mm", "ah", "eh"})
@@ -113,13 +120,19 @@ def sound(eagerness: str, probability: float) -> Sound:
     return Sound.GOING_ON if probability < going_on else Sound.UNSURE
 
 
-def decide(eagerness: str, words: Ending, heard: Sound | None) -> int:
-    """The pause (ms) that ends a turn whose words end like `words` and which sounds
-    like `heard` (None: no model, or not yet); the module docstring has the table."""
+def decide(eagerness: str, words: Ending | None, heard: Sound | None) -> int:
+    """The pause (ms) that ends a turn whose words end like `words` (None: not transcribed
+    yet) and which sounds like `heard` (None: no model, or not yet); the module docstring
+    has the table."""
+    if words is None:
+        if heard is None:
+            return silence_ms(eagerness, Ending.NEUTRAL)
+        return silence_ms(eagerness, Ending.COMPLETE if heard == Sound.FINISHED
+                          else Ending.INCOMPLETE)
+    if heard == Sound.GOING_ON:
+        return silence_ms(eagerness, Ending.INCOMPLETE)
     if words == Ending.INCOMPLETE or heard is None or heard == Sound.UNSURE:
         return silence_ms(eagerness, words)
-    if heard == Sound.FINISHED:
-        if words == Ending.COMPLETE:
-            return AGREED_MS[eagerness]
-        return silence_ms(eagerness, Ending(words - 1))
-    return silence_ms(eagerness, Ending(words + 1))  # GOING_ON
+    if words == Ending.COMPLETE:  # and FINISHED
+        return AGREED_MS[eagerness]
+    return silence_ms(eagerness, Ending.COMPLETE)  # NEUTRAL words, FINISHED

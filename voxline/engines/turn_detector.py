@@ -47,7 +47,7 @@ class TurnDetector:
     last_voice_ms: float = 0.0
     paused: bool = False
     silence_ms: float = 0.0
-    words: end_of_turn.Ending = end_of_turn.Ending.NEUTRAL  # this pause's, once transcribed
+    words: end_of_turn.Ending | None = None  # this pause's, once transcribed
     heard: end_of_turn.Sound | None = None  # this pause's, once the model has answered
 
     def __post_init__(self) -> None:
@@ -120,7 +120,7 @@ class TurnDetector:
 
     def _end_pause(self) -> None:
         self.paused = False
-        self.words, self.heard = end_of_turn.Ending.NEUTRAL, None
+        self.words, self.heard = None, None
         self.silence_ms = self.base_silence_ms()
 
     def reset(self) -> None:

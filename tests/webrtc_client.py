@@ -70,6 +70,7 @@ class CallClient:
     mic: Microphone
     events: list[tuple[float, dict]] = field(default_factory=list)
     audio: list[tuple[float, np.ndarray]] = field(default_factory=list)  # (arrival, int16 48k)
+    video: list[tuple[float, av.VideoFrame]] = field(default_factory=list)  # (arrival, frame)
     call_id: str = ""
     channel: object = None
     _new: asyncio.Event = field(default_factory=asyncio.Event)
@@ -79,10 +80,12 @@ class CallClient:
 
     @classmethod
     async def place(cls, base: str, *, session: dict | None = None,
-                    headers: dict[str, str] | None = None) -> CallClient:
+                    headers: dict[str, str] | None = None, video: bool = False) -> CallClient:
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         client = cls(base, pc, Microphone())
         pc.addTrack(client.mic)
+        if video:  # a video m-line (recvonly): the server may show video on it
+            pc.addTransceiver("video", direction="recvonly")
         channel = pc.createDataChannel("oai-events")
         client.channel = channel
         channel.on("message", client._on_message)
@@ -113,7 +116,17 @@ class CallClient:
             self._closed.set()
 
     def _on_track(self, track: MediaStreamTrack) -> None:
-        self._tasks.append(asyncio.create_task(self._record(track)))
+        record = self._record_video if track.kind == "video" else self._record
+        self._tasks.append(asyncio.create_task(record(track)))
+
+    async def _record_video(self, track: MediaStreamTrack) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            self.video.append((time.monotonic(), frame))
+            self._new_audio.set()
 
     async def _record(self, track: MediaStreamTrack) -> None:
         while True:

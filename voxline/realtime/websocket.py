@@ -19,6 +19,8 @@ from voxline.realtime.dialect import detect_dialect
 from voxline.realtime.outbox import Outbox, SlowClient, close_after
 from voxline.realtime.session_host import SHUTDOWN_REASON, Admission, Refusal, SessionRefused
 from voxline.realtime.state import get_state
+from voxline.realtime.video_recorder import SessionVideoRecorder
+from voxline.realtime.videos_api import video_store
 from voxline.realtime.voices import session_voice_check
 from voxline.realtime.wire_client import parse_command
 from voxline.realtime.wire_server import render_json
@@ -180,7 +182,10 @@ async def _serve(ws: WebSocket, admission: Admission, access: Access,
         initial = replace(initial, model=requested)
     outbox = Outbox(ws.send_text, settings.send_buffer_kb * 1024)
 
+    recorder = SessionVideoRecorder(video_store(ws.app.state))  # videos: MP4s in /v1/videos
+
     async def send(event: ServerEvent) -> None:
+        await recorder.on_event(event)
         wire = render_json(event, dialect)
         if wire is not None:
             outbox.put(wire)  # never waits on the client; raises SlowClient past the bound
@@ -204,5 +209,6 @@ async def _serve(ws: WebSocket, admission: Admission, access: Access,
             code, reason = 1011, "internal server error"
         finally:
             admission.release()  # before the close frame: a reconnect finds the slot free
+            await recorder.aclose()
             logger.info("session %s closed%s", session_id, f": {reason}" if reason else "")
         await close_after(ws, outbox, code, reason, state.metrics)

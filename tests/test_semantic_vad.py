@@ -155,3 +155,31 @@ def test_server_vad_queues_no_model_work():
     h.run_until(lambda outs: any(isinstance(o, p.TranscriptFinal) for o in outs))
     assert h.model.calls == 0
     h.close()
+
+
+# ------------------------------------------------- defaults: the page, converse, the wire
+
+
+def test_converse_defaults_to_semantic_vad_and_feeds_past_its_longest_wait():
+    from voxline.cli import build_parser
+    from voxline.commands import CONVERSE_TURN_DETECTION, trailing_silence_s
+
+    args = build_parser().parse_args(["converse", "--input", "q.wav", "--output", "r.wav"])
+    td = CONVERSE_TURN_DETECTION[args.turn_detection]
+    assert args.turn_detection == "semantic_vad" and td.eagerness == "auto"
+    assert trailing_silence_s(td) * 1000 > eot.SILENCE_MS["auto"][Ending.INCOMPLETE]
+    server = CONVERSE_TURN_DETECTION["server_vad"]
+    assert server.eagerness is None and server.silence_duration_ms == 500
+
+
+def test_the_page_asks_for_semantic_vad_while_the_wire_default_stays_server_vad():
+    from pathlib import Path
+
+    import voxline.web_demo
+    from voxline.sessions.settings import TurnDetection
+
+    script = (Path(voxline.web_demo.__file__).parent / "app.js").read_text()
+    assert 'turn_detection: pushToTalk() ? null : { type: "semantic_vad", eagerness: "auto" }' in script
+    wire = TurnDetection()
+    assert (wire.type, wire.silence_duration_ms, wire.threshold, wire.prefix_padding_ms) == \
+        ("server_vad", 500, 0.5, 300)

@@ -29,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     converse.add_argument("--input", required=True, help="WAV file with the spoken question")
     converse.add_argument("--output", required=True, help="where to write the spoken reply (WAV)")
     converse.add_argument("--seed", type=int, default=None, help="sampling seed (default: greedy)")
+    converse.add_argument("--turn-detection", choices=["semantic_vad", "server_vad"],
+                          default="semantic_vad",
+                          help="semantic_vad (default: end-of-turn model + transcript rules, "
+                               "eagerness auto) or server_vad (500 ms of silence)")
 
     say = sub.add_parser("say", help="synthesize text to a WAV file (shipped Piper voice by default)")
     say.add_argument("text", help="text to speak")

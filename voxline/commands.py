@@ -14,6 +14,7 @@ import numpy as np
 
 from voxline.codecs.resample import resample
 from voxline.codecs.wav import read_wav, write_wav
+from voxline.engines import end_of_turn
 from voxline.engines import protocol as p
 from voxline.errors import VoxlineError
 
@@ -21,6 +22,17 @@ logger = logging.getLogger("voxline")
 
 FEED_MS = 20  # converse feeds its input in wire-sized chunks
 TRAILING_SILENCE_S = 1.0  # so server VAD sees the end of the question
+# converse's default: semantic VAD (the end-of-turn model with the transcript rules); the
+# /v1/realtime protocol's own default stays OpenAI's server_vad 500 ms
+CONVERSE_TURN_DETECTION = {"semantic_vad": p.TurnDetection(eagerness="auto"),
+                           "server_vad": p.TurnDetection()}
+
+
+def trailing_silence_s(td: p.TurnDetection) -> float:
+    """Silence fed after the question: past the longest pause that can end its turn."""
+    if td.eagerness is None:
+        return TRAILING_SILENCE_S
+    return end_of_turn.SILENCE_MS[td.eagerness][end_of_turn.Ending.INCOMPLETE] / 1000 + 0.5
 
 
 @dataclass
@@ -41,8 +53,10 @@ class TurnResult:
 
 
 async def converse_turn(client: object, audio16k: np.ndarray, *, stream_id: str = "converse",
-                        seed: int | None = None, realtime: bool = False) -> TurnResult:
-    """One spoken turn through an engine client: feed audio, answer the detected question.
+                        seed: int | None = None, realtime: bool = False,
+                        turn_detection: p.TurnDetection | None = None) -> TurnResult:
+    """One spoken turn through an engine client: feed audio, answer the detected question
+    (turns detected by `turn_detection`, server VAD's defaults when None).
 
     Latency to the first reply audio chunk is measured from `SpeechStopped` (which comes
     after the VAD's silence window) and, fed in `realtime`, from the end of the speech
@@ -52,8 +66,11 @@ async def converse_turn(client: object, audio16k: np.ndarray, *, stream_id: str 
 
     assert isinstance(client, EngineClient)
     result = TurnResult()
-    stream = await client.open_stream(stream_id, p.StreamConfig(transcribe_partials=False))
-    audio = np.concatenate([audio16k, np.zeros(int(TRAILING_SILENCE_S * p.INPUT_RATE), np.float32)])
+    td = turn_detection or p.TurnDetection()
+    stream = await client.open_stream(stream_id, p.StreamConfig(turn_detection=td,
+                                                                transcribe_partials=False))
+    tail = np.zeros(int(trailing_silence_s(td) * p.INPUT_RATE), np.float32)
+    audio = np.concatenate([audio16k, tail])
     step = p.INPUT_RATE * FEED_MS // 1000
 
     fed: list[tuple[float, float]] = []  # (ms of audio fed, when), per chunk
@@ -120,7 +137,8 @@ async def _converse(args: argparse.Namespace) -> int:
     try:
         # in real time, as a speaker says it: the VAD's silence window is then waited out
         # as a listener waits for it, and the end of speech is on the wall clock
-        result = await converse_turn(client, audio16k, seed=args.seed, realtime=True)
+        result = await converse_turn(client, audio16k, seed=args.seed, realtime=True,
+                                     turn_detection=CONVERSE_TURN_DETECTION[args.turn_detection])
     finally:
         await client.close()
     reply = np.concatenate(result.audio) if result.audio else np.zeros(0, np.float32)

@@ -194,11 +194,13 @@ registerProcessor("voxline-meter", VoxlineMeter);
     return url.href;
   }
 
-  // The session this page wants: transcripts of the user, and server VAD unless press-to-talk.
+  // The session this page wants: transcripts of the user, and semantic VAD (the end-of-turn
+  // model with the transcript rules) unless press-to-talk. /v1/realtime's own default
+  // stays OpenAI's server_vad (500 ms) for other clients; this page asks for the best.
   function sessionConfig(c) {
     const input = {
       transcription: { model: "moonshine" },
-      turn_detection: pushToTalk() ? null : { type: "server_vad" },
+      turn_detection: pushToTalk() ? null : { type: "semantic_vad", eagerness: "auto" },
     };
     const output = {};
     if (c.transport === "websocket") {  // over WebRTC the tracks carry Opus
@@ -218,7 +220,8 @@ registerProcessor("voxline-meter", VoxlineMeter);
   // ---- latency: end of the user's speech -> first reply audio they can hear ------------
   // The end of speech is the microphone's last voiced 20 ms block (metered on the page, so
   // on the page's clock), not speech_stopped: that arrives after the server's silence
-  // window (500 ms by default), which is part of the wait the user feels. Both are shown.
+  // window (semantic VAD's pause here; 500 ms under server_vad), part of the wait the user
+  // feels. Both are shown.
 
   function voiceHeard(c) {
     c.lastVoiceAt = performance.now();

@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import shutil
 import signal
@@ -247,13 +248,20 @@ def _process_exists(pid: int) -> bool:
 
 def _watch_parent(parent_pid: int, stop: threading.Event, private_dir: str | None) -> None:
     """Exit the process when its parent is gone (killed without closing us), removing the
-    pipes' directory the parent can no longer remove."""
-    while not stop.wait(_PARENT_CHECK_S):
-        if os.getppid() != parent_pid:
-            logger.error("parent process %d is gone; engine process exiting", parent_pid)
-            if private_dir is not None:
-                shutil.rmtree(private_dir, ignore_errors=True)
-            os._exit(1)
+    pipes' directory the parent can no longer remove. Waits on the parent's sentinel (a
+    pipe that reads end-of-file once the parent is gone); without one, checks its pid."""
+    parent = multiprocessing.parent_process()
+    if parent is not None and parent.sentinel is not None:
+        multiprocessing.connection.wait([parent.sentinel])
+    else:
+        while not stop.wait(_PARENT_CHECK_S) and os.getppid() == parent_pid:
+            pass
+    if stop.is_set():
+        return  # we are shutting down anyway
+    logger.error("parent process %d is gone; engine process exiting", parent_pid)
+    if private_dir is not None:
+        shutil.rmtree(private_dir, ignore_errors=True)
+    os._exit(1)
 
 
 # --------------------------------------------------------------------------- client side

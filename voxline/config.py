@@ -93,6 +93,18 @@ class Settings(BaseSettings):
                                      "possible; a reply 300 s ahead is then cut)")
     engine: str = Field(default="process", pattern="^(process|inprocess)$",
                         description="run the engine in a supervised child process or a thread")
+    asr: str = Field(default="moonshine", pattern=r"^(moonshine|whisper:.+)$",
+                     json_schema_extra={"metavar": "moonshine|whisper:<checkpoint dir>"},
+                     description="speech recognition: 'moonshine' (shipped base-en, "
+                                 "English only, onnxruntime on the CPU) or "
+                                 "'whisper:<checkpoint dir>' (any transformers "
+                                 "WhisperForConditionalGeneration checkpoint, e.g. "
+                                 "large-v3-turbo; batched across sessions, takes "
+                                 "transcription language and prompt)")
+    asr_device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$",
+                            json_schema_extra={"metavar": "cpu|cuda[:N]"},
+                            description="torch device of a Whisper ASR (bfloat16 on cuda); "
+                                        "Moonshine always runs on the CPU")
     tts: str = Field(default="piper", pattern=r"^(piper|qwen3:.+)$",
                      json_schema_extra={"metavar": "piper|qwen3:<checkpoint dir>"},
                      description="speech model: 'piper' (shipped voice) or 'qwen3:<checkpoint dir>' "
@@ -107,6 +119,9 @@ class Settings(BaseSettings):
     tts_first_chunk_frames: int = Field(default=1, ge=1, le=48, description="Qwen3-TTS: "
                                         "12 Hz codec frames (80 ms each) in a reply's first "
                                         "audio chunk (fewer: earlier first audio)")
+    tts_max_frames: int = Field(default=2048, ge=1, description="Qwen3-TTS: most codec "
+                                "frames (80 ms each) one talker stream speaks before it is "
+                                "stopped (a checkpoint that never says EOS)")
     tts_chunk_frames: int = Field(default=4, ge=1, le=48, description="Qwen3-TTS: codec "
                                   "frames in each later audio chunk (more: fewer, larger "
                                   "decoder calls; on CUDA one graph per length)")
@@ -124,6 +139,9 @@ class Settings(BaseSettings):
     llm_model: str | None = Field(default=None, description="model name sent to a remote "
                                   "server (required with llm=openai:...)")
     llm_api_key: str | None = Field(default=None, description="bearer key for a remote server")
+    llm_checkpoint: str | None = Field(default=None, description="embedded LLM: a local "
+                                       "Hugging Face Llama-family checkpoint directory "
+                                       "(default: the shipped SmolLM2)")
     video: str = Field(default="", pattern=r"^(helios:.+)?$",
                        json_schema_extra={"metavar": "helios:DIR"},
                        description="video model: 'helios:<checkpoint dir>' (diffusers layout, as "
@@ -180,6 +198,11 @@ class Settings(BaseSettings):
         if not self.tts_batch_buckets:
             return None
         sizes = [int(b) for b in self.tts_batch_buckets.split(",")]
+    @property
+    def whisper_checkpoint(self) -> str | None:
+        """The Whisper checkpoint directory ``asr`` names (None: the shipped Moonshine)."""
+        return self.asr.removeprefix("whisper:") if self.asr.startswith("whisper:") else None
+
         if not all(1 <= b <= self.tts_max_streams for b in sizes):
             raise ValueError(f"tts_batch_buckets must lie in 1..tts_max_streams "
                              f"({self.tts_max_streams}), got {self.tts_batch_buckets}")

@@ -1,30 +1,55 @@
-"""The ASR stage: one utterance transcribed at a time, final transcripts ahead of partials.
+"""The ASR stage: utterance jobs, final transcripts ahead of partials, batched when the
+model takes batches.
 
 A final transcript gates the reply (a response waits for it), and so does a pause
 transcript (a speculative reply starts from it), so both jump ahead of every queued
 partial; a partial is only a progress report.
+
+A plan is a list of jobs of one kind (urgent: finals and pauses; or partials), taken in
+queue order: one job for a one-clip model (`ASRModel`, Moonshine), up to the model's
+`max_batch` for a batched one (`BatchASRModel`, Whisper), which gets every job's
+stream options (language, prompt) beside its clip. Kinds are never mixed, so a final
+never waits for partials in the same call. `route_each` / `fail_each` hand a plan's
+outcomes to per-job callbacks (the stage table's route and fail rows).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from voxline.engines.input_audio import Utterance
+from voxline.engines.models.whisper_asr import TranscriptionOptions
 from voxline.engines.stage import StreamId
+
+__all__ = ["ASRJob", "ASRModel", "ASRStage", "BatchASRModel", "TranscriptionOptions"]
 
 
 class ASRModel(Protocol):
     def transcribe(self, audio: np.ndarray) -> str: ...
 
 
+@runtime_checkable
+class BatchASRModel(Protocol):
+    """An ASR that transcribes several clips in one call, each with its stream's options."""
+
+    max_batch: int
+
+    def transcribe(self, audio: np.ndarray) -> str: ...
+
+    def transcribe_many(self, clips: Sequence[np.ndarray],
+                        options: Sequence[TranscriptionOptions]) -> list[str]: ...
+
+
 @dataclass
 class ASRJob:
     """`final`: the turn's transcript. `pause`: the turn so far, transcribed at a pause
-    (made in the utterance's `generation`); it becomes the final one if no speech follows."""
+    (made in the utterance's `generation`); it becomes the final one if no speech follows.
+    `options`: the stream's transcription language and prompt (a batched model's)."""
 
     stream_id: StreamId
     item_id: str
@@ -32,17 +57,25 @@ class ASRJob:
     final: bool
     pause: Utterance | None = None
     generation: int = 0
+    options: TranscriptionOptions = field(default_factory=TranscriptionOptions)
+
+    @property
+    def urgent(self) -> bool:
+        return self.final or self.pause is not None
+
+
+ASRPlan = list[ASRJob]
 
 
 class ASRStage:
-    """Stage interface (see `voxline.engines.stage`) over a one-utterance-at-a-time ASR model."""
+    """Stage interface (see `voxline.engines.stage`) over an ASR model."""
 
     def __init__(self, model: ASRModel) -> None:
         self.model = model
         self._jobs: deque[ASRJob] = deque()
 
     def add(self, job: ASRJob) -> None:
-        if job.final or job.pause is not None:
+        if job.urgent:
             self._jobs.appendleft(job)
         else:
             self._jobs.append(job)
@@ -54,11 +87,44 @@ class ASRStage:
     def has_work(self) -> bool:
         return bool(self._jobs)
 
-    def schedule(self) -> ASRJob | None:
-        return self._jobs.popleft() if self._jobs else None
+    def max_batch(self) -> int:
+        return max(1, self.model.max_batch) if isinstance(self.model, BatchASRModel) else 1
 
-    def execute(self, job: ASRJob) -> str:
-        return self.model.transcribe(job.audio)
+    def schedule(self) -> ASRPlan | None:
+        """The first queued job and, for a batched model, the next ones of its kind."""
+        if not self._jobs:
+            return None
+        first = self._jobs.popleft()
+        plan, rest, limit = [first], deque[ASRJob](), self.max_batch()
+        while self._jobs and len(plan) < limit:
+            job = self._jobs.popleft()
+            (plan if job.urgent == first.urgent else rest).append(job)
+        rest.extend(self._jobs)
+        self._jobs = rest
+        return plan
 
-    def update(self, job: ASRJob, text: str) -> str:
-        return text.strip()
+    def execute(self, plan: ASRPlan) -> list[str]:
+        if isinstance(self.model, BatchASRModel):
+            return self.model.transcribe_many([j.audio for j in plan], [j.options for j in plan])
+        return [self.model.transcribe(job.audio) for job in plan]
+
+    def update(self, plan: ASRPlan, texts: list[str]) -> list[str]:
+        return [text.strip() for text in texts]
+
+
+def route_each(route: Callable[[ASRJob, str, float], None]
+               ) -> Callable[[ASRPlan, list[str], float], None]:
+    """A per-job transcript callback as the stage table's route of a whole plan."""
+    def each(plan: ASRPlan, texts: list[str], seconds: float) -> None:
+        for job, text in zip(plan, texts, strict=True):
+            route(job, text, seconds)
+    return each
+
+
+def fail_each(fail: Callable[[ASRJob, Exception], None]
+              ) -> Callable[[ASRPlan, Exception], None]:
+    """A per-job failure callback as the stage table's fail of a whole plan."""
+    def each(plan: ASRPlan, error: Exception) -> None:
+        for job in plan:
+            fail(job, error)
+    return each

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from voxline.engines import protocol as p
-from voxline.engines.asr_stage import ASRModel, ASRStage
+from voxline.engines.asr_stage import ASRModel, ASRStage, fail_each, route_each
 from voxline.engines.conversation import Conversation
 from voxline.engines.end_of_turn_stage import EndOfTurnModel, EndOfTurnStage
 from voxline.engines.input_audio import MAX_UTTERANCE_MS, InputAudio
@@ -140,7 +140,7 @@ class EngineCore:
                       route=turns.on_frames, fail=turns.vad_failed, rounds=ROUNDS_PER_STEP),
             llm_row,
             StageSlot("asr", self.asr, StageWorker(self.asr, wake, "voxline-asr"),
-                      route=turns.on_transcript, fail=turns.asr_failed),
+                      route=route_each(turns.on_transcript), fail=fail_each(turns.asr_failed)),
             StageSlot("tts", self.tts, StageWorker(self.tts, wake, "voxline-tts"),
                       route=responses.route_speech, fail=responses.fail_speech,
                       waiting=responses.speech_ready, prepare=responses.start_speech),

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from voxline.config import Settings, load_settings, settings_from_dump
+from voxline.engines.asr_stage import ASRModel
 from voxline.engines.client import EngineClient, InProcessEngineClient
 from voxline.engines.core import EngineCore, Models
 from voxline.engines.llm_stage import ChatModel
@@ -44,7 +45,6 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
                 max_slots: int = 8, max_len: int = 2048) -> Models:
     """Load VAD, ASR, LLM, TTS and the end-of-turn model (shipped weights unless `llm_path`
     names a checkpoint)."""
-    from voxline.engines.models.moonshine_asr import MoonshineASR
     from voxline.engines.models.silero_vad import SileroVAD
     from voxline.engines.models.smart_turn import SmartTurn
 
@@ -53,7 +53,7 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     vad = SileroVAD.load(threads=1)
-    asr = MoonshineASR.load(threads=threads)
+    asr = load_asr(settings, threads)
     end_of_turn = SmartTurn.load(threads=1)  # semantic VAD's ear; ~9 MB in pipecat-ai's wheel
     llm = load_reply_model(settings, llm_path, max_slots, max_len)
     tts = load_tts(settings)
@@ -98,7 +98,8 @@ def load_reply_model(settings: Settings, llm_path: str | None, max_slots: int,
     from voxline.engines.models.llama.checkpoint import load_llm
 
     device = llm_device(settings)
-    return ChatLLM(load_llm(llm_path, settings.llm_dtype, device=device, cache=settings.cache),
+    path = llm_path or settings.llm_checkpoint
+    return ChatLLM(load_llm(path, settings.llm_dtype, device=device, cache=settings.cache),
                    max_slots=max_slots, max_len=max_len)
 
 
@@ -119,6 +120,25 @@ def llm_device(settings: Settings) -> str:
     return device
 
 
+def load_asr(settings: Settings, threads: int) -> ASRModel:
+    """The ASR `settings.asr` names: the shipped Moonshine (onnxruntime, CPU) or a Whisper
+    checkpoint on `asr_device`, batched up to one job per session."""
+    checkpoint = settings.whisper_checkpoint
+    if checkpoint is None:
+        if settings.asr_device != "cpu":
+            raise ValueError(f"asr_device={settings.asr_device}: Moonshine runs on the CPU "
+                             "(onnxruntime); a GPU ASR needs asr=whisper:<checkpoint dir>")
+        from voxline.engines.models.moonshine_asr import MoonshineASR
+
+        return MoonshineASR.load(threads=threads)
+    if settings.asr_device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"asr_device={settings.asr_device}, but this machine has no CUDA GPU "
+                         f"(torch {torch.__version__}); use asr_device=cpu")
+    from voxline.engines.models.whisper_asr import WhisperASR
+
+    return WhisperASR.load(checkpoint, settings.asr_device, max_batch=settings.max_sessions)
+
+
 def load_tts(settings: Settings) -> SpeechModel:
     """The speech stage `settings.tts` names: Piper (shipped) or a Qwen3-TTS checkpoint."""
     if settings.tts.startswith("qwen3:"):
@@ -135,7 +155,8 @@ def load_tts(settings: Settings) -> SpeechModel:
                                  speaker=settings.tts_speaker, language=settings.tts_language,
                                  max_streams=settings.tts_max_streams, batch_buckets=buckets,
                                  initial_chunk_frames=settings.tts_first_chunk_frames,
-                                 chunk_frames=settings.tts_chunk_frames)
+                                 chunk_frames=settings.tts_chunk_frames,
+                                 max_frames=settings.tts_max_frames)
         logger.info("Qwen3-TTS %s (voice %s) loaded on %s in %.2f s%s", model_dir, stage.speaker,
                     settings.tts_device, time.perf_counter() - t0,
                     " -- RANDOM-WEIGHT TEST CHECKPOINT, not a voice" if stage.random_weights else "")

@@ -104,6 +104,11 @@ class StreamConfig(msgspec.Struct, frozen=True):
     # Input noise reduction before VAD and ASR ("near_field" / "far_field"; None: off),
     # see voxline.engines.noise_reduction.
     noise_reduction: str | None = None
+    # Transcription hints for an ASR that takes them (Whisper): the language its decoder is
+    # forced to, and text it is conditioned on (None: detect / none). The session refuses
+    # them for an ASR that cannot (Moonshine), so a stream never carries an ignored one.
+    transcription_language: str | None = None
+    transcription_prompt: str | None = None
 
 
 # ----------------------------------------------------------------------------- inputs

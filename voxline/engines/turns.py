@@ -25,7 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from voxline.engines import protocol as p
-from voxline.engines.asr_stage import ASRJob, ASRStage
+from voxline.engines.asr_stage import ASRJob, ASRStage, TranscriptionOptions
 from voxline.engines.end_of_turn_stage import EndOfTurnJob, EndOfTurnStage
 from voxline.engines.input_audio import (
     PartialDue,
@@ -46,6 +46,11 @@ SEMANTIC_PAUSE_MS = 160.0
 
 
 class Turns:
+def transcription_options(config: p.StreamConfig) -> TranscriptionOptions:
+    """The stream's transcription language and prompt, as its ASR jobs carry them."""
+    return TranscriptionOptions(config.transcription_language, config.transcription_prompt)
+
+
     """Routes every stream's input audio through VAD and ASR; outputs go to `emit`.
 
     `speculate_after_ms` (0: off): a pause this long starts a speculative reply, while
@@ -153,13 +158,15 @@ class Turns:
                 utt.pause_asr = True
                 audio = utt.audio()
                 self.asr.add(ASRJob(stream.internal_id, utt.item_id, audio, final=False,
-                                    pause=utt, generation=utt.generation))
+                                    pause=utt, generation=utt.generation,
+                                    options=transcription_options(stream.config)))
                 self._hear_pause(stream, utt, audio)
             case TurnResumed():
                 self.responses.discard_speculation(stream)
             case PartialDue():
                 utt = turn.utterance
-                self.asr.add(ASRJob(stream.internal_id, utt.item_id, utt.audio(), final=False))
+                self.asr.add(ASRJob(stream.internal_id, utt.item_id, utt.audio(), final=False,
+                                    options=transcription_options(stream.config)))
 
     def _hear_pause(self, stream: StreamState, utt: Utterance, audio: np.ndarray) -> None:
         """Semantic turn detection with a model: it judges the pause beside the words."""
@@ -169,7 +176,8 @@ class Turns:
 
     def _queue_final(self, stream: StreamState, item_id: str, audio: np.ndarray) -> None:
         stream.pending_finals += 1
-        self.asr.add(ASRJob(stream.internal_id, item_id, audio, final=True))
+        self.asr.add(ASRJob(stream.internal_id, item_id, audio, final=True,
+                            options=transcription_options(stream.config)))
 
     # -------------------------------------------------------------------- ASR slot
 

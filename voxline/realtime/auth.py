@@ -27,7 +27,7 @@ from voxline.errors import ProtocolError
 from voxline.realtime.signed_tokens import SigningKeys, sign, verify
 from voxline.realtime.wire_client import parse_command
 from voxline.sessions import commands as cmd
-from voxline.sessions.capabilities import check_supported
+from voxline.sessions.capabilities import MOONSHINE, TranscriptionSupport, check_supported
 from voxline.sessions.settings import SessionSettings
 
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
@@ -61,13 +61,19 @@ def authorized(conn: HTTPConnection, api_key: str | None) -> bool:
 
 
 def settings_from_session(doc: Any, base: SessionSettings | None = None, *,
-                          tools_supported: bool = False) -> SessionSettings:
+                          tools_supported: bool = False,
+                          transcription: TranscriptionSupport = MOONSHINE) -> SessionSettings:
     """A GA `session` object as settings, checked as `session.update` would (ProtocolError)."""
     update = parse_command({"type": "session.update", "session": doc})
     assert isinstance(update, cmd.UpdateSession)
     settings = (base or SessionSettings()).apply(update.changes)
-    check_supported(settings, "session", tools_supported=tools_supported)
+    check_supported(settings, "session", tools_supported=tools_supported,
+                    transcription=transcription)
     return settings
+
+
+# A client secret's session was checked against the ASR of the server that issued it.
+ISSUER_CHECKED = TranscriptionSupport("the issuing server's ASR", languages=None, prompt=True)
 
 
 @dataclass(frozen=True)
@@ -111,7 +117,8 @@ class ClientSecrets:
         doc = payload.get("session") if payload else None
         try:
             # tools were allowed or refused by the server that issued the token
-            settings = None if doc is None else settings_from_session(doc, tools_supported=True)
+            settings = None if doc is None else settings_from_session(
+                doc, tools_supported=True, transcription=ISSUER_CHECKED)
         except ProtocolError as exc:  # signed by a server of another version
             return f"client secret carries an unusable session: {exc}"
         return ClientSecret(value, expires_at, settings)

@@ -71,7 +71,8 @@ async def create_client_secret(request: Request) -> JSONResponse:
     if body.get("session") is not None:
         try:
             settings = settings_from_session(body["session"],
-                                             tools_supported=state.settings.remote_llm)
+                                             tools_supported=state.settings.remote_llm,
+                                             transcription=state.host.limits.transcription)
         except ProtocolError as exc:
             return error_response(400, str(exc), code=exc.code,
                                   param=f"session.{exc.param}" if exc.param else "session")

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from voxline.engines.client import EngineClient
 from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
+from voxline.sessions.capabilities import MOONSHINE, TranscriptionSupport
 from voxline.sessions.ids import new_id
 from voxline.sessions.images import ImageLimits
 from voxline.sessions.playout_lead import PlayoutReports
@@ -77,13 +78,27 @@ class SessionLimits:
     max_session_seconds: float = 1800.0
     tools_supported: bool = False
     images: ImageLimits | None = None  # None: input_image is refused (a text-only model)
+    transcription: TranscriptionSupport = MOONSHINE  # the ASR's language / prompt support
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SessionLimits:
         return cls(max_sessions=settings.max_sessions, lead_ms=settings.output_lead_ms,
                    max_event_bytes=settings.max_event_bytes,
                    max_session_seconds=settings.max_session_seconds,
-                   tools_supported=settings.remote_llm, images=image_limits(settings))
+                   tools_supported=settings.remote_llm, images=image_limits(settings),
+                   transcription=transcription_support(settings))
+
+
+def transcription_support(settings: Settings) -> TranscriptionSupport:
+    """What `settings`' ASR takes: Moonshine English only, no prompt; a Whisper checkpoint
+    the languages its generation config names, and a prompt (reads that one JSON file)."""
+    checkpoint = settings.whisper_checkpoint
+    if checkpoint is None:
+        return MOONSHINE
+    from voxline.engines.models.whisper_asr import checkpoint_languages
+
+    return TranscriptionSupport(f"Whisper ({checkpoint})", checkpoint_languages(checkpoint),
+                                prompt=True)
 
 
 def image_limits(settings: Settings) -> ImageLimits | None:
@@ -167,7 +182,8 @@ class Admission:
                              max_event_bytes=limits.max_event_bytes, media_format=media_format,
                              transport_reports_playout=transport_reports_playout,
                              tools_supported=limits.tools_supported, voice_error=voice_error,
-                             images=limits.images, playout=PlayoutReports())
+                             images=limits.images, playout=PlayoutReports(),
+                             transcription=limits.transcription)
         metrics = self.host.metrics
         return SessionRunner(actor, self.host.engine, send,
                              max_seconds=limits.max_session_seconds,

@@ -447,7 +447,8 @@ async def _answer_call(request: Request, access: Access, admission: Admission,
         settings = access.settings or SessionSettings()
         if session_doc is not None:
             settings = settings_from_session(session_doc, settings,
-                                             tools_supported=config.remote_llm)
+                                             tools_supported=config.remote_llm,
+                                             transcription=state.host.limits.transcription)
     except ProtocolError as exc:
         return error_response(400, str(exc), code=exc.code, param=exc.param)
 

@@ -23,6 +23,7 @@ from voxline.realtime.session_host import (
     SessionLimits,
     SessionRefused,
     image_limits,
+    transcription_support,
 )
 from voxline.sdk.session import SessionError, SessionFactory, Transport
 from voxline.sessions import commands as cmd
@@ -184,5 +185,6 @@ class Engine(SessionFactory):
         if self._session_host is None:
             self._session_host = SessionHost(self.client, SessionLimits(
                 lead_ms=self.settings.output_lead_ms, max_session_seconds=SESSION_SECONDS,
-                tools_supported=self.settings.remote_llm, images=image_limits(self.settings)))
+                tools_supported=self.settings.remote_llm, images=image_limits(self.settings),
+                transcription=transcription_support(self.settings)))
         return self._session_host

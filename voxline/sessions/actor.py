@@ -86,6 +86,7 @@ class SessionActor:
     voice_error: Callable[[str], str | None] | None = None
     # The reply model reads images, within these bounds; None: input_image is refused.
     images: ImageLimits | None = None
+    transcription: capabilities.TranscriptionSupport = capabilities.MOONSHINE  # ASR hints taken
     playout: PlayoutReports = field(default_factory=PlayoutReports.off)  # engine flow control
 
     def __post_init__(self) -> None:
@@ -189,7 +190,8 @@ class SessionActor:
         old = self.settings
         new = old.apply(e.changes)
         # refused: the session keeps its settings
-        check_supported(new, tools_supported=self.tools_supported)
+        check_supported(new, tools_supported=self.tools_supported,
+                        transcription=self.transcription)
         if new.voice != old.voice:
             self._check_voice(new.voice, "session.update", "session.audio.output.voice")
         self.settings = new

@@ -9,6 +9,7 @@ Parameters in errors use the settings-document path (OpenAI GA nesting, e.g.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -22,6 +23,20 @@ from voxline.sessions.video_responses import check_video_overrides
 
 # The shipped ASR (Moonshine base-en) transcribes English only and takes no prompt.
 TRANSCRIPTION_LANGUAGES = ("en",)
+
+
+@dataclass(frozen=True)
+class TranscriptionSupport:
+    """What the server's ASR does with session.audio.input.transcription: the languages it
+    can be told (None: any), and whether it takes a prompt."""
+
+    asr: str = "Moonshine base-en"
+    languages: tuple[str, ...] | None = TRANSCRIPTION_LANGUAGES
+    prompt: bool = False
+
+
+MOONSHINE = TranscriptionSupport()
+WHISPER_HINT = "start the server with --asr whisper:<checkpoint dir> for a Whisper ASR"
 # With no tool-capable model, only "no tools" choices can be honoured.
 TOOL_CHOICES_WITHOUT_TOOLS = ("auto", "none")
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # what Chat Completions servers accept
@@ -49,6 +64,7 @@ def stream_config(settings: SessionSettings,
         vad = ep.TurnDetection(td.threshold, td.prefix_padding_ms, td.silence_duration_ms)
     # what the session will ask for when a turn ends: the engine may start it early
     auto = response_config(settings, settings) if td is not None and td.create_response else None
+    tr = settings.transcription
     return ep.StreamConfig(
         instructions=settings.instructions,
         turn_detection=vad,
@@ -61,6 +77,8 @@ def stream_config(settings: SessionSettings,
         auto_response=auto,
         truncation=truncation_config(settings.truncation),
         noise_reduction=settings.noise_reduction,  # RNNoise before VAD and ASR
+        transcription_language=tr.language if tr is not None else None,
+        transcription_prompt=(tr.prompt or None) if tr is not None else None,
     )
 
 
@@ -79,20 +97,33 @@ def _refuse(event: str, param: str, what: str) -> ProtocolError:
 
 
 def check_supported(settings: SessionSettings, event: str = "session.update", *,
-                    tools_supported: bool = False) -> None:
+                    tools_supported: bool = False,
+                    transcription: TranscriptionSupport = MOONSHINE) -> None:
     """Raise ProtocolError naming the first setting this server would have to ignore."""
     if settings.truncation == "disabled":
         raise _refuse(event, "session.truncation", "truncation 'disabled' (only 'auto' or "
                       "'retention_ratio': the oldest turns are left out when the context is "
                       "full)")
-    tr = settings.transcription
-    if tr is not None and tr.language is not None and tr.language not in TRANSCRIPTION_LANGUAGES:
-        raise _refuse(event, "session.audio.input.transcription.language",
-                      f"transcription language {tr.language!r} (the ASR is English-only: 'en')")
-    if tr is not None and tr.prompt:
-        raise _refuse(event, "session.audio.input.transcription.prompt",
-                      "a transcription prompt")
+    _check_transcription(event, settings, transcription)
     _check_tools(event, "session", settings.tools, settings.tool_choice, tools_supported)
+
+
+def _check_transcription(event: str, settings: SessionSettings,
+                         support: TranscriptionSupport) -> None:
+    tr = settings.transcription
+    langs = support.languages
+    if tr is not None and tr.language is not None and langs is not None and (
+            tr.language not in langs):
+        only = ("is English-only: 'en'" if langs == ("en",)
+                else f"knows {', '.join(repr(c) for c in langs)}")
+        hint = f"; {WHISPER_HINT}" if support is MOONSHINE else ""
+        raise _refuse(event, "session.audio.input.transcription.language",
+                      f"transcription language {tr.language!r} (the ASR, {support.asr}, "
+                      f"{only}{hint})")
+    if tr is not None and tr.prompt and not support.prompt:
+        raise _refuse(event, "session.audio.input.transcription.prompt",
+                      f"a transcription prompt with {support.asr} (a Whisper ASR takes one: "
+                      "--asr whisper:<checkpoint dir>)")
 
 
 def check_overrides(overrides: ResponseOverrides, *, session_tools: tuple[dict, ...] = (),

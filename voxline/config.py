@@ -119,9 +119,6 @@ class Settings(BaseSettings):
     tts_first_chunk_frames: int = Field(default=1, ge=1, le=48, description="Qwen3-TTS: "
                                         "12 Hz codec frames (80 ms each) in a reply's first "
                                         "audio chunk (fewer: earlier first audio)")
-    tts_max_frames: int = Field(default=2048, ge=1, description="Qwen3-TTS: most codec "
-                                "frames (80 ms each) one talker stream speaks before it is "
-                                "stopped (a checkpoint that never says EOS)")
     tts_chunk_frames: int = Field(default=4, ge=1, le=48, description="Qwen3-TTS: codec "
                                   "frames in each later audio chunk (more: fewer, larger "
                                   "decoder calls; on CUDA one graph per length)")
@@ -139,9 +136,6 @@ class Settings(BaseSettings):
     llm_model: str | None = Field(default=None, description="model name sent to a remote "
                                   "server (required with llm=openai:...)")
     llm_api_key: str | None = Field(default=None, description="bearer key for a remote server")
-    llm_checkpoint: str | None = Field(default=None, description="embedded LLM: a local "
-                                       "Hugging Face Llama-family checkpoint directory "
-                                       "(default: the shipped SmolLM2)")
     video: str = Field(default="", pattern=r"^(helios:.+)?$",
                        json_schema_extra={"metavar": "helios:DIR"},
                        description="video model: 'helios:<checkpoint dir>' (diffusers layout, as "
@@ -187,6 +181,11 @@ class Settings(BaseSettings):
         """The reply model runs on a remote server (which can call tools)."""
         return self.llm != "embedded"
 
+    @property
+    def whisper_checkpoint(self) -> str | None:
+        """The Whisper checkpoint directory ``asr`` names (None: the shipped Moonshine)."""
+        return self.asr.removeprefix("whisper:") if self.asr.startswith("whisper:") else None
+
     def ice_host_list(self) -> list[str]:
         return [h.strip() for h in self.ice_hosts.split(",") if h.strip()]
 
@@ -198,11 +197,6 @@ class Settings(BaseSettings):
         if not self.tts_batch_buckets:
             return None
         sizes = [int(b) for b in self.tts_batch_buckets.split(",")]
-    @property
-    def whisper_checkpoint(self) -> str | None:
-        """The Whisper checkpoint directory ``asr`` names (None: the shipped Moonshine)."""
-        return self.asr.removeprefix("whisper:") if self.asr.startswith("whisper:") else None
-
         if not all(1 <= b <= self.tts_max_streams for b in sizes):
             raise ValueError(f"tts_batch_buckets must lie in 1..tts_max_streams "
                              f"({self.tts_max_streams}), got {self.tts_batch_buckets}")

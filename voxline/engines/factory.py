@@ -98,8 +98,7 @@ def load_reply_model(settings: Settings, llm_path: str | None, max_slots: int,
     from voxline.engines.models.llama.checkpoint import load_llm
 
     device = llm_device(settings)
-    path = llm_path or settings.llm_checkpoint
-    return ChatLLM(load_llm(path, settings.llm_dtype, device=device, cache=settings.cache),
+    return ChatLLM(load_llm(llm_path, settings.llm_dtype, device=device, cache=settings.cache),
                    max_slots=max_slots, max_len=max_len)
 
 
@@ -155,8 +154,7 @@ def load_tts(settings: Settings) -> SpeechModel:
                                  speaker=settings.tts_speaker, language=settings.tts_language,
                                  max_streams=settings.tts_max_streams, batch_buckets=buckets,
                                  initial_chunk_frames=settings.tts_first_chunk_frames,
-                                 chunk_frames=settings.tts_chunk_frames,
-                                 max_frames=settings.tts_max_frames)
+                                 chunk_frames=settings.tts_chunk_frames)
         logger.info("Qwen3-TTS %s (voice %s) loaded on %s in %.2f s%s", model_dir, stage.speaker,
                     settings.tts_device, time.perf_counter() - t0,
                     " -- RANDOM-WEIGHT TEST CHECKPOINT, not a voice" if stage.random_weights else "")

@@ -180,7 +180,10 @@ async def speech_request(base: str, text: str, opts: argparse.Namespace) -> Requ
     return res
 
 
-async def realtime_request(base: str, audio: np.ndarray, opts: argparse.Namespace) -> RequestResult:
+async def realtime_request(base: str, audio: np.ndarray | None, opts: argparse.Namespace,
+                           text: str | None = None) -> RequestResult:
+    """One turn over /v1/realtime: `audio` streamed at real time, or (``audio`` None) `text`
+    as a user message item and ``response.create``, timed from that send."""
     import websockets
 
     res = RequestResult()
@@ -197,8 +200,8 @@ async def realtime_request(base: str, audio: np.ndarray, opts: argparse.Namespac
             if first.get("type") != "session.created":
                 res.error = f"unexpected_{first.get('type')}"
                 return res
-            await ws.send(json.dumps({"type": "session.update", "session": {
-                "type": "realtime", "audio": {"input": {"turn_detection": turn_detection}}}}))
+            await ws.send(json.dumps({"type": "session.update", "session": session_config(
+                turn_detection, getattr(opts, "max_output_tokens", None))}))
 
             async def send_audio() -> None:
                 nonlocal eos
@@ -218,7 +221,15 @@ async def realtime_request(base: str, audio: np.ndarray, opts: argparse.Namespac
                     eos = time.perf_counter()
                     await ws.send(json.dumps({"type": "response.create"}))
 
-            sender = asyncio.create_task(send_audio())
+            async def send_text() -> None:
+                nonlocal eos
+                await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+                    "type": "message", "role": "user",
+                    "content": [{"type": "input_text", "text": text}]}}))
+                eos = time.perf_counter()
+                await ws.send(json.dumps({"type": "response.create"}))
+
+            sender = asyncio.create_task(send_audio() if audio is not None else send_text())
             async for raw in ws:
                 now = time.perf_counter()
                 event = json.loads(raw)
@@ -237,8 +248,9 @@ async def realtime_request(base: str, audio: np.ndarray, opts: argparse.Namespac
                     res.error = f"server_{event.get('error', {}).get('code') or 'error'}"
                     break
                 elif kind == "response.done":
-                    status = event.get("response", {}).get("status")
-                    if status != "completed":
+                    response = event.get("response", {})
+                    status = response.get("status")
+                    if status != "completed" and not capped(response):
                         res.error = f"response_{status}"
                     elif not res.arrivals:
                         res.error = "no_audio"
@@ -256,6 +268,23 @@ async def realtime_request(base: str, audio: np.ndarray, opts: argparse.Namespac
         res.wall_s = time.perf_counter() - start
         res.finish_audio(eos)
     return res
+
+
+def capped(response: dict[str, Any]) -> bool:
+    """A reply cut at the session's max_output_tokens (status incomplete, that reason): a
+    finished turn for the bench, whose cap is what makes it stop."""
+    details = response.get("status_details") or {}
+    return response.get("status") == "incomplete" and details.get("reason") == "max_output_tokens"
+
+
+def session_config(turn_detection: dict[str, Any] | None,
+                   max_output_tokens: int | None) -> dict[str, Any]:
+    """The bench's ``session.update`` body: turn detection, and a reply-length cap if given."""
+    config: dict[str, Any] = {"type": "realtime",
+                              "audio": {"input": {"turn_detection": turn_detection}}}
+    if max_output_tokens is not None:
+        config["max_output_tokens"] = max_output_tokens
+    return config
 
 
 # ---------------------------------------------------------------------------- load shapes
@@ -289,6 +318,8 @@ async def run_level(base: str, opts: argparse.Namespace, questions: list[np.ndar
     async def one(i: int) -> None:
         if opts.mode == "speech":
             res = await speech_request(base, QUESTIONS[i % len(QUESTIONS)], opts)
+        elif getattr(opts, "input", "audio") == "text":
+            res = await realtime_request(base, None, opts, text=QUESTIONS[i % len(QUESTIONS)])
         else:
             res = await realtime_request(base, questions[i % len(questions)], opts)
         results.append(res)
@@ -487,12 +518,29 @@ def _levels(opts: argparse.Namespace) -> list[tuple[int | None, float | None]]:
 
 async def bench(opts: argparse.Namespace) -> dict[str, Any]:
     base = check_url(opts.url, opts.allow_remote)
+    spoken = opts.mode == "realtime" and getattr(opts, "input", "audio") == "audio"
     with tempfile.TemporaryDirectory(prefix="voxline-bench-") as tmp:
-        questions = load_questions(opts.audio_dir, Path(tmp)) if opts.mode == "realtime" else []
+        questions = load_questions(opts.audio_dir, Path(tmp)) if spoken else []
     levels = [await run_level(base, opts, questions, c, r) for c, r in _levels(opts)]
     return {"version": 1, "mode": opts.mode, "url": base, "turn_detection": opts.turn_detection,
+            "input": getattr(opts, "input", "audio"),
             "requests_per_level": opts.requests, "timeout_s": opts.timeout,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "levels": levels}
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "levels": levels,
+            "sessions_held": sessions_held(levels)}
+
+
+HELD_EOS_P95_S = 0.25  # the issue's bar: p95 speech_stopped -> first audio
+
+
+def sessions_held(levels: list[dict[str, Any]], bar_s: float = HELD_EOS_P95_S) -> int | None:
+    """The largest concurrency level with no errors, zero underruns and p95 end of speech
+    -> first audio within `bar_s` (None: no concurrency level met it)."""
+    held = [lv["concurrency"] for lv in levels
+            if lv["concurrency"] is not None and lv["requests"] and lv["ok"] == lv["requests"]
+            and not any(r["underruns"] for r in lv["results"])
+            and (p95 := lv["metrics"]["eos_to_first_audio_s"]["p95"]) is not None
+            and p95 <= bar_s]
+    return max(held, default=None)
 
 
 def main(opts: argparse.Namespace) -> int:
@@ -505,6 +553,8 @@ def main(opts: argparse.Namespace) -> int:
         gates = load_gates(opts.gates) if opts.gates else []
         report = asyncio.run(bench(opts))
         print(table(report))
+        print(f"sessions held (p95 end of speech -> first audio <= {HELD_EOS_P95_S * 1000:.0f} "
+              f"ms, no underruns, no errors): {report['sessions_held']}")
         if opts.json:
             Path(opts.json).write_text(json.dumps(report, indent=2))
             print(f"wrote {opts.json}")

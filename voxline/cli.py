@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "pcm streaming (default: %(default)s)")
     bench.add_argument("--turn-detection", choices=["server_vad", "manual"], default="server_vad",
                        help="realtime: end turns by server VAD or by commit + response.create")
+    bench.add_argument("--input", choices=["audio", "text"], default="audio",
+                       help="realtime: spoken questions, or text user messages + "
+                            "response.create (timed from the send) (default: %(default)s)")
+    bench.add_argument("--max-output-tokens", type=int, default=None,
+                       help="realtime: the session's max_output_tokens (reply length cap)")
     bench.add_argument("--concurrency", default="1",
                        help="closed-loop sweep, comma-separated (default: %(default)s)")
     bench.add_argument("--rate", type=float, default=None,

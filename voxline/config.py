@@ -119,6 +119,9 @@ class Settings(BaseSettings):
     tts_first_chunk_frames: int = Field(default=1, ge=1, le=48, description="Qwen3-TTS: "
                                         "12 Hz codec frames (80 ms each) in a reply's first "
                                         "audio chunk (fewer: earlier first audio)")
+    tts_max_frames: int = Field(default=2048, ge=1, description="Qwen3-TTS: most codec "
+                                "frames (80 ms each) one talker stream speaks before it is "
+                                "stopped (a checkpoint that never says EOS)")
     tts_chunk_frames: int = Field(default=4, ge=1, le=48, description="Qwen3-TTS: codec "
                                   "frames in each later audio chunk (more: fewer, larger "
                                   "decoder calls; on CUDA one graph per length)")
@@ -136,11 +139,25 @@ class Settings(BaseSettings):
     llm_model: str | None = Field(default=None, description="model name sent to a remote "
                                   "server (required with llm=openai:...)")
     llm_api_key: str | None = Field(default=None, description="bearer key for a remote server")
+    llm_checkpoint: str | None = Field(default=None, description="embedded LLM: a local "
+                                       "Hugging Face Llama-family checkpoint directory "
+                                       "(default: the shipped SmolLM2)")
     video: str = Field(default="", pattern=r"^(helios:.+)?$",
                        json_schema_extra={"metavar": "helios:DIR"},
                        description="video model: 'helios:<checkpoint dir>' (diffusers layout, as "
                                    "HeliosPipeline.from_pretrained reads it; on CUDA when there "
                                    "is a GPU); empty: no video, video requests are refused")
+    video_cache_backend: str = Field(default="none",
+                                     pattern=r"^(none|first_block_cache|mag_cache)$",
+                                     description="video step cache when a request names none "
+                                     "(diffusers' hooks): none, first_block_cache or mag_cache "
+                                     "(its ratios calibrated by the first such chunk and kept in "
+                                     "voxline_mag_ratios.json beside the checkpoint or in the "
+                                     "cache folder)")
+    video_cache_threshold: float | None = Field(default=None, ge=0, description="the video "
+                                                "step cache's threshold (higher skips more); "
+                                                "empty: the backend's default (0.05 first "
+                                                "block, 0.06 MagCache)")
     llm_timeout: float = Field(default=30.0, gt=0, description="remote server: seconds to "
                                "connect and to wait for each streamed chunk")
     llm_retries: int = Field(default=2, ge=0, description="remote server: retries of a request "
@@ -181,11 +198,6 @@ class Settings(BaseSettings):
         """The reply model runs on a remote server (which can call tools)."""
         return self.llm != "embedded"
 
-    @property
-    def whisper_checkpoint(self) -> str | None:
-        """The Whisper checkpoint directory ``asr`` names (None: the shipped Moonshine)."""
-        return self.asr.removeprefix("whisper:") if self.asr.startswith("whisper:") else None
-
     def ice_host_list(self) -> list[str]:
         return [h.strip() for h in self.ice_hosts.split(",") if h.strip()]
 
@@ -197,6 +209,11 @@ class Settings(BaseSettings):
         if not self.tts_batch_buckets:
             return None
         sizes = [int(b) for b in self.tts_batch_buckets.split(",")]
+    @property
+    def whisper_checkpoint(self) -> str | None:
+        """The Whisper checkpoint directory ``asr`` names (None: the shipped Moonshine)."""
+        return self.asr.removeprefix("whisper:") if self.asr.startswith("whisper:") else None
+
         if not all(1 <= b <= self.tts_max_streams for b in sizes):
             raise ValueError(f"tts_batch_buckets must lie in 1..tts_max_streams "
                              f"({self.tts_max_streams}), got {self.tts_batch_buckets}")

@@ -98,7 +98,8 @@ def load_reply_model(settings: Settings, llm_path: str | None, max_slots: int,
     from voxline.engines.models.llama.checkpoint import load_llm
 
     device = llm_device(settings)
-    return ChatLLM(load_llm(llm_path, settings.llm_dtype, device=device, cache=settings.cache),
+    path = llm_path or settings.llm_checkpoint
+    return ChatLLM(load_llm(path, settings.llm_dtype, device=device, cache=settings.cache),
                    max_slots=max_slots, max_len=max_len)
 
 
@@ -154,7 +155,8 @@ def load_tts(settings: Settings) -> SpeechModel:
                                  speaker=settings.tts_speaker, language=settings.tts_language,
                                  max_streams=settings.tts_max_streams, batch_buckets=buckets,
                                  initial_chunk_frames=settings.tts_first_chunk_frames,
-                                 chunk_frames=settings.tts_chunk_frames)
+                                 chunk_frames=settings.tts_chunk_frames,
+                                 max_frames=settings.tts_max_frames)
         logger.info("Qwen3-TTS %s (voice %s) loaded on %s in %.2f s%s", model_dir, stage.speaker,
                     settings.tts_device, time.perf_counter() - t0,
                     " -- RANDOM-WEIGHT TEST CHECKPOINT, not a voice" if stage.random_weights else "")
@@ -169,6 +171,7 @@ def load_video(settings: Settings) -> VideoModel | None:
     if not settings.video:
         return None
     from voxline.engines.models.helios import HeliosChunkDriver, load_helios
+    from voxline.engines.models.helios.step_cache import step_caches_for
 
     model_dir = settings.video.removeprefix("helios:")
     cuda = torch.cuda.is_available()
@@ -176,7 +179,9 @@ def load_video(settings: Settings) -> VideoModel | None:
     pipe = load_helios(model_dir, device="cuda" if cuda else "cpu",
                        dtype=torch.bfloat16 if cuda else None)
     logger.info("Helios %s loaded in %.2f s", model_dir, time.perf_counter() - t0)
-    return HeliosChunkDriver(pipe)
+    caches = step_caches_for(pipe.transformer, model_dir, settings.cache,
+                             settings.video_cache_backend, settings.video_cache_threshold)
+    return HeliosChunkDriver(pipe, step_caches=caches)
 
 
 def make_engine_core(wake: Callable[[], None], settings: Mapping[str, Any] | None = None, *,

@@ -13,6 +13,11 @@ confirmed tokens and the sampled token is dropped.
 A `paused` request (flow control: `Responses` holds a reply that is far enough ahead
 of its playout) sits out of the batch, keeping its slot, until it is unpaused.
 
+A `tentative` request (a warm prefill, `voxline.engines.warm_prefill`) only computes its
+prompt's K/V: it samples nothing, runs only in a step no other request wants (lowest
+priority, `TENTATIVE_CHUNK` tokens at a time, so a reply that arrives waits at most one
+small chunk) and ends once its prompt is cached. Rolling its slot back ends it too.
+
 Every step a request's prompt is recomputed as `target()`; only the part after the
 longest common prefix with the slot's confirmed tokens is fed. That one rule covers
 first prefill, a new turn appended to a cached conversation, edits that roll the cache
@@ -29,6 +34,10 @@ from typing import Any, Protocol
 import torch
 
 from voxline.engines.stage import StreamId
+
+# A tentative (warm prefill) request's tokens per step: the most a reply that arrives
+# meanwhile waits for.
+TENTATIVE_CHUNK = 32
 
 
 class LanguageModel(Protocol):
@@ -132,6 +141,8 @@ class GenerationRequest:
     # Held by flow control (its reply's audio is far enough ahead of playout): not
     # scheduled, and no work for the stage, until cleared; it keeps its slot and tokens.
     paused: bool = False
+    # A warm prefill: computes the prompt's K/V and nothing else (see the module docstring).
+    tentative: bool = False
 
     def target(self) -> list[int]:
         return self.prompt() + self.generated
@@ -182,24 +193,41 @@ class LLMStage:
         """Forget every token of `slot` after the first `length`. If a step in flight may
         still be writing the slot, only the mirror changes now: the cache is cut when that
         step lands (`update` rolls it back) or before the slot's next step."""
+        for req in list(self.running.values()):
+            if req.tentative and req.slot is slot:
+                self.abort(req.request_id)  # what it computes would follow the cut tokens
         del slot.tokens[length:]
         if slot.index in self._in_flight:
             slot.stale = True
         else:
             self.model.truncate(slot.index, length)
 
+    def end_tentative(self, request_id: str) -> None:
+        """End a tentative request: now, or once the step in flight lands (its tokens kept)."""
+        req = self.running.get(request_id)
+        if req is None:
+            return
+        if req.slot.index in self._in_flight:
+            req.finish = FinishReason.STOP  # leaves the batch in `update`
+        else:
+            self.abort(request_id)
+
     def has_work(self) -> bool:
         return any(not r.paused for r in self.running.values())
+
+    def _schedulable(self) -> list[GenerationRequest]:
+        """Decodes first (1 token each, latency-critical), then prefills; tentative
+        requests only when nothing else runs."""
+        active = [r for r in self.running.values() if not r.paused and r.finish is None]
+        replies = sorted((r for r in active if not r.tentative), key=lambda r: not r.generated)
+        return replies or [r for r in active if r.tentative]
 
     def schedule(self) -> StepPlan | None:
         """Pick each running request's next tokens under the step's token budget."""
         self._in_flight.clear()  # (called only when no step is running)
         entries: list[PlanEntry] = []
         budget = self.token_budget
-        # Decodes first (1 token each, latency-critical), then prefills share the rest.
-        reqs = sorted((r for r in self.running.values() if not r.paused),
-                      key=lambda r: not r.generated)
-        for req in reqs:
+        for req in self._schedulable():
             if budget <= 0:
                 break
             target = req.target()
@@ -210,6 +238,10 @@ class LLMStage:
                 req.slot.tokens[:] = target[:n]
                 req.slot.stale = False
             keep = common_prefix(req.slot.tokens, target)
+            if req.tentative and keep == len(target):  # all cached: nothing to do
+                req.finish = FinishReason.STOP
+                del self.running[req.request_id]
+                continue
             if keep == len(target):  # fully cached: re-feed the last token to get logits
                 keep -= 1
             if keep < len(req.slot.tokens) or req.slot.stale:
@@ -220,9 +252,10 @@ class LLMStage:
                 req.cached_tokens = keep
                 req.prompt_tokens = len(target)
             todo = target[keep:]
-            chunk = todo[:budget]
+            chunk = todo[:min(budget, TENTATIVE_CHUNK) if req.tentative else budget]
             budget -= len(chunk)
-            entries.append(PlanEntry(req, chunk, req.epoch, samples=len(chunk) == len(todo)))
+            entries.append(PlanEntry(req, chunk, req.epoch,
+                                     samples=len(chunk) == len(todo) and not req.tentative))
         plan = StepPlan(entries) if entries else None
         if plan is not None:
             self._in_flight.update(plan.slots)
@@ -249,6 +282,8 @@ class LLMStage:
             if 0 < req.shared_prefix <= len(req.slot.tokens):
                 self.model.save_prefix(req.slot.index, req.slot.tokens[:req.shared_prefix])
                 req.shared_prefix = 0  # saved (or already kept)
+            if req.tentative and len(req.slot.tokens) >= len(req.target()):
+                req.finish = FinishReason.STOP  # its prompt is cached
             if entry.samples:
                 sampled_rows.append(row)
         new_tokens: list[tuple[GenerationRequest, int]] = []

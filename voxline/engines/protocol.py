@@ -264,6 +264,8 @@ class CreateVideo(msgspec.Struct, tag=True, frozen=True):
     guidance_scale: float = 5.0
     negative_prompt: str = ""
     seed: int | None = None
+    cache_backend: str = ""  # step cache: "" the server's video_cache_backend, or by name
+    cache_threshold: float | None = None  # the step cache's threshold; None: its default
 
 
 class CancelVideo(msgspec.Struct, tag=True, frozen=True):

@@ -58,6 +58,7 @@ from voxline.engines.stage import StreamId
 from voxline.engines.streams import StreamState
 from voxline.engines.text_chunker import TextChunker
 from voxline.engines.tts_stage import SpeechOwner, TTSPlan, TTSStage
+from voxline.engines.warm_prefill import WarmPrefills
 
 # A reply's first clause may be short ("Sure,") so its audio starts early; later
 # segments are longer, which sounds more natural.
@@ -162,9 +163,14 @@ class Responses:
         self._live = live  # an open stream by internal id (None: closed or closing)
         self._runs: dict[StreamId, ResponseRun] = {}
         self._deferred: dict[StreamId, p.CreateResponse] = {}
+        self.warm: WarmPrefills | None = None  # prefills turns while they are spoken
 
     def active(self, stream: StreamState) -> ResponseRun | None:
         return self._runs.get(stream.internal_id)
+
+    def busy(self, stream: StreamState) -> bool:
+        """The stream has a response running, speculating or waiting for its transcript."""
+        return stream.internal_id in self._runs or stream.internal_id in self._deferred
 
     def in_progress(self) -> int:
         """Responses running or waiting for their transcript, across all streams."""
@@ -206,6 +212,8 @@ class Responses:
         if stream.pending_finals > 0:
             self._deferred[sid] = msg
             return
+        if self.warm is not None:
+            self.warm.adopt(stream)  # its tokens are this reply's prompt so far
         run = self._new_run(stream, msg.config, msg.response_id, msg.item_id)
         if run is None:  # refused (the error says why): the response ends at once
             self._emit(p.ResponseDone(stream.external_id, msg.response_id,
@@ -226,16 +234,14 @@ class Responses:
                             "again later", p.ErrorCode.CAPACITY)
                 return None
             stream.slot = Slot(index)
-        header = llm.generation_header()
         conversation = stream.conversation
         window, truncation = stream.window, stream.config.truncation
         max_tokens = cfg.max_output_tokens or stream.config.max_output_tokens
-        # room for the header and the reply (capped so a huge limit can't starve context)
-        budget = llm.max_len - len(header) - min(max_tokens, llm.max_len // 4)
         # (a speculation that cannot start just does not; its response will say why)
-        system = self._system_prompt(stream, cfg, budget, report=bool(response_id))
-        if system is None:
+        frame = self.prompt_frame(stream, cfg, report=bool(response_id))
+        if frame is None:
             return None
+        system, budget, header = frame
         temperature = stream.config.temperature if cfg.temperature is None else cfg.temperature
         generator = None
         if cfg.seed is not None:
@@ -262,6 +268,18 @@ class Responses:
             tool_choice=tool_choice,
         )
         return ResponseRun(response_id, item_id, cfg, request, new_chunker(), stream.config.speed)
+
+    def prompt_frame(self, stream: StreamState, cfg: p.ResponseConfig,
+                     report: bool = False) -> tuple[list[int], int, list[int]] | None:
+        """What a reply's prompt is built of: the rendered instructions, the tokens they
+        and the messages may take, the generation header (None: the instructions alone
+        fill it; the error sent if `report`)."""
+        header = self.model.generation_header()
+        max_tokens = cfg.max_output_tokens or stream.config.max_output_tokens
+        # room for the header and the reply (capped so a huge limit can't starve context)
+        budget = self.model.max_len - len(header) - min(max_tokens, self.model.max_len // 4)
+        system = self._system_prompt(stream, cfg, budget, report)
+        return None if system is None else (system, budget, header)
 
     def _system_prompt(self, stream: StreamState, cfg: p.ResponseConfig, budget: int,
                        report: bool) -> list[int] | None:
@@ -301,6 +319,8 @@ class Responses:
                 or stream.config.tools or cfg.tools):  # a function call is not held back
             return
         before = len(stream.slot.tokens) if stream.slot is not None else 0
+        warm = self.warm.adopt(stream) if self.warm is not None else None
+        before = before if warm is None else warm  # discarded, it undoes the warm prefill
         stream.conversation.add(item_id, "user", text)
         run = self._new_run(stream, cfg, "", "")
         if run is None:

@@ -44,13 +44,13 @@ logger = logging.getLogger(__name__)
 # With speculation off, semantic turn detection still transcribes pauses this long.
 SEMANTIC_PAUSE_MS = 160.0
 
+
+class Turns:
 def transcription_options(config: p.StreamConfig) -> TranscriptionOptions:
     """The stream's transcription language and prompt, as its ASR jobs carry them."""
     return TranscriptionOptions(config.transcription_language, config.transcription_prompt)
 
 
-
-class Turns:
     """Routes every stream's input audio through VAD and ASR; outputs go to `emit`.
 
     `speculate_after_ms` (0: off): a pause this long starts a speculative reply, while

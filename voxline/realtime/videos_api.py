@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 import numpy as np
@@ -74,6 +74,9 @@ class VideoRequest(BaseModel):
     guidance_scale: Annotated[float, Field(ge=0, le=100)] = 5.0
     negative_prompt: str = ""
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
+    # voxline's step cache (diffusers' hooks); None: the server's video_cache_backend
+    cache_backend: Literal["none", "first_block_cache", "mag_cache"] | None = None
+    cache_threshold: Annotated[float, Field(ge=0, le=100)] | None = None
 
     def dimensions(self) -> tuple[int, int]:
         """(width, height): explicit fields over ``size``, default 640x384 (Helios')."""
@@ -182,6 +185,7 @@ def _find(request: Request, video_id: str) -> VideoRecord:
 
 
 INT_FIELDS = ("width", "height", "fps", "num_frames", "num_inference_steps", "seed")
+FLOAT_FIELDS = ("guidance_scale", "cache_threshold")
 
 
 async def _body(request: Request) -> object:
@@ -205,7 +209,7 @@ async def _body(request: Request) -> object:
 
 
 def _form_number(name: str, value: str) -> Any:
-    if name not in (*INT_FIELDS, "guidance_scale"):
+    if name not in (*INT_FIELDS, *FLOAT_FIELDS):
         return value
     try:
         return int(value) if name in INT_FIELDS else float(value)
@@ -288,7 +292,9 @@ async def _generate(state: ServerState, store: VideoStore, record: VideoRecord) 
                                   height=height, num_frames=req.num_frames,
                                   num_inference_steps=req.num_inference_steps,
                                   guidance_scale=req.guidance_scale,
-                                  negative_prompt=req.negative_prompt, seed=req.seed))
+                                  negative_prompt=req.negative_prompt, seed=req.seed,
+                                  cache_backend=req.cache_backend or "",
+                                  cache_threshold=req.cache_threshold))
         done = await _encode_chunks(handle, record, writer)
         if done is None or done.status != p.ResponseStatus.COMPLETED:
             record.error = record.error or (done.error if done else "the engine stream ended")

@@ -32,6 +32,8 @@ class VideoSpec:
     negative_prompt: str = ""
     seed: int | None = None
     max_sequence_length: int = 512
+    cache_backend: str = ""  # "" the server's default; none / first_block_cache / mag_cache
+    cache_threshold: float | None = None  # None: the backend's default
 
 
 def output_frames(chunks: int) -> int:

@@ -34,6 +34,7 @@ from voxline.engines.protocol import CreateVideo
 
 from .chunks import LATENT_FRAMES_PER_CHUNK, VideoSpec, chunk_frame_counts, validate_spec
 from .prompt_cache import PromptCache, PromptKey
+from .step_cache import CacheChoice, ResidualRecorder, StepCaches, parse_choice
 
 HISTORY_SIZES = (16, 2, 1)  # long, mid, 1x: latent frames of history each chunk reads
 
@@ -45,6 +46,8 @@ class HeliosRender:
         self.spec = spec
         self.seed = seed
         self.frame_counts = chunk_frame_counts(spec.num_frames)
+        self.cache = parse_choice(spec.cache_backend, spec.cache_threshold,
+                                  driver.step_caches.default)
         self.chunks_done = 0
         self._driver = driver
         self.generator = torch.Generator(device=driver.device).manual_seed(seed)
@@ -70,8 +73,11 @@ class HeliosChunkDriver:
     """The chunk loop over `pipe`'s components; `begin` one `HeliosRender` per request."""
 
     def __init__(self, pipe: HeliosPipeline, prompt_cache: PromptCache | None = None,
-                 max_sequence_length: int = 512) -> None:
+                 max_sequence_length: int = 512, step_caches: StepCaches | None = None) -> None:
         self.pipe = pipe
+        self.step_caches = (step_caches if step_caches is not None
+                            else StepCaches(pipe.transformer, CacheChoice()))
+        self._recorder: ResidualRecorder | None = None  # set while MagCache calibrates
         self.max_sequence_length = max_sequence_length  # prompt padding of `begin_video`
         self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
         self.device = pipe._execution_device
@@ -97,7 +103,8 @@ class HeliosChunkDriver:
             prompt=msg.prompt, width=msg.width, height=msg.height, num_frames=msg.num_frames,
             num_inference_steps=msg.num_inference_steps, guidance_scale=msg.guidance_scale,
             negative_prompt=msg.negative_prompt, seed=msg.seed,
-            max_sequence_length=self.max_sequence_length))
+            max_sequence_length=self.max_sequence_length, cache_backend=msg.cache_backend,
+            cache_threshold=msg.cache_threshold))
 
     # ------------------------------------------------------------------ the loop body
 
@@ -110,12 +117,30 @@ class HeliosChunkDriver:
         if render.embeds is None:
             render.embeds = self.encode(spec)
             render.history = self._empty_history(spec)
-        latents = self._denoise(render)
+        latents = self._denoise_cached(render)
         video = self._decode(render, latents)
         frames = self.pipe.video_processor.postprocess_video(video, output_type="np")[0]
         keep = render.frame_counts[render.chunks_done]
         render.chunks_done += 1
         return frames[:keep]
+
+    def _denoise_cached(self, render: HeliosRender) -> torch.Tensor:
+        """`_denoise` under the request's step cache (or MagCache's calibration run)."""
+        caches, steps = self.step_caches, render.spec.num_inference_steps
+        if not caches.needs_calibration(render.cache):
+            caches.prepare(render.cache, steps)
+            return self._denoise(render)
+        with caches.calibrating() as recorder:
+            self._recorder = recorder
+            try:
+                latents = self._denoise(render)
+            finally:
+                self._recorder = None
+        spec = render.spec
+        caches.mag_ratios.save(recorder.ratios, {
+            "num_inference_steps": steps, "width": spec.width, "height": spec.height,
+            "guidance_scale": spec.guidance_scale, "chunk": render.chunks_done})
+        return latents
 
     def encode(self, spec: VideoSpec) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Prompt (and, under guidance, negative prompt) embeddings, from the cache if there."""
@@ -190,10 +215,14 @@ class HeliosChunkDriver:
                  negative: torch.Tensor | None, guidance: float,
                  history: dict[str, torch.Tensor]) -> torch.Tensor:
         """The transformer's noise prediction, guided (two calls) when guidance > 1."""
-        transformer = self.pipe.transformer
+        transformer, recorder = self.pipe.transformer, self._recorder
         with transformer.cache_context("cond"):
+            if recorder is not None:
+                recorder.active = True  # MagCache calibrates on the conditional calls
             cond = transformer(hidden_states=latents, timestep=timestep,
                                encoder_hidden_states=positive, return_dict=False, **history)[0]
+            if recorder is not None:
+                recorder.active = False
         if guidance <= 1.0:
             return cond
         with transformer.cache_context("uncond"):

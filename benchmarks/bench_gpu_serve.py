@@ -1,0 +1,293 @@
+"""`voxline serve --device cuda` end to end on one GPU, driven by `voxline bench`.
+
+    python benchmarks/bench_gpu_serve.py build /tmp/ckpt      # random real-shape checkpoints
+    python benchmarks/bench_gpu_serve.py run /tmp/ckpt --out OUT --audio-dir WAVS
+
+``build`` writes two RANDOM-weight checkpoints (nothing is downloaded or carried): a
+Qwen3-TTS-12Hz-1.7B-shaped one in the official layout (the shapes of
+``bench_gpu_tts.MODEL``/``CODEC``, marked random so the server logs it) and a
+Llama-3.2-1B-shaped LLM (``bench_gpu_llm.SHAPES["1b"]``) with a locally built tokenizer of
+the same 128256-entry vocabulary: byte-level symbols, ChatML specials and made-up words,
+so any token the random model samples decodes to speakable text.
+
+``run`` starts ``voxline serve --device cuda`` on 127.0.0.1 with those checkpoints (the
+capacity flags are whatever ``--serve-args`` adds), waits for ``/health``, runs ``voxline
+bench`` for each sweep (spoken turns over /v1/realtime with server VAD, then text turns),
+samples ``nvidia-smi`` all along, and leaves under ``--out``: the server log, the bench
+JSONs and tables, and ``gpu.csv``. Random weights never say EOS, so replies are capped by
+``max_output_tokens`` (LLM) and ``--tts-max-frames`` (speech): the numbers are timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+LLM_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SYLLABLES = [c + v for c in "bdfghklmnprstvz" for v in "aeiou"]
+
+
+# --------------------------------------------------------------------------- build
+
+
+def build_tts(out: Path) -> Path:
+    """Qwen3-TTS-1.7B-shaped random checkpoint, official layout (talker bf16, codec fp32)."""
+    import torch
+    from bench_gpu_tts import CODEC, MODEL, SPECIALS, TEXT
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from voxline.engines.models.qwen3_tts.code2wav import Code2WavDecoder
+    from voxline.engines.models.qwen3_tts.config import Code2WavConfig, Qwen3TTSConfig
+    from voxline.engines.models.qwen3_tts.talker import Talker
+
+    config = Qwen3TTSConfig.parse(MODEL)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        talker = Talker(config.talker)
+        decoder = Code2WavDecoder(Code2WavConfig.parse(CODEC))
+    with torch.no_grad():
+        for name, p in talker.named_parameters():  # small random weights keep bf16 finite
+            if p.dim() > 1:
+                p.normal_(0.0, 0.02 if "embedding" not in name else 0.5)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps({**MODEL, "voxline_random_weights": True}))
+    save_file({f"talker.{k}": v.to(torch.bfloat16).contiguous().cpu()
+               for k, v in talker.state_dict().items()}, out / "model.safetensors")
+    codec_dir = out / "speech_tokenizer"
+    codec_dir.mkdir(exist_ok=True)
+    (codec_dir / "config.json").write_text(json.dumps(CODEC))
+    save_file({f"decoder.{k}": v.float().contiguous().cpu() for k, v in decoder.state_dict().items()},
+              codec_dir / "model.safetensors")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["assistant user\n"] * 50 + [TEXT] * 5, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                            additional_special_tokens=SPECIALS[1:]).save_pretrained(out)
+    return out
+
+
+def llm_tokenizer(vocab_size: int):  # -> PreTrainedTokenizerFast
+    """Byte-level BPE with exactly `vocab_size` entries: specials, the 256 byte symbols
+    (what text encodes to: no merges), then made-up words (what random picks decode to)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {s: i for i, s in enumerate(LLM_SPECIALS)}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    rng = random.Random(0)
+    while len(vocab) < vocab_size:
+        vocab.setdefault("Ġ" + "".join(rng.choices(SYLLABLES, k=rng.randint(1, 3))), len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(s, special=True) for s in LLM_SPECIALS])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>",
+                                   eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHATML
+    return fast
+
+
+def build_llm(out: Path, shape: str = "1b") -> Path:
+    """A Llama-family random checkpoint (HF layout, bf16 safetensors) + its tokenizer."""
+    import torch
+    from bench_gpu_llm import SHAPES
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = llm_tokenizer(SHAPES[shape]["vocab_size"])
+    config = LlamaConfig(**SHAPES[shape], bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def check(ckpt: Path, slots: int, streams: int) -> None:
+    """Load the LLM and TTS as the server's engine does (factory, same Settings) and run one
+    reply and one speech job: GPU-path errors and memory, without the server around them."""
+    import torch
+
+    from voxline.config import Settings, device_fields
+    from voxline.engines.factory import load_reply_model, load_tts
+    from voxline.engines.speech_model import SpeechJob
+
+    settings = Settings(**device_fields("cuda"), tts=f"qwen3:{ckpt}/tts",
+                        llm_checkpoint=str(ckpt / "llm"), max_sessions=slots,
+                        tts_max_streams=streams, tts_max_frames=75)
+    t0 = time.perf_counter()
+    llm = load_reply_model(settings, None, slots, 2048)
+    print(f"LLM loaded + graphs in {time.perf_counter() - t0:.1f} s, "
+          f"{torch.cuda.memory_allocated() / 2**30:.2f} GiB allocated", flush=True)
+    slot = llm.alloc_slot()
+    logits = llm.forward([slot], [llm.render_message("user", "Hello there.")])
+    print("LLM forward:", tuple(logits.shape), flush=True)
+    t0 = time.perf_counter()
+    tts = load_tts(settings)
+    print(f"TTS loaded in {time.perf_counter() - t0:.1f} s, "
+          f"{torch.cuda.memory_allocated() / 2**30:.2f} GiB allocated, "
+          f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB peak", flush=True)
+    t0, chunks = time.perf_counter(), 0
+    tts.start(SpeechJob(1, "Hello there, how are you today?"))
+    while tts.has_work():
+        chunks += len(tts.step())
+    print(f"TTS job: {chunks} outputs in {time.perf_counter() - t0:.2f} s; "
+          f"free/total {[round(x / 2**30, 1) for x in torch.cuda.mem_get_info()]} GiB", flush=True)
+
+
+# --------------------------------------------------------------------------- run
+
+
+def wait_ready(url: str, server: subprocess.Popen, limit_s: float,
+               log: Path | None = None) -> float:
+    """Seconds until /health answers 200; raises if the server exits or `limit_s` passes."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < limit_s:
+        if server.poll() is not None:
+            raise RuntimeError(f"voxline serve exited with {server.returncode} before ready")
+        if log is not None and "engine failed to start" in log.read_text(errors="replace"):
+            raise RuntimeError("the engine failed to start (server log)")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return time.perf_counter() - t0
+        except OSError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"voxline serve not ready after {limit_s:.0f} s")
+
+
+def run_bench(url: str, name: str, out: Path, extra: list[str], timeout_s: float) -> int:
+    cmd = [sys.executable, "-m", "voxline.cli", "bench", "--url", url, "--quiet",
+           "--json", str(out / f"{name}.json"), *extra]
+    print(f"== {name}: {' '.join(cmd[3:])}", flush=True)
+    with open(out / f"{name}.txt", "w") as log:
+        try:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            rc = -9
+    print((out / f"{name}.txt").read_text()[-3000:], flush=True)
+    return rc
+
+
+def merge(out: Path, sweeps: str) -> None:
+    """One report per input (the per-level bench JSONs' levels in order, sessions_held
+    recomputed over them), written to ``out/serve.json``."""
+    from voxline.bench import sessions_held
+
+    merged: dict[str, dict] = {}
+    for sweep in sweeps.split(";"):
+        inp, _, levels = sweep.partition("=")
+        reports = [json.loads(f.read_text()) for c in levels.split(",")
+                   if (f := out / f"{inp}_c{c}.json").exists()]
+        if reports:
+            lv = [level for rep in reports for level in rep["levels"]]
+            merged[inp] = {**reports[0], "levels": lv, "sessions_held": sessions_held(lv)}
+    (out / "serve.json").write_text(json.dumps(merged, indent=1))
+    print("== sessions held:", {k: v["sessions_held"] for k, v in merged.items()}, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{args.port}"
+    serve = [sys.executable, "-m", "voxline.cli", "serve", "--device", "cuda",
+             "--tts", f"qwen3:{args.ckpt}/tts", "--llm-checkpoint", f"{args.ckpt}/llm",
+             "--port", str(args.port), "--tts-max-frames", str(args.tts_max_frames),
+             *args.serve_args.split()]
+    print("== serve:", " ".join(serve[3:]), flush=True)
+    gpu = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,utilization.gpu,memory.used,"
+                            "memory.total", "--format=csv", "-l", "1"],
+                           stdout=open(out / "gpu.csv", "w"), stderr=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    server = subprocess.Popen(serve, stdout=open(out / "server.log", "w"), stderr=subprocess.STDOUT,
+                              env=env)
+    rc = 1
+    try:
+        ready_s = wait_ready(url, server, args.ready_timeout, out / "server.log")
+        print(f"== ready after {ready_s:.1f} s", flush=True)
+        common = ["--max-output-tokens", str(args.max_output_tokens), "--timeout", "120"]
+        rc = 0
+        for sweep in args.sweeps.split(";"):
+            inp, _, levels = sweep.partition("=")
+            for c in (int(x) for x in levels.split(",")):
+                extra = [*common, "--input", inp, "--concurrency", str(c),
+                         "--requests", str(max(args.min_requests, c))]
+                if inp == "audio" and args.audio_dir:
+                    extra += ["--audio-dir", args.audio_dir]
+                rc |= run_bench(url, f"{inp}_c{c}", out, extra, args.bench_timeout)
+        merge(out, args.sweeps)
+    except RuntimeError as exc:
+        print(f"== {exc}", flush=True)
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        gpu.terminate()
+        log = (out / "server.log").read_text(errors="replace").splitlines()
+        print("== server log (capacity, errors, last lines):")
+        keep = [ln for ln in log if any(k in ln.lower() for k in
+                                        ("capacity", "loaded", "warmed", "error", "traceback"))]
+        print("\n".join(keep[-40:] + ["..."] + log[-25:]), flush=True)
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(HERE))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="write the random TTS and LLM checkpoints under DIR")
+    b.add_argument("dir")
+    b.add_argument("--llm-shape", default="1b", choices=["1b", "smollm2"])
+    k = sub.add_parser("check", help="load DIR's models as the engine does, one job each")
+    k.add_argument("dir")
+    k.add_argument("--slots", type=int, default=64)
+    k.add_argument("--streams", type=int, default=64)
+    r = sub.add_parser("run", help="serve from DIR's checkpoints and bench it")
+    r.add_argument("ckpt")
+    r.add_argument("--out", required=True)
+    r.add_argument("--port", type=int, default=8765)
+    r.add_argument("--audio-dir", default=None)
+    r.add_argument("--serve-args", default="", help="more `voxline serve` flags, space-separated")
+    r.add_argument("--sweeps", default="audio=1,8,32,64;text=1,8,32,64",
+                   help="';'-separated INPUT=LEVELS (INPUT audio or text); one bench per level")
+    r.add_argument("--min-requests", type=int, default=4,
+                   help="requests per level: max(this, concurrency)")
+    r.add_argument("--max-output-tokens", type=int, default=12)
+    r.add_argument("--tts-max-frames", type=int, default=75)
+    r.add_argument("--ready-timeout", type=float, default=300)
+    r.add_argument("--bench-timeout", type=float, default=240)
+    args = parser.parse_args(argv)
+    if args.cmd == "build":
+        t0 = time.perf_counter()
+        build_tts(Path(args.dir) / "tts")
+        build_llm(Path(args.dir) / "llm", args.llm_shape)
+        print(f"built {args.dir} in {time.perf_counter() - t0:.1f} s")
+        return 0
+    if args.cmd == "check":
+        check(Path(args.dir), args.slots, args.streams)
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

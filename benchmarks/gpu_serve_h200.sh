@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Device driver for bench_gpu_serve.py on a lent H200 (the `device` tool): the server's
+# wheels and model files travel in two carries because together they pass the 64 MiB a
+# call may take, so the work is split over two calls on the same warm machine.
+#   phase a (carry .devcarry/a): wheels + stubs of the two model packages -> /tmp/site,
+#            the random checkpoints -> /tmp/ckpt, a load check of the GPU models
+#   phase b (carry .devcarry/b): Moonshine's ORT files -> /tmp/site, then serve + bench
+# .devcarry/a: whl/*.whl (python 3.12 manylinux), stub/{silero_vad,moonshine_cpp}/ (data
+# files only: silero_vad.onnx, tokenizer.bin), q/*.wav (questions, espeak-ng);
+# .devcarry/b: enc.ort.gz, dec.ort.gz (moonshine-cpp's base-en encoder/decoder, gzipped).
+set -u
+phase=$1; shift
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+site=/tmp/site
+base=$site/moonshine_cpp/models/base-en
+case $phase in
+a)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target $site .devcarry/a/whl/*.whl || exit 1
+  cp -r .devcarry/a/stub/* $site/ && cp -r .devcarry/a/q /tmp/q
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import av, aiortc, fastapi, uvicorn, zmq, msgspec, soxr, voxline.realtime.server, \
+voxline.engines.factory; print('imports ok')" || exit 1
+  python3 benchmarks/bench_gpu_serve.py build /tmp/ckpt && du -sh /tmp/ckpt/* || exit 1
+  python3 benchmarks/bench_gpu_serve.py check /tmp/ckpt "$@" 2>&1 | tail -40
+  ;;
+b)
+  [ -d /tmp/ckpt/llm ] || { echo "fresh machine: phase a's files are gone"; exit 3; }
+  for w in .devcarry/*/*.whl; do  # pipecat-ai (Smart Turn's ONNX file) travels here too
+    [ -f "$w" ] && [ "${w#.devcarry/a/}" = "$w" ] && python3 -m pip install -q --no-index \
+      --no-deps --no-compile --no-cache-dir --target $site "$w"
+  done
+  [ -f .devcarry/b/enc.ort.gz ] && gunzip -c .devcarry/b/enc.ort.gz > $base/encoder_model.ort
+  [ -f .devcarry/b/dec.ort.gz ] && gunzip -c .devcarry/b/dec.ort.gz > $base/decoder_model_merged.ort
+  python3 benchmarks/bench_gpu_serve.py run /tmp/ckpt --out "$OUT" --audio-dir /tmp/q "$@"
+  ;;
+esac

@@ -56,6 +56,7 @@ from voxline.engines.tts_stage import TTSStage
 from voxline.engines.turns import Turns
 from voxline.engines.vad_stage import MAX_BACKLOG_MS, ROUNDS_PER_STEP, VADModel, VADStage
 from voxline.engines.video_stage import VideoModel, Videos, VideoStage
+from voxline.engines.warm_prefill import WarmPrefills
 
 logger = logging.getLogger(__name__)
 
@@ -85,13 +86,15 @@ class EngineCore:
     turn's transcript and reply speculatively (see `Responses.speculate`).
     `generation_lead_ms` (None: off): a reply whose playout is reported is generated at
     most this far ahead of it (flow control, see `Responses`).
+    `warm_prefill`: partial transcripts prefill the reply's prompt while the user speaks,
+    with spare capacity only (embedded LLM; see `warm_prefill`).
     """
 
     def __init__(self, models: Models, wake: Callable[[], None], max_streams: int = 64,
                  max_input_backlog_ms: float = MAX_BACKLOG_MS,
                  max_utterance_ms: float = MAX_UTTERANCE_MS, max_responses: int = 8,
                  speculate_after_ms: float = DEFAULT_SPECULATE_AFTER_MS,
-                 generation_lead_ms: float | None = None) -> None:
+                 generation_lead_ms: float | None = None, warm_prefill: bool = False) -> None:
         self.models = models
         self.max_responses = max_responses
         self.max_utterance_ms = max_utterance_ms
@@ -108,11 +111,14 @@ class EngineCore:
                                    self.registry.live, lead_ms=generation_lead_ms)
         self.videos = Videos(VideoStage(models.video) if models.video is not None else None,
                              self._outputs.append, self.registry.live)
+        self.warm = (WarmPrefills(models.llm, self.llm, self.responses, max_responses)
+                     if warm_prefill and isinstance(self.llm, LLMStage) else None)
+        self.responses.warm = self.warm
         self.end_of_turn = (EndOfTurnStage(models.end_of_turn)
                             if models.end_of_turn is not None else None)
         self.turns = Turns(self.registry, self.vad, self.asr, self.responses,
                            self._outputs.append, speculate_after_ms, max_responses,
-                           self.end_of_turn)
+                           self.end_of_turn, self.warm)
         # `_release_closed` reads the LLM's running plan: KV slots a step in flight writes
         self._llm_worker = StageWorker(self.llm, wake, "voxline-llm")
         self.table = self._stage_table(wake)
@@ -203,6 +209,8 @@ class EngineCore:
                 turns.commit(stream, msg.item_id)
             case p.ClearAudio():
                 responses.discard_speculation(stream)
+                if self.warm is not None:
+                    self.warm.discard(stream)
                 turns.clear(stream)
             case p.AddItem():
                 responses.conversation_changed(stream)
@@ -248,6 +256,8 @@ class EngineCore:
         """Abort every stream behind `external_id`; its resources go once no step uses them."""
         for stream in self.registry.close(external_id):
             self.responses.abort(stream)
+            if self.warm is not None:
+                self.warm.closed(stream)
             self.turns.closed(stream)
             self.videos.closed(stream)
         self._release_closed()

@@ -38,6 +38,7 @@ from voxline.engines.input_audio import (
 from voxline.engines.responses import Responses
 from voxline.engines.streams import StreamRegistry, StreamState
 from voxline.engines.vad_stage import VADFrame, VADPlan, VADStage
+from voxline.engines.warm_prefill import WarmPrefills
 
 logger = logging.getLogger(__name__)
 
@@ -45,24 +46,27 @@ logger = logging.getLogger(__name__)
 SEMANTIC_PAUSE_MS = 160.0
 
 
-class Turns:
 def transcription_options(config: p.StreamConfig) -> TranscriptionOptions:
     """The stream's transcription language and prompt, as its ASR jobs carry them."""
     return TranscriptionOptions(config.transcription_language, config.transcription_prompt)
 
 
+class Turns:
     """Routes every stream's input audio through VAD and ASR; outputs go to `emit`.
 
     `speculate_after_ms` (0: off): a pause this long starts a speculative reply, while
     fewer than `max_responses` are in progress (never at the cost of running ones).
     `end_of_turn` (None: rules over the words alone) hears semantic-VAD pauses.
+    `warm` (None: off) prefills the reply's prompt from each partial transcript.
     """
 
     def __init__(self, registry: StreamRegistry, vad: VADStage, asr: ASRStage,
                  responses: Responses, emit: Callable[[p.EngineOutput], None],
                  speculate_after_ms: float, max_responses: int,
-                 end_of_turn: EndOfTurnStage | None = None) -> None:
+                 end_of_turn: EndOfTurnStage | None = None,
+                 warm: WarmPrefills | None = None) -> None:
         self.registry = registry
+        self.warm = warm
         self.end_of_turn = end_of_turn
         self.vad = vad
         self.asr = asr
@@ -196,6 +200,8 @@ def transcription_options(config: p.StreamConfig) -> TranscriptionOptions:
                 utt.partial_queued = False
                 if text:
                     self._emit(p.TranscriptPartial(stream.external_id, job.item_id, text))
+                    if self.warm is not None:
+                        self.warm.partial(stream, job.item_id, text)
 
     def asr_failed(self, job: ASRJob, error: Exception) -> None:
         """A failed final lands as failed; a failed partial or pause transcript is only

@@ -70,6 +70,10 @@ class Settings(BaseSettings):
                                       "a server-VAD turn starts its transcript and reply "
                                       "speculatively, so the reply is ready when the turn "
                                       "ends; dropped unsent if the user goes on (0: off)")
+    warm_prefill: bool = Field(default=True, description="while the user speaks, each partial "
+                               "transcript prefills the reply's prompt (embedded LLM, idle "
+                               "cycles only), so at the end of the turn only the last words "
+                               "are new")
     max_session_seconds: float = Field(default=1800.0, gt=0, description="session time "
                                        "limit, seconds")
     shutdown_grace: float = Field(default=5.0, ge=0, description="on SIGTERM/SIGINT: seconds "
@@ -198,6 +202,11 @@ class Settings(BaseSettings):
         """The reply model runs on a remote server (which can call tools)."""
         return self.llm != "embedded"
 
+    @property
+    def whisper_checkpoint(self) -> str | None:
+        """The Whisper checkpoint directory ``asr`` names (None: the shipped Moonshine)."""
+        return self.asr.removeprefix("whisper:") if self.asr.startswith("whisper:") else None
+
     def ice_host_list(self) -> list[str]:
         return [h.strip() for h in self.ice_hosts.split(",") if h.strip()]
 
@@ -209,11 +218,6 @@ class Settings(BaseSettings):
         if not self.tts_batch_buckets:
             return None
         sizes = [int(b) for b in self.tts_batch_buckets.split(",")]
-    @property
-    def whisper_checkpoint(self) -> str | None:
-        """The Whisper checkpoint directory ``asr`` names (None: the shipped Moonshine)."""
-        return self.asr.removeprefix("whisper:") if self.asr.startswith("whisper:") else None
-
         if not all(1 <= b <= self.tts_max_streams for b in sizes):
             raise ValueError(f"tts_batch_buckets must lie in 1..tts_max_streams "
                              f"({self.tts_max_streams}), got {self.tts_batch_buckets}")

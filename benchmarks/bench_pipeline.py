@@ -41,6 +41,7 @@ overlap. ``--full-replies`` lets every reply run to its end instead.
 
     .venv/bin/python benchmarks/bench_pipeline.py [--utterances 20] [--mode ws]
                                                   [--speculation on,off]
+                                                  [--warm-prefill on,off]
                                                   [--voice espeak|piper] [--no-partials]
                                                   [--full-replies] [--threads N]
     (--mode inprocess,process compares the engine clients directly, without a server)
@@ -52,6 +53,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -312,8 +314,10 @@ async def run_turn(client: EngineClient, mode: str, stream_id: str, clip: Clip,
 class WsServer:
     """`voxline serve` in a subprocess on a free loopback port (one per variant)."""
 
-    def __init__(self, label: str, speculate_ms: float, threads: int) -> None:
+    def __init__(self, label: str, speculate_ms: float, threads: int,
+                 warm_prefill: bool = True) -> None:
         self.label, self.speculate_ms, self.threads = label, speculate_ms, threads
+        self.warm_prefill = warm_prefill
         self.proc: subprocess.Popen[bytes] | None = None
         self.base = ""
 
@@ -328,7 +332,8 @@ class WsServer:
         return subprocess.Popen(
             [sys.executable, "-c", "from voxline.cli import main; raise SystemExit(main())",
              "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--speculate-after-ms", str(self.speculate_ms)],
+             "--speculate-after-ms", str(self.speculate_ms),
+             "--warm-prefill" if self.warm_prefill else "--no-warm-prefill"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     async def start(self) -> None:
@@ -593,6 +598,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--speculation", default="on,off",
                     help="comma-separated: on, off -- each mode runs once per setting "
                          "(default: on,off, interleaved)")
+    ap.add_argument("--warm-prefill", default="on",
+                    help="comma-separated: on, off -- the warm_prefill setting (partial "
+                         "transcripts prefill the reply's prompt); on,off runs both, "
+                         "interleaved (default: on, the engine default)")
     ap.add_argument("--voice", choices=["espeak", "piper"], default="espeak",
                     help="who speaks the questions (default espeak-ng)")
     ap.add_argument("--no-partials", action="store_true",
@@ -612,6 +621,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.speculation = [choices.get(v.strip()) for v in args.speculation.split(",") if v.strip()]
     if not args.speculation or None in args.speculation:
         ap.error("--speculation takes on, off or on,off")
+    args.warm_prefill = [choices.get(v.strip()) for v in args.warm_prefill.split(",") if v.strip()]
+    if not args.warm_prefill or None in args.warm_prefill:
+        ap.error("--warm-prefill takes on, off or on,off")
     return args
 
 
@@ -631,16 +643,18 @@ async def amain(args: argparse.Namespace) -> int:
     variants: dict[str, EngineClient | WsServer] = {}
     try:
         for mode in args.modes:
-            for spec in args.speculation:
-                label = mode + ("+spec" if spec else "")
+            for spec, warm in itertools.product(args.speculation, args.warm_prefill):
+                label = mode + ("+spec" if spec else "") + (
+                    ("+warm" if warm else "-warm") if len(args.warm_prefill) > 1 else "")
                 speculate = SPECULATE_MS if spec else 0
                 t0 = time.perf_counter()
                 if mode == "ws":
-                    server = WsServer(label, speculate, args.threads)
+                    server = WsServer(label, speculate, args.threads, warm)
                     variants[label] = server
                     await server.start()
                 else:
-                    kwargs: dict[str, object] = {"speculate_after_ms": speculate}
+                    kwargs: dict[str, object] = {"speculate_after_ms": speculate,
+                                                 "warm_prefill": warm}
                     if args.threads:
                         kwargs["threads"] = args.threads
                     client: EngineClient = (

@@ -78,7 +78,9 @@ def build_tiny_whisper(directory: Path, seed: int = 0) -> Path:
         lang_to_id={f"<|{lang}|>": ids[f"<|{lang}|>"] for lang in LANGUAGES},
         task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]},
         no_timestamps_token_id=ids["<|notimestamps|>"], prev_sot_token_id=ids["<|startofprev|>"],
-        forced_decoder_ids=None, begin_suppress_tokens=None, suppress_tokens=None)
+        forced_decoder_ids=None, begin_suppress_tokens=None,
+        # as real checkpoints do: no special token is generated as text (so it decodes to some)
+        suppress_tokens=[i for t, i in ids.items() if t != "<|endoftext|>"])
     model.generation_config = generation
     model.save_pretrained(directory)
     WhisperProcessor(feature_extractor=WhisperFeatureExtractor(), tokenizer=tokenizer

@@ -165,16 +165,25 @@ class WhisperASR:
             kwargs["task"] = "transcribe"
             if opts.language is not None:
                 kwargs["language"] = opts.language
-        seconds = max(len(w) for w in windows) / SAMPLE_RATE
-        budget = math.ceil(seconds * self.TOKENS_PER_SECOND) + self.EXTRA_TOKENS
-        kwargs["max_new_tokens"] = max(1, min(budget, self.context - reserved))
+        kwargs["max_new_tokens"] = max(self.budget(len(w), reserved) for w in windows)
         return kwargs
+
+    def budget(self, num_samples: int, reserved: int = 4) -> int:
+        """Most tokens one window decodes (stops runaway repetition); the decoder's
+        context less its `reserved` start tokens bounds it."""
+        tokens = math.ceil(num_samples / SAMPLE_RATE * self.TOKENS_PER_SECOND) + self.EXTRA_TOKENS
+        return max(1, min(tokens, self.context - reserved))
 
     @torch.inference_mode()
     def _generate(self, windows: Sequence[np.ndarray], opts: TranscriptionOptions) -> list[str]:
         if opts.language is not None and opts.language not in self.languages:
             raise ValueError(f"transcription language {opts.language!r}: this Whisper "
                              f"checkpoint knows {', '.join(self.languages)}")
-        sequences = self.model.generate(**self.generate_kwargs(windows, opts))
-        texts = self.processor.batch_decode(sequences, skip_special_tokens=True)
+        kwargs = self.generate_kwargs(windows, opts)
+        sequences = self.model.generate(**kwargs)  # the generated tokens only
+        # each row cut to its own budget, so a clip's text does not depend on its batch
+        reserved = 4 + (len(kwargs["prompt_ids"]) if "prompt_ids" in kwargs else 0)
+        rows = [row[:self.budget(len(w), reserved)]
+                for row, w in zip(sequences.tolist(), windows, strict=True)]
+        texts = self.processor.batch_decode(rows, skip_special_tokens=True)
         return [t.strip() for t in texts]

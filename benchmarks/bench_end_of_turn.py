@@ -16,9 +16,10 @@ on a loaded machine the two also stand in for each other's contention.
 Two sets: complete sentences followed by 4.5 s of silence (the wait = turn end minus the
 last voiced frame), and sentences with a pause inside (a false cut-off = the turn ends
 before the speaker's last word, in that pause or after it). Also prints the model's CPU
-(thread) and wall ms per decision, p50/p95.
+(thread) and wall ms per decision, p50/p95. A second table delivers every verdict at the
+pause itself: the decisions alone, free of this machine's load.
 
-    .venv/bin/python benchmarks/bench_end_of_turn.py [--eagerness auto high]
+    .venv/bin/python benchmarks/bench_end_of_turn.py [--eagerness auto high] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -122,6 +123,11 @@ class Judges:
         self._cache: dict[tuple[str, int], tuple[str, float, float, float]] = {}
         self.model_cpu_ms: list[float] = []
         self.model_wall_ms: list[float] = []
+        self.instant = False  # deliver verdicts at the pause itself (no compute time)
+
+    def forget(self) -> None:
+        """Drop cached verdicts, so the next run times them again."""
+        self._cache.clear()
 
     def at_pause(self, key: str, audio: np.ndarray) -> tuple[str, float, float, float]:
         """(transcript, its wall ms, model probability, its wall ms)."""
@@ -136,7 +142,8 @@ class Judges:
             self.model_cpu_ms.append((time.thread_time() - c0) * 1000)
             self.model_wall_ms.append(model_ms)
             self._cache[k] = (text, asr_ms, prob, model_ms)
-        return self._cache[k]
+        text, asr_ms, prob, model_ms = self._cache[k]
+        return (text, 0.0, prob, 0.0) if self.instant else (text, asr_ms, prob, model_ms)
 
 
 def vad_probs(vad: SileroVAD, audio: np.ndarray) -> list[float]:
@@ -172,6 +179,7 @@ def turn_end_ms(utt: Utterance, probs: list[float], td: TurnDetection, judges: J
             if use_words:
                 due.append((inp.audio_ms + asr_ms, "words", text))
             if use_model:
+                det.expect_sound()
                 due.append((inp.audio_ms + model_ms, "sound", p))
     return None
 
@@ -180,9 +188,36 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
+def table(detectors: list[tuple[str, TurnDetection, bool, bool]], complete: list[Utterance],
+          paused: list[Utterance], probs: dict[str, list[float]], judges: Judges,
+          repeats: int) -> None:
+    """One row per detector, pooled over `repeats` runs (verdicts re-timed each run)."""
+    print(f"{'detector':<22} {'false cut-offs':>15} {'wait p50 ms':>12} {'wait p95 ms':>12} "
+          f"{'never ended':>12}")
+    results = {name: ([], 0, 0) for name, *_ in detectors}
+    for _ in range(repeats):
+        judges.forget()
+        for name, td, words, model in detectors:
+            waits, never, cut = results[name]
+            for u in complete:
+                end = turn_end_ms(u, probs[u.name], td, judges, words, model)
+                if end is None:
+                    never += 1
+                else:
+                    waits.append(end - u.speech_end_ms)
+            for u in paused:
+                end = turn_end_ms(u, probs[u.name], td, judges, words, model)
+                cut += end is not None and end < u.speech_end_ms  # ended before the speaker did
+            results[name] = (waits, never, cut)
+    for name, (waits, never, cut) in results.items():
+        print(f"{name:<22} {f'{cut}/{len(paused) * repeats}':>15} {statistics.median(waits):>12.0f} "
+              f"{pct(waits, 95):>12.0f} {never:>12}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--eagerness", nargs="+", default=["auto", "high"])
+    ap.add_argument("--repeats", type=int, default=1, help="runs pooled (verdicts re-timed)")
     args = ap.parse_args()
     speaker, judges, vad = Speaker(), Judges(), SileroVAD.load(threads=1)
     complete, paused = utterances(speaker)
@@ -194,24 +229,11 @@ def main() -> None:
                       (f"model+rules ({e})", TurnDetection(eagerness=e), True, True)]
     print(f"{len(complete)} complete sentences, {len(paused)} with a pause inside "
           f"({min(g for _, g, _ in PAUSED)}-{max(g for _, g, _ in PAUSED)} ms)\n")
-    print(f"{'detector':<22} {'false cut-offs':>15} {'wait p50 ms':>12} {'wait p95 ms':>12} "
-          f"{'never ended':>12}")
-    for name, td, words, model in detectors:
-        waits, never = [], 0
-        for u in complete:
-            end = turn_end_ms(u, probs[u.name], td, judges, words, model)
-            if end is None:
-                never += 1
-            else:
-                waits.append(end - u.speech_end_ms)
-        cut = 0
-        for u in paused:
-            end = turn_end_ms(u, probs[u.name], td, judges, words, model)
-            assert u.pause is not None
-            if end is not None and end < u.speech_end_ms:  # ended before the speaker did
-                cut += 1
-        print(f"{name:<22} {f'{cut}/{len(paused)}':>15} {statistics.median(waits):>12.0f} "
-              f"{pct(waits, 95):>12.0f} {never:>12}")
+    print("verdicts land after the wall time they took here:")
+    table(detectors, complete, paused, probs, judges, args.repeats)
+    print("\nverdicts land at once (the decisions alone, as on an idle or faster machine):")
+    judges.instant = True
+    table(detectors, complete, paused, probs, judges, 1)
     print(f"\nSmart Turn per decision ({len(judges.model_cpu_ms)} decisions): CPU ms p50 "
           f"{pct(judges.model_cpu_ms, 50):.1f} / p95 {pct(judges.model_cpu_ms, 95):.1f}; "
           f"wall ms p50 {pct(judges.model_wall_ms, 50):.1f} / p95 {pct(judges.model_wall_ms, 95):.1f}")

@@ -45,6 +45,11 @@ def test_more_coming_by_either_waits_long_else_a_finished_sound_shortens_the_wor
         (None, Sound.UNSURE): incomplete,
         (None, Sound.GOING_ON): incomplete,
         (None, None): neutral,
+        # the model still judging: wait for a witness, unless the words are in
+        (None, Sound.AWAITED): incomplete,
+        (Ending.COMPLETE, Sound.AWAITED): complete,
+        (Ending.NEUTRAL, Sound.AWAITED): neutral,
+        (Ending.INCOMPLETE, Sound.AWAITED): incomplete,
     }
     for (words, heard), wait in table.items():
         assert eot.decide(eagerness, words, heard) == wait, (words, heard)
@@ -82,6 +87,17 @@ def test_detector_takes_whichever_verdict_comes_first_and_forgets_both_when_spee
     assert det.silence_ms == eot.SILENCE_MS["medium"][Ending.NEUTRAL]
 
 
+def test_a_pause_being_judged_waits_for_a_witness_and_a_failed_verdict_leaves_the_words():
+    det = TurnDetector(p.TurnDetection(eagerness="auto"), pause_ms=160)
+    _pause(det)
+    det.expect_sound()
+    assert det.silence_ms == eot.SILENCE_MS["auto"][Ending.INCOMPLETE]
+    det.sound_failed()
+    assert det.heard is None and det.silence_ms == eot.SILENCE_MS["auto"][Ending.NEUTRAL]
+    det.judge("What time is it?")
+    assert det.silence_ms == eot.SILENCE_MS["auto"][Ending.COMPLETE]
+
+
 def test_server_vad_ignores_the_model():
     det = TurnDetector(p.TurnDetection(silence_duration_ms=500), pause_ms=160)
     _pause(det)
@@ -103,10 +119,17 @@ class FixedTurnModel:
         return self.probability_value
 
 
+class BrokenTurnModel(FixedTurnModel):
+    def probability(self, audio: np.ndarray) -> float:
+        super().probability(audio)
+        raise RuntimeError("no verdict")
+
+
 class TurnHarness(CoreDriver):
-    def __init__(self, asr_text: str, probability: float | None) -> None:
+    def __init__(self, asr_text: str, probability: float | None, broken: bool = False) -> None:
         super().__init__()
-        self.model = FixedTurnModel(probability) if probability is not None else None
+        model = BrokenTurnModel if broken else FixedTurnModel
+        self.model = model(probability) if probability is not None else None
         models = Models(EnergyVAD(), FixedASR(asr_text), CountingLM(), SentenceSpeechModel(ToneTTS()),
                         end_of_turn=self.model)
         self.core = EngineCore(models, self.woke.set, speculate_after_ms=0)
@@ -135,6 +158,18 @@ def test_semantic_vad_in_the_engine_combines_words_and_sound(text, probability, 
     assert bool(h.of(p.SpeechStopped)) == ends
     if h.model is not None:
         assert h.model.calls == 1 and all(n.startswith("voxline-eot") for n in h.model.threads)  # off the loop
+    h.close()
+
+
+def test_a_failed_verdict_leaves_the_pause_to_the_words():
+    h = TurnHarness("Paris is nice", 0.95, broken=True)  # NEUTRAL: 500 ms at high
+    h.send(p.OpenStream("s1", p.StreamConfig(turn_detection=p.TurnDetection(eagerness="high"))))
+    feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.2)]))
+    stream = h.core.streams["s1"]
+    h.run_until(lambda _: h.model.calls == 1 and not h.core.table.has_work())
+    assert stream.input.detector.heard is None
+    feed(h, silence(0.5))
+    assert h.of(p.SpeechStopped)
     h.close()
 
 

@@ -17,11 +17,11 @@ sound confidently mid-phrase (ASR often writes "to the," as "to that."). Otherwi
 finished sound moves the words' verdict one step shorter, and both agreeing on
 "finished" waits least:
 
-    words / sound   FINISHED   UNSURE       GOING_ON     none
-    COMPLETE        AGREED     COMPLETE     INCOMPLETE   COMPLETE
-    NEUTRAL         COMPLETE   NEUTRAL      INCOMPLETE   NEUTRAL
-    INCOMPLETE      INCOMPLETE INCOMPLETE   INCOMPLETE   INCOMPLETE
-    pending         COMPLETE   INCOMPLETE*  INCOMPLETE   NEUTRAL
+    words / sound   FINISHED   UNSURE       GOING_ON     AWAITED      none
+    COMPLETE        AGREED     COMPLETE     INCOMPLETE   COMPLETE     COMPLETE
+    NEUTRAL         COMPLETE   NEUTRAL      INCOMPLETE   NEUTRAL      NEUTRAL
+    INCOMPLETE      INCOMPLETE INCOMPLETE   INCOMPLETE   INCOMPLETE   INCOMPLETE
+    pending         COMPLETE   INCOMPLETE*  INCOMPLETE   INCOMPLETE*  NEUTRAL
 
 Each verdict is a pause length per eagerness (`SILENCE_MS`, `AGREED_MS`): INCOMPLETE
 waits up to OpenAI's documented maxima (8 / 4 / 2 s for `low` / `medium` / `high`).
@@ -30,7 +30,9 @@ the table is the words' rules alone, as before the model. The model usually answ
 before the transcript (a Whisper-tiny encoder over 8 s against Moonshine over the whole
 turn), so a confidently finished-sounding pause ends the turn at the COMPLETE length
 without waiting for the words; *an unsure one waits for them (the transcript re-decides
-when it lands) rather than timing out at NEUTRAL while a slow transcript is still coming.
+when it lands) rather than timing out at NEUTRAL while a slow transcript is still coming;
+*so does a pause whose model verdict is still being computed (AWAITED) while no words
+are in either: on a loaded machine neither witness may answer within NEUTRAL's wait.
 The thresholds are high on purpose: a mid-clause pause that sounds finished is a cut-off.
 """
 
@@ -62,6 +64,7 @@ class Sound(enum.IntEnum):
     FINISHED = 0  # the speaker sounds done
     UNSURE = 1
     GOING_ON = 2  # mid-phrase intonation: more is coming
+    AWAITED = 3  # the model is judging this pause (never a reading of a probability)
 
 
 # (finished at or above, going on below) the model's probability, per eagerness: a
@@ -131,7 +134,7 @@ def decide(eagerness: str, words: Ending | None, heard: Sound | None) -> int:
                           else Ending.INCOMPLETE)
     if heard == Sound.GOING_ON:
         return silence_ms(eagerness, Ending.INCOMPLETE)
-    if words == Ending.INCOMPLETE or heard is None or heard == Sound.UNSURE:
+    if words == Ending.INCOMPLETE or heard in (None, Sound.UNSURE, Sound.AWAITED):
         return silence_ms(eagerness, words)
     if words == Ending.COMPLETE:  # and FINISHED
         return AGREED_MS[eagerness]

@@ -73,6 +73,19 @@ class TurnDetector:
             self.heard = end_of_turn.sound(self.params.eagerness, probability)
             self._decide(self.params.eagerness)
 
+    def expect_sound(self) -> None:
+        """The end-of-turn model is judging the current pause: until a witness answers,
+        the pause does not end the turn at the words-unknown wait. Server VAD ignores it."""
+        if self.params.eagerness is not None and self.paused and self.heard is None:
+            self.heard = end_of_turn.Sound.AWAITED
+            self._decide(self.params.eagerness)
+
+    def sound_failed(self) -> None:
+        """The model could not judge the current pause: the words decide alone."""
+        if self.params.eagerness is not None and self.heard == end_of_turn.Sound.AWAITED:
+            self.heard = None
+            self._decide(self.params.eagerness)
+
     def _decide(self, eagerness: str) -> None:
         self.silence_ms = float(end_of_turn.decide(eagerness, self.words, self.heard))
 

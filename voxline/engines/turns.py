@@ -177,6 +177,8 @@ class Turns:
         td = stream.config.turn_detection
         if self.end_of_turn is not None and td is not None and td.eagerness is not None:
             self.end_of_turn.add(EndOfTurnJob(stream.internal_id, utt, utt.generation, audio))
+            if stream.input.detector is not None:
+                stream.input.detector.expect_sound()
 
     def _queue_final(self, stream: StreamState, item_id: str, audio: np.ndarray) -> None:
         stream.pending_finals += 1
@@ -262,3 +264,8 @@ class Turns:
     def turn_end_failed(self, job: EndOfTurnJob, error: Exception) -> None:
         """A failed verdict is only missing: the words decide that pause alone (logged by
         the stage table)."""
+        stream = self.registry.live(job.stream_id)
+        if stream is None or stream.input.detector is None:
+            return
+        if stream.input.utterance is job.utterance and job.generation == job.utterance.generation:
+            stream.input.detector.sound_failed()

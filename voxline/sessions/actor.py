@@ -97,6 +97,7 @@ class SessionActor:
         self.items: dict[str, ItemRecord] = {}
         self.order: list[str] = []  # item ids in conversation order
         self.response: ActiveResponse | None = None
+        self.barged_in: str | None = None  # the last response a barge-in cut, until the next
         self.pacer = OutputPacer(self.lead_ms)
         self.input = self._new_input()
         self.manual_buffer_ms = 0.0  # audio appended since the last commit/clear (manual turns)
@@ -384,6 +385,8 @@ class SessionActor:
 
     def _response_cancel(self, e: cmd.CancelResponse, now: float) -> None:
         r = self.response
+        if r is None and self.barged_in is not None and e.response_id in (None, self.barged_in):
+            return  # the client's cancel of the reply a barge-in already ended: done
         if r is None:
             raise client_error(Mistake.CANCEL_NOT_ACTIVE,
                                "response.cancel: there is no response in progress")
@@ -425,6 +428,7 @@ class SessionActor:
         elif r.audio:
             r.encoder = OutputEncoder(settings.output_format.encoding, settings.output_format.rate)
         self.response = r
+        self.barged_in = None
         part_type = "output_audio" if r.audio else "output_text"
         item = it.MessageItem(id=item_id, role="assistant", status="in_progress", content=[])
         previous = self.order[-1] if self.order else None
@@ -472,6 +476,8 @@ class SessionActor:
         reason = None
         if status == "cancelled":
             reason = r.cancel_reason or it.StatusReason.CLIENT_CANCELLED
+            if reason == it.StatusReason.TURN_DETECTED:
+                self.barged_in = rid
         elif status == "incomplete":
             reason = it.StatusReason.MAX_OUTPUT_TOKENS
         record = self.items.get(item_id)

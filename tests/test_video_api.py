@@ -160,3 +160,151 @@ async def test_deleting_a_running_video_stops_it_and_keeps_no_file(client, app):
     assert record.path is None  # ... before any file was written
     assert not list(app.state.videos.directory.glob(f"{video['id']}*"))
     assert (await client.get(f"/v1/videos/{video['id']}")).status_code == 404
+
+
+# ------------------------------------------------------------ seconds, sync, streaming
+
+
+async def asgi_get(app, path: str, on_body) -> list[bytes]:
+    """GET `path` straight through the ASGI app (httpx's transport buffers whole bodies);
+    `on_body()` runs as each body message arrives, its results returned in order."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "GET", "scheme": "http", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "", "headers": [(b"host", b"test")],
+             "client": ("127.0.0.1", 1), "server": ("test", 80)}
+    bodies: list[bytes] = []
+    seen: list = []
+
+    requested = []
+
+    async def receive():
+        if requested:  # Starlette listens for a disconnect meanwhile: none comes
+            await asyncio.Event().wait()
+        requested.append(True)
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        if message["type"] == "http.response.body" and message.get("body"):
+            bodies.append(message["body"])
+            seen.append(on_body())
+
+    await app(scope, receive, send)
+    return bodies, seen
+
+
+async def test_content_streams_while_in_progress_and_equals_the_finished_file(client, app):
+    import av
+
+    video = (await client.post("/v1/videos", json={"prompt": "dance monkey",
+                                                   "num_frames": 129, **TINY})).json()
+    record = app.state.videos.videos[video["id"]]
+    bodies, statuses = await asgi_get(app, f"/v1/videos/{video['id']}/content",
+                                      lambda: record.status)
+    assert statuses[0] in ("queued", "in_progress")  # bytes came before the end ...
+    assert record.status == "completed"  # ... and the stream ended with the video
+    streamed = b"".join(bodies)
+    assert streamed == record.path.read_bytes()
+    with av.open(io.BytesIO(streamed)) as container:
+        assert sum(1 for _ in container.decode(video=0)) == 129
+
+
+async def test_seconds_maps_to_frames_at_the_fps(client):
+    created = await client.post("/v1/videos", json={"prompt": "dance monkey", "seconds": "2",
+                                                    "fps": 16, **TINY})
+    assert created.status_code == 200, created.text
+    assert created.json()["seconds"] == "2"
+    done = await wait_done(client, created.json()["id"])
+    assert done["status"] == "completed"
+    assert done["expires_at"] == done["completed_at"] + 3600
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"seconds": "5"}, ["5 s at 24 fps is 121 frames", "32k+1", "use seconds 4 or 5.333"]),
+    ({"seconds": 2, "fps": 16, "num_frames": 65}, ["is 33 frames, but num_frames is 65"]),
+    ({"seconds": "four"}, ["'seconds' must be a number"]),
+])
+async def test_seconds_the_model_cannot_make_is_a_400_saying_why(client, body, words):
+    response = await client.post("/v1/videos", json={"prompt": "x", **body})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "seconds" and all(w in error["message"] for w in words)
+
+
+async def test_wait_true_answers_with_the_mp4_or_the_failure(client, app):
+    response = await client.post("/v1/videos?wait=true", json={"prompt": "dance monkey",
+                                                               **TINY})
+    assert response.status_code == 200 and response.headers["content-type"] == "video/mp4"
+    assert response.content[4:8] == b"ftyp"
+    video_id = response.headers["x-video-id"]
+    assert (await client.get(f"/v1/videos/{video_id}")).json()["status"] == "completed"
+
+    failed = await client.post("/v1/videos?wait=true", json={"prompt": "dance monkey",
+                                                             "num_frames": 66, **TINY})
+    assert failed.status_code == 400
+    assert "CreateVideo.num_frames: 66" in failed.json()["error"]["message"]
+
+
+def png_bytes() -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (16, 16), (200, 10, 10)).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("data, words", [
+    (b"not an image at all", ["is not an image"]),
+    (None, ["image-to-video is not supported", "Helios driver"]),
+])
+async def test_input_reference_is_checked_and_image_to_video_refused_saying_so(client, app,
+                                                                             data, words):
+    before = set(app.state.videos.videos)
+    files = {"input_reference": ("ref.png", data if data is not None else png_bytes(),
+                                 "image/png")}
+    response = await client.post("/v1/videos", data={"prompt": "dance monkey"}, files=files)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "input_reference" and all(w in error["message"] for w in words)
+    assert set(app.state.videos.videos) == before  # nothing kept for a refused request
+
+
+async def test_the_sdk_sends_seconds_and_input_reference(app):
+    from openai import AsyncOpenAI, BadRequestError
+
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
+    sdk = AsyncOpenAI(api_key="none", base_url="http://test/v1", http_client=http)
+    try:
+        video = await sdk.videos.create(prompt="dance monkey", seconds="4", size="16x16",  # type: ignore[arg-type]
+                                        extra_body={"num_inference_steps": "1",
+                                                    "guidance_scale": "1.0"})
+        assert video.seconds == "4"
+        await sdk.videos.delete(video.id)
+        with pytest.raises(BadRequestError) as err:
+            await sdk.videos.create(prompt="dance monkey", size="16x16",  # type: ignore[arg-type]
+                                    input_reference=("ref.png", png_bytes(), "image/png"))
+        assert "image-to-video is not supported" in str(err.value)
+    finally:
+        await sdk.close()
+
+
+async def test_retention_expires_finished_videos_and_their_files(client, app):
+    store = app.state.videos
+    video = (await client.post("/v1/videos", json={"prompt": "dance monkey", **TINY})).json()
+    done = await wait_done(client, video["id"])
+    path = store.videos[video["id"]].path
+    store.expire(done["completed_at"] + store.retention_s - 1)
+    assert video["id"] in store.videos
+    store.expire(done["completed_at"] + store.retention_s)
+    assert video["id"] not in store.videos and not path.exists()
+
+
+async def test_shutdown_removes_the_videos_folder():
+    from fastapi import FastAPI
+
+    from voxline.realtime.videos_api import close_videos, video_store
+
+    state = FastAPI().state
+    store = video_store(state)
+    (store.directory / "left.mp4.part").write_bytes(b"x")
+    await close_videos(state)
+    assert not store.directory.exists()

@@ -59,6 +59,7 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
             keep_voices.cancel()
             await asyncio.gather(keep_voices, return_exceptions=True)
             await webrtc.close_all_calls(app.state.voxline)
+            await videos_api.close_videos(app.state)  # their files' folder goes too
             if starting is not None:
                 logger.info("stopping engine ...")
                 starting.cancel()

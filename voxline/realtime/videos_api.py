@@ -1,22 +1,29 @@
-"""`/v1/videos`: OpenAI's video API shape on the engine's video stage (a first slice).
+"""`/v1/videos`: OpenAI's video API shape on the engine's video stage.
 
-- ``POST /v1/videos`` (JSON, or the form fields the openai SDK's multipart sends, numbers
-  as strings): ``prompt`` (required), ``model`` (any string), ``size``
-  (``"WxH"``), and vllm-omni's extras ``width``, ``height``, ``fps``, ``num_frames``,
-  ``num_inference_steps``, ``guidance_scale``, ``negative_prompt``, ``seed``; unknown
-  fields, sizes not a multiple of 16 and out-of-range numbers are 400s naming the field.
-  Answers at once with the video object (``queued``); generation runs in the background,
-  one engine stream per video; each chunk is encoded as it arrives (on a worker thread,
-  so memory stays one chunk), and the object's ``progress`` follows the chunks.
+- ``POST /v1/videos`` (JSON, or the multipart form the openai SDK sends; fields and their
+  checks in `video_requests`): ``prompt``, ``model``, ``seconds``, ``size``,
+  ``input_reference``, and vllm-omni's extras ``width``, ``height``, ``fps``,
+  ``num_frames``, ``num_inference_steps``, ``guidance_scale``, ``negative_prompt``,
+  ``seed`` (plus voxline's ``cache_backend`` / ``cache_threshold``). Answers at once with
+  the video object (``queued``); generation runs in the background, one engine stream per
+  video, each chunk encoded as it arrives (on a worker thread, so memory stays one chunk).
+  A refused request (a 400) keeps nothing: no record, no file.
+- ``POST /v1/videos?wait=true``: the synchronous variant for scripts and benchmarks; the
+  same request, answered when the video ends: the MP4 itself (``video/mp4``, its id in the
+  ``x-video-id`` header; the record stays, as for any video), or the failure as an error
+  body (400 for a request the model refused, 500 for a model failure).
 - ``GET /v1/videos/{id}``: the object (``queued`` / ``in_progress`` / ``completed`` /
-  ``failed``, ``progress`` 0..100, timestamps, ``error``). ``GET /v1/videos``: the list,
-  newest first. ``GET /v1/videos/{id}/content``: the MP4 once completed (H.264), else 404.
+  ``failed``, ``progress`` 0..100, timestamps, ``expires_at``, ``error``).
+  ``GET /v1/videos``: the list, newest first.
+- ``GET /v1/videos/{id}/content``: the MP4 (H.264 in fragmented MP4). While the video is
+  queued or in progress it streams what exists so far and continues as chunks arrive,
+  ending with the video (a player can start before the end); 404 once failed.
 - ``DELETE /v1/videos/{id}``: stops a running video (its engine stream closes, so the
   stage drops it at the next chunk boundary) and removes its file from disk.
 
-Retention: at most `MAX_VIDEOS` videos are kept; past that the oldest finished one (and
-its file) goes. Not yet here: ``seconds``, ``input_reference``,
-streaming content while in progress, a synchronous variant.
+Retention: at most `MAX_VIDEOS` videos are kept (past that the oldest finished one goes),
+and a finished video (and its file) is removed `RETENTION_S` after it ended (its
+``expires_at``). The files live in one temporary folder that is removed at shutdown.
 """
 
 from __future__ import annotations
@@ -25,85 +32,32 @@ import asyncio
 import logging
 import shutil
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import anyio
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
 from voxline.engines import protocol as p
-from voxline.realtime.audio_http import (
-    AudioAPIError,
-    bad,
-    check_request,
-    close_quietly,
-    open_stream,
-)
+from voxline.realtime.audio_http import AudioAPIError, check_request, close_quietly, open_stream
 from voxline.realtime.owned_ids import not_here_reason, owned_id
 from voxline.realtime.state import ServerState, get_state
+from voxline.realtime.video_files import LiveFile, Mp4Writer
+from voxline.realtime.video_requests import VideoRequest, parse_video_request, read_body
+
+__all__ = ["Mp4Writer", "VideoRecord", "VideoRequest", "VideoStore", "router", "video_store"]
 
 logger = logging.getLogger(__name__)
 
 router = APIRouter()
 
 MAX_VIDEOS = 32
-SIZE_MULTIPLE = 16
-MAX_SIDE = 4096
-MAX_SEED = 2**63 - 1
-
-
-class VideoRequest(BaseModel):
-    """A ``POST /v1/videos`` JSON body; unknown fields are refused."""
-
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-
-    prompt: Annotated[str, Field(min_length=1, max_length=4096)]
-    model: str | None = None
-    size: Annotated[str, Field(pattern=r"^\d+x\d+$")] | None = None
-    width: Annotated[int, Field(ge=SIZE_MULTIPLE, le=MAX_SIDE)] | None = None
-    height: Annotated[int, Field(ge=SIZE_MULTIPLE, le=MAX_SIDE)] | None = None
-    fps: Annotated[int, Field(ge=1, le=60)] = 24
-    num_frames: Annotated[int, Field(ge=1, le=10_000)] = 33
-    num_inference_steps: Annotated[int, Field(ge=1, le=200)] = 50
-    guidance_scale: Annotated[float, Field(ge=0, le=100)] = 5.0
-    negative_prompt: str = ""
-    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
-    # voxline's step cache (diffusers' hooks); None: the server's video_cache_backend
-    cache_backend: Literal["none", "first_block_cache", "mag_cache"] | None = None
-    cache_threshold: Annotated[float, Field(ge=0, le=100)] | None = None
-
-    def dimensions(self) -> tuple[int, int]:
-        """(width, height): explicit fields over ``size``, default 640x384 (Helios')."""
-        width, height = 640, 384
-        if self.size is not None:
-            width, height = (int(v) for v in self.size.split("x"))
-        return self.width or width, self.height or height
-
-
-def parse_video_request(body: object) -> VideoRequest:
-    """Validate a decoded JSON body; raises `AudioAPIError` (400) naming the field."""
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object", None, "invalid_request")
-    try:
-        req = VideoRequest.model_validate(body)
-    except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        name = str(err["loc"][0]) if err["loc"] else None
-        code = "unknown_parameter" if err["type"] == "extra_forbidden" else "invalid_value"
-        raise bad(f"'{name}': {err['msg']}", name, code) from None
-    width, height = req.dimensions()
-    for name, value in (("width", width), ("height", height)):
-        if value % SIZE_MULTIPLE or not SIZE_MULTIPLE <= value <= MAX_SIDE:
-            param = name if getattr(req, name) is not None else "size"
-            raise bad(f"'{param}': {name} {value} must be a multiple of {SIZE_MULTIPLE} from "
-                      f"{SIZE_MULTIPLE} to {MAX_SIDE} (the model's patch size)", param)
-    return req
+RETENTION_S = 3600  # a finished video is kept this long after it ended
+FINISHED = ("completed", "failed")
 
 
 @dataclass(eq=False)
@@ -115,38 +69,51 @@ class VideoRecord:
     progress: int = 0
     completed_at: int | None = None
     error: str | None = None
+    error_code: str | None = None  # the engine's ErrorCode of a failure, if it named one
     path: Path | None = None
+    live: LiveFile | None = field(default=None, repr=False)  # the file while it is made
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def body(self) -> dict[str, Any]:
         width, height = self.request.dimensions()
         frames = self.request.num_frames
+        expires = self.completed_at + RETENTION_S if self.completed_at is not None else None
         return {"id": self.id, "object": "video", "model": self.request.model or "helios",
                 "status": self.status, "progress": self.progress,
                 "created_at": self.created_at, "completed_at": self.completed_at,
-                "expires_at": None, "size": f"{width}x{height}",
-                "seconds": f"{frames / self.request.fps:g}", "remixed_from_video_id": None,
+                "expires_at": expires, "size": f"{width}x{height}",
+                "seconds": f"{(frames - 1) / self.request.fps:g}",
+                "remixed_from_video_id": None,
                 "error": ({"code": "video_generation_failed", "message": self.error}
                           if self.error else None)}
 
 
 class VideoStore:
-    """The videos this server keeps (bounded by `MAX_VIDEOS`) and their files' folder."""
+    """The videos this server keeps (see the module docstring's retention) and their
+    files' folder."""
 
-    def __init__(self, max_videos: int = MAX_VIDEOS) -> None:
+    def __init__(self, max_videos: int = MAX_VIDEOS, retention_s: float = RETENTION_S) -> None:
         self.max_videos = max_videos
+        self.retention_s = retention_s
         self.directory = Path(tempfile.mkdtemp(prefix="voxline-videos-"))
         self.videos: dict[str, VideoRecord] = {}
 
     def add(self, record: VideoRecord) -> None:
+        self.expire(time.time())
         if len(self.videos) >= self.max_videos:
-            finished = [r for r in self.videos.values() if r.status in ("completed", "failed")]
+            finished = [r for r in self.videos.values() if r.status in FINISHED]
             if not finished:
                 raise AudioAPIError(429, f"{self.max_videos} videos are in progress; try again "
                                     "when one finishes", code="rate_limit_exceeded",
                                     type="rate_limit_error")
             self.remove(finished[0])
         self.videos[record.id] = record
+
+    def expire(self, now: float) -> None:
+        """Remove the finished videos older than the retention."""
+        for record in list(self.videos.values()):
+            if record.completed_at is not None and now - record.completed_at >= self.retention_s:
+                self.remove(record)
 
     def remove(self, record: VideoRecord) -> None:
         self.videos.pop(record.id, None)
@@ -173,8 +140,21 @@ def video_store(app_state: Any) -> VideoStore:
     return store
 
 
+async def close_videos(app_state: Any) -> None:
+    """At shutdown: stop every video and remove the folder with their files."""
+    store = getattr(app_state, "videos", None)
+    if store is None:
+        return
+    tasks = [r.task for r in store.videos.values() if r.task is not None]
+    store.close()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    shutil.rmtree(store.directory, ignore_errors=True)  # a file a cancelled task left
+
+
 def _find(request: Request, video_id: str) -> VideoRecord:
-    record = _store(request).videos.get(video_id)
+    store = _store(request)
+    store.expire(time.time())
+    record = store.videos.get(video_id)
     if record is None:
         elsewhere = not_here_reason(video_id, get_state(request).server_id,
                                     "/v1/videos/video_<server_id>_...")
@@ -184,47 +164,14 @@ def _find(request: Request, video_id: str) -> VideoRecord:
     return record
 
 
-INT_FIELDS = ("width", "height", "fps", "num_frames", "num_inference_steps", "seed")
-FLOAT_FIELDS = ("guidance_scale", "cache_threshold")
-
-
-async def _body(request: Request) -> object:
-    """The JSON body, or a form (the openai SDK's multipart) with its numbers converted."""
-    if not request.headers.get("content-type", "").startswith(("multipart/form-data",
-                                                               "application/x-www-form")):
-        try:
-            return await request.json()
-        except ValueError:
-            raise bad("the request body is not valid JSON", None, "invalid_json") from None
-    form = await request.form()
-    if "input_reference" in form:
-        raise bad("'input_reference' (image-to-video) is not supported yet", "input_reference",
-                  "unsupported")
-    body: dict[str, Any] = {}
-    for name, value in form.items():
-        if not isinstance(value, str):
-            raise bad(f"'{name}' must be a form field, not a file", name)
-        body[name] = _form_number(name, value)
-    return body
-
-
-def _form_number(name: str, value: str) -> Any:
-    if name not in (*INT_FIELDS, *FLOAT_FIELDS):
-        return value
-    try:
-        return int(value) if name in INT_FIELDS else float(value)
-    except ValueError:
-        raise bad(f"'{name}' must be a number, got {value!r}", name) from None
-
-
 # ------------------------------------------------------------------------------ routes
 
 
 @router.post("/v1/videos")
-async def create_video(request: Request) -> Response:
+async def create_video(request: Request, wait: bool = False) -> Response:
     try:
         state = check_request(request)
-        req = parse_video_request(await _body(request))
+        req = parse_video_request(await read_body(request))
         # the id names this server (video_<server_id>_...): a balancer routes by it
         record = VideoRecord(owned_id("video", get_state(request).server_id), req,
                              int(time.time()))
@@ -232,13 +179,30 @@ async def create_video(request: Request) -> Response:
         store.add(record)
     except AudioAPIError as exc:
         return exc.response()
+    record.live = LiveFile(Mp4Writer(store.directory / f"{record.id}.mp4", req.fps))
     record.task = asyncio.create_task(_generate(state, store, record))
-    return JSONResponse(record.body())
+    if not wait:
+        return JSONResponse(record.body())
+    await asyncio.wait([record.task])  # a disconnect cancels this wait, not the video
+    return _sync_answer(record)
+
+
+def _sync_answer(record: VideoRecord) -> Response:
+    if record.status == "completed" and record.path is not None:
+        return FileResponse(record.path, media_type="video/mp4", filename=f"{record.id}.mp4",
+                            headers={"x-video-id": record.id})
+    refused = record.error_code == p.ErrorCode.INVALID_VALUE
+    return AudioAPIError(400 if refused else 500,
+                         f"video {record.id!r} {record.status}: {record.error}",
+                         code="video_generation_failed",
+                         type="invalid_request_error" if refused else "server_error").response()
 
 
 @router.get("/v1/videos")
 async def list_videos(request: Request) -> Response:
-    records = sorted(_store(request).videos.values(), key=lambda r: r.created_at, reverse=True)
+    store = _store(request)
+    store.expire(time.time())
+    records = sorted(store.videos.values(), key=lambda r: r.created_at, reverse=True)
     data = [r.body() for r in records]
     return JSONResponse({"object": "list", "data": data, "has_more": False,
                          "first_id": data[0]["id"] if data else None,
@@ -257,13 +221,17 @@ async def get_video(request: Request, video_id: str) -> Response:
 async def video_content(request: Request, video_id: str) -> Response:
     try:
         record = _find(request, video_id)
-        if record.status != "completed" or record.path is None:
+        if record.status == "completed" and record.path is not None:
+            return FileResponse(record.path, media_type="video/mp4",
+                                filename=f"{video_id}.mp4")
+        if record.status in FINISHED or record.live is None:
             raise AudioAPIError(404, f"video {video_id!r} is {record.status}; its content "
                                 "exists once it is completed", param="video_id",
                                 code="video_not_ready")
     except AudioAPIError as exc:
         return exc.response()
-    return FileResponse(record.path, media_type="video/mp4", filename=f"{video_id}.mp4")
+    return StreamingResponse(record.live.follow(), media_type="video/mp4",
+                             headers={"x-video-status": record.status})
 
 
 @router.delete("/v1/videos/{video_id}")
@@ -284,7 +252,8 @@ async def _generate(state: ServerState, store: VideoStore, record: VideoRecord) 
     worker thread) into a partial file, renamed into place once the video completed."""
     handle = None
     req = record.request
-    writer = Mp4Writer(store.directory / f"{record.id}.mp4", req.fps)
+    assert record.live is not None
+    writer = record.live.writer
     try:
         handle = await open_stream(state, "video")
         width, height = req.dimensions()
@@ -310,16 +279,18 @@ async def _generate(state: ServerState, store: VideoStore, record: VideoRecord) 
         logger.exception("video %s failed", record.id)
         record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
     finally:
-        if record.status in ("completed", "failed"):
+        if record.status in FINISHED:
             record.completed_at = int(time.time())
         with anyio.CancelScope(shield=True):
             if record.path is None:  # failed, cancelled or deleted: nothing stays on disk
                 await asyncio.to_thread(writer.discard)
             await close_quietly(handle)
+        record.live.ended()
 
 
 async def _encode_chunks(handle: Any, record: VideoRecord,
                          writer: Mp4Writer) -> p.VideoDone | None:
+    assert record.live is not None
     async for out in handle:
         match out:
             case p.VideoChunk():
@@ -327,54 +298,10 @@ async def _encode_chunks(handle: Any, record: VideoRecord,
                 frames = np.frombuffer(out.frames, np.uint8).reshape(
                     out.num_frames, out.height, out.width, 3)
                 await asyncio.to_thread(writer.add, frames)
+                record.live.grew()
                 record.progress = min(99, 100 * (out.index + 1) // out.total_chunks)
             case p.StreamError():
-                record.error = out.message
+                record.error, record.error_code = out.message, out.code
             case p.VideoDone():
                 return out
     return None
-
-
-class Mp4Writer:
-    """H.264 (yuv420p) in MP4, written chunk by chunk to `path` + ``.part``; `finish`
-    renames it to `path`, `discard` removes whatever was written. Thread-safe: the calls
-    run on worker threads and `discard` may follow a cancelled `add`."""
-
-    def __init__(self, path: Path, fps: int) -> None:
-        self.path = path
-        self.partial = path.with_name(path.name + ".part")
-        self.fps = fps
-        self._lock = threading.Lock()
-        self._container: Any = None
-        self._stream: Any = None
-
-    def add(self, frames: np.ndarray) -> None:
-        """Encode RGB frames, uint8 (F, H, W, 3)."""
-        import av
-
-        with self._lock:
-            if self._container is None:
-                self._container = av.open(str(self.partial), "w", format="mp4")
-                self._stream = self._container.add_stream("libx264", rate=self.fps)
-                self._stream.width, self._stream.height = frames.shape[2], frames.shape[1]
-                self._stream.pix_fmt = "yuv420p"
-            for frame in frames:
-                packets = self._stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24"))
-                self._container.mux(packets)
-
-    def finish(self) -> None:
-        with self._lock:
-            if self._container is None:
-                raise RuntimeError(f"video {self.path.stem}: no frames were encoded")
-            self._container.mux(self._stream.encode(None))
-            self._container.close()
-            self._container = None
-            self.partial.replace(self.path)
-
-    def discard(self) -> None:
-        with self._lock:
-            if self._container is not None:
-                self._container.close()
-                self._container = None
-            self.partial.unlink(missing_ok=True)
-            self.path.unlink(missing_ok=True)

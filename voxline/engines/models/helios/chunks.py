@@ -1,21 +1,26 @@
 """Helios chunk geometry and request validation (pure arithmetic, no model).
 
-One chunk is 9 latent frames, which the Wan VAE (4x temporal) decodes to 33 video frames.
-`HeliosPipeline` rounds `num_frames` up to whole chunks and then cuts the whole video to
-4k+1 frames, so only the counts `output_frames(n)` (33, 65, 97, 129, ...) come out as
-asked; any other count is refused with the two nearest ones named, rather than returning
-a different number of frames than the caller asked for.
+The frame-count arithmetic lives in `voxline.engines.video_frames` (torch-free, so the
+HTTP edge checks it too): only 33, 65, 97, ... frames come out as asked; any other count
+is refused with the two nearest ones named, rather than returning a different number.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-LATENT_FRAMES_PER_CHUNK = 9
-VAE_TEMPORAL = 4
-CHUNK_FRAMES = (LATENT_FRAMES_PER_CHUNK - 1) * VAE_TEMPORAL + 1  # 33
+from voxline.engines.video_frames import (  # noqa: F401 (the package's names)
+    CHUNK_FRAMES,
+    LATENT_FRAMES_PER_CHUNK,
+    MAX_CHUNKS,
+    VAE_TEMPORAL,
+    chunk_count,
+    chunk_frame_counts,
+    nearest_counts,
+    output_frames,
+)
+
 SIZE_MULTIPLE = 16  # VAE 8x spatial times the transformer's 2x2 patch
-MAX_CHUNKS = 64
 MAX_STEPS = 200
 
 
@@ -36,33 +41,6 @@ class VideoSpec:
     cache_threshold: float | None = None  # None: the backend's default
 
 
-def output_frames(chunks: int) -> int:
-    """Frames `HeliosPipeline` returns for `chunks` chunks: 33n cut to 4k+1."""
-    made = chunks * CHUNK_FRAMES
-    return (made - 1) // VAE_TEMPORAL * VAE_TEMPORAL + 1
-
-
-def chunk_count(num_frames: int) -> int:
-    """Chunks the pipeline runs for `num_frames` (at least one)."""
-    return max(1, -(-num_frames // CHUNK_FRAMES))
-
-
-def chunk_frame_counts(num_frames: int) -> list[int]:
-    """Frames each chunk contributes: all 33, the last one cut so the total is 4k+1."""
-    chunks = chunk_count(num_frames)
-    counts = [CHUNK_FRAMES] * chunks
-    counts[-1] -= chunks * CHUNK_FRAMES - output_frames(chunks)
-    return counts
-
-
-def _nearest_counts(num_frames: int) -> str:
-    """The makeable frame counts either side of `num_frames`, as a phrase."""
-    counts = [output_frames(n) for n in range(1, MAX_CHUNKS + 1)]
-    lower = [c for c in counts if c < num_frames]
-    upper = [c for c in counts if c > num_frames]
-    return " or ".join(str(c) for c in (lower[-1:] + upper[:1]))
-
-
 def validate_spec(spec: VideoSpec, event: str = "CreateVideo") -> None:
     """Raise ValueError naming `event.field` for a request the model cannot make as asked."""
     if not spec.prompt.strip():
@@ -79,7 +57,7 @@ def validate_spec(spec: VideoSpec, event: str = "CreateVideo") -> None:
     if spec.num_frames != output_frames(chunks):
         raise ValueError(f"{event}.num_frames: {spec.num_frames} cannot be made exactly: Helios "
                          f"makes {CHUNK_FRAMES}-frame chunks and cuts the video to 4k+1 frames; "
-                         f"use {_nearest_counts(spec.num_frames)}")
+                         f"use {' or '.join(map(str, nearest_counts(spec.num_frames)))}")
     if not 1 <= spec.num_inference_steps <= MAX_STEPS:
         raise ValueError(f"{event}.num_inference_steps: {spec.num_inference_steps} is not "
                          f"within 1..{MAX_STEPS}")

@@ -207,7 +207,7 @@ def server(tmp_path_factory):
 
     threads = torch.get_num_threads()  # the core sets 1; given back after the module
     video_dir = save_tiny_helios(tmp_path_factory.mktemp("helios"))
-    settings = Settings(video=f"helios:{video_dir}", ice_hosts="127.0.0.1")
+    settings = Settings(video=f"helios:{video_dir}", ice_hosts="127.0.0.1", server_id="vid1")
     engine = InProcessEngineClient("test_video_api:make_video_core",
                                    {"video_dir": str(video_dir)})
     with serve_app(create_app(settings, engine), free_port(), name="video-server") as base:
@@ -284,6 +284,7 @@ async def test_the_websocket_gets_progress_events_and_a_fetchable_mp4(server):
         "response.output_video.done") < types.index("response.done"))
     done = next(e for e in seen if e.type == "response.output_video.done")
     video_id = done.to_dict()["video_id"] if hasattr(done, "to_dict") else done.video_id
+    assert video_id.startswith("video_vid1_")  # names its server, for a balancer's routing
     async with httpx.AsyncClient(base_url=server, timeout=30) as http:
         meta = (await http.get(f"/v1/videos/{video_id}")).json()
         assert (meta["status"], meta["size"]) == ("completed", "32x16")

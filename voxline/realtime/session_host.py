@@ -79,6 +79,7 @@ class SessionLimits:
     tools_supported: bool = False
     images: ImageLimits | None = None  # None: input_image is refused (a text-only model)
     transcription: TranscriptionSupport = MOONSHINE  # the ASR's language / prompt support
+    server_id: str | None = None  # named in a session's video ids (None: plain video_...)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SessionLimits:
@@ -184,6 +185,8 @@ class Admission:
                              tools_supported=limits.tools_supported, voice_error=voice_error,
                              images=limits.images, playout=PlayoutReports(),
                              transcription=limits.transcription)
+        if limits.server_id is not None:
+            actor.video.id_prefix = f"video_{limits.server_id}"
         metrics = self.host.metrics
         return SessionRunner(actor, self.host.engine, send,
                              max_seconds=limits.max_session_seconds,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from voxline.config import Settings
@@ -30,8 +30,8 @@ class ServerState:
         keys = self.settings.client_secret_keys
         self.client_secrets = ClientSecrets(SigningKeys.parse(keys) if keys else None)
         # every transport admits, builds and counts its sessions here
-        self.host = SessionHost(self.engine, SessionLimits.from_settings(self.settings),
-                                metrics=self.metrics)
+        limits = replace(SessionLimits.from_settings(self.settings), server_id=self.server_id)
+        self.host = SessionHost(self.engine, limits, metrics=self.metrics)
 
     @property
     def sessions(self) -> int:

@@ -70,6 +70,9 @@ class VideoResponses:
     def __init__(self, actor: VideoHost) -> None:
         self._actor = actor
         self.active: ActiveVideo | None = None
+        # a server names itself in the ids (video_<server_id>_...) so a balancer can route
+        # /v1/videos/{id} to the server holding the MP4 (realtime/owned_ids.py)
+        self.id_prefix = "video"
 
     def start(self, response: ActiveResponse | None, overrides: ResponseOverrides | None
               ) -> None:
@@ -79,7 +82,7 @@ class VideoResponses:
             return
         actor = self._actor
         response_id = response.response.id
-        video = ActiveVideo(response_id, new_id("video"), params)
+        video = ActiveVideo(response_id, new_id(self.id_prefix), params)
         self.active = video
         actor.commands.append(ep.CreateVideo(
             actor.stream_id, video.video_id, params.prompt, width=params.width,
@@ -87,9 +90,10 @@ class VideoResponses:
             num_inference_steps=params.num_inference_steps,
             guidance_scale=params.guidance_scale, negative_prompt=params.negative_prompt,
             seed=params.seed))
-        actor.events.append(ev.VideoStarted(response_id=response_id, video_id=video.video_id,
-                                            width=params.width, height=params.height,
-                                            fps=params.fps, num_frames=params.num_frames))
+        actor.events.append(ev.VideoStarted(
+            response_id=response_id, video_id=video.video_id, prompt=params.prompt,
+            width=params.width, height=params.height, fps=params.fps,
+            num_frames=params.num_frames))
 
     def holds(self, response_id: str) -> bool:
         """True while `response_id`'s video is still being made (its response waits)."""

@@ -41,6 +41,7 @@ from voxline.sessions.capabilities import (
     stream_config,
 )
 from voxline.sessions.errors_vocabulary import UNKNOWN_ITEM, Mistake, client_error
+from voxline.sessions.function_calls import FunctionCalls
 from voxline.sessions.ids import new_id
 from voxline.sessions.images import ImageLimits, engine_images
 from voxline.sessions.mcp import McpOutcome, McpRequest, McpTools
@@ -113,6 +114,7 @@ class SessionActor:
         self.playing: str | None = None  # response whose audio the client is playing
         self.last_audio_response: str | None = None
         self.mcp = McpTools(self)  # MCP tools: listing, calls, approvals (sessions/mcp.py)
+        self.calls = FunctionCalls(self)  # client-run tools' items (sessions/function_calls.py)
         self.video = VideoResponses(self)  # a response's video (sessions/video_responses.py)
 
     # ------------------------------------------------------------------------ outputs
@@ -543,9 +545,9 @@ class SessionActor:
             case ep.FunctionCallDelta() | ep.FunctionCallDone() if self.mcp.owner(out.name):
                 self.mcp.on_call(self._current(out.response_id), out)
             case ep.FunctionCallDelta():
-                self._call_delta(out)
+                self.calls.delta(self._current(out.response_id), out)
             case ep.FunctionCallDone():
-                self._call_done(out)
+                self.calls.done(self._current(out.response_id), out)
             case ep.AudioChunk():
                 self._audio_chunk(out, now)
             case ep.ResponseDone():
@@ -640,48 +642,6 @@ class SessionActor:
                                                delta=out.text))
         else:
             self._emit(ev.TextDelta(response_id=r.response.id, item_id=r.item_id, delta=out.text))
-
-    def _call_record(self, r: ActiveResponse, out: ep.FunctionCallDelta | ep.FunctionCallDone
-                     ) -> tuple[ItemRecord, int]:
-        """The function_call item `out` adds to (made, and announced, on first sight) and its
-        output index (the reply's message is output 0)."""
-        if out.item_id not in r.calls:
-            item = it.FunctionCallItem(id=out.item_id, call_id=out.call_id, name=out.name,
-                                       arguments="", status="in_progress")
-            previous = self.order[-1] if self.order else None
-            self._add_record(ItemRecord(item))
-            r.calls.append(out.item_id)
-            self._emit(ev.OutputItemAdded(response_id=r.response.id, output_index=len(r.calls),
-                                          item=item))
-            self._emit(ev.ItemAdded(item=item, previous_item_id=previous))
-        return self.items[out.item_id], r.calls.index(out.item_id) + 1
-
-    def _call_delta(self, out: ep.FunctionCallDelta) -> None:
-        r = self._current(out.response_id)
-        if r is None or r.cancel_reason is not None:
-            return
-        record, index = self._call_record(r, out)
-        assert isinstance(record.item, it.FunctionCallItem)
-        record.item = record.item.model_copy(
-            update={"arguments": record.item.arguments + out.delta})
-        self._emit(ev.FunctionCallArgumentsDelta(response_id=r.response.id, item_id=out.item_id,
-                                                 output_index=index, call_id=out.call_id,
-                                                 delta=out.delta))
-
-    def _call_done(self, out: ep.FunctionCallDone) -> None:
-        r = self._current(out.response_id)
-        if r is None or (out.item_id not in r.calls and not out.completed):
-            return  # a call cut off before anything of it was sent
-        record, index = self._call_record(r, out)
-        item = it.FunctionCallItem(id=out.item_id, call_id=out.call_id, name=out.name,
-                                   arguments=out.arguments,
-                                   status="completed" if out.completed else "incomplete")
-        record.item = item
-        self._emit(ev.FunctionCallArgumentsDone(response_id=r.response.id, item_id=out.item_id,
-                                                output_index=index, call_id=out.call_id,
-                                                name=out.name, arguments=out.arguments))
-        self._emit(ev.OutputItemDone(response_id=r.response.id, output_index=index, item=item))
-        self._emit(ev.ItemDone(item=item, previous_item_id=self._previous(out.item_id)))
 
     def _audio_chunk(self, out: ep.AudioChunk, now: float) -> None:
         r = self._current(out.response_id)

@@ -1,0 +1,78 @@
+"""A reply's function calls as conversation items: the actor's half for client-run tools.
+
+The engine streams a call as `FunctionCallDelta`s (its name first, then pieces of its
+arguments) and one `FunctionCallDone`. Each call becomes a `function_call` item, announced
+on first sight as the reply's next output (the reply's message is output 0), filled in
+delta by delta, and done with its final arguments (``incomplete`` when the reply was cut
+off). Calls to MCP tools go to `sessions.mcp` instead; the client runs these.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from voxline.engines import protocol as ep
+from voxline.sessions import events as ev
+from voxline.sessions import items as it
+from voxline.sessions.records import ActiveResponse, ItemRecord
+
+
+class CallHost(Protocol):
+    """What of the actor this needs: the item list and the event outbox."""
+
+    order: list[str]
+    items: dict[str, ItemRecord]
+
+    def _add_record(self, record: ItemRecord) -> None: ...
+
+    def _emit(self, event: ev.ServerEvent) -> None: ...
+
+    def _previous(self, item_id: str) -> str | None: ...
+
+
+class FunctionCalls:
+    def __init__(self, actor: CallHost) -> None:
+        self._actor = actor
+
+    def _record(self, r: ActiveResponse, out: ep.FunctionCallDelta | ep.FunctionCallDone
+                ) -> tuple[ItemRecord, int]:
+        """The function_call item `out` adds to (made, and announced, on first sight) and its
+        output index."""
+        actor = self._actor
+        if out.item_id not in r.calls:
+            item = it.FunctionCallItem(id=out.item_id, call_id=out.call_id, name=out.name,
+                                       arguments="", status="in_progress")
+            previous = actor.order[-1] if actor.order else None
+            actor._add_record(ItemRecord(item))
+            r.calls.append(out.item_id)
+            actor._emit(ev.OutputItemAdded(response_id=r.response.id, output_index=len(r.calls),
+                                           item=item))
+            actor._emit(ev.ItemAdded(item=item, previous_item_id=previous))
+        return actor.items[out.item_id], r.calls.index(out.item_id) + 1
+
+    def delta(self, r: ActiveResponse | None, out: ep.FunctionCallDelta) -> None:
+        """A piece of a call of the active reply `r` (None: not the active reply's)."""
+        if r is None or r.cancel_reason is not None:
+            return
+        record, index = self._record(r, out)
+        assert isinstance(record.item, it.FunctionCallItem)
+        record.item = record.item.model_copy(
+            update={"arguments": record.item.arguments + out.delta})
+        self._actor._emit(ev.FunctionCallArgumentsDelta(
+            response_id=r.response.id, item_id=out.item_id, output_index=index,
+            call_id=out.call_id, delta=out.delta))
+
+    def done(self, r: ActiveResponse | None, out: ep.FunctionCallDone) -> None:
+        if r is None or (out.item_id not in r.calls and not out.completed):
+            return  # a call cut off before anything of it was sent
+        record, index = self._record(r, out)
+        item = it.FunctionCallItem(id=out.item_id, call_id=out.call_id, name=out.name,
+                                   arguments=out.arguments,
+                                   status="completed" if out.completed else "incomplete")
+        record.item = item
+        actor = self._actor
+        actor._emit(ev.FunctionCallArgumentsDone(
+            response_id=r.response.id, item_id=out.item_id, output_index=index,
+            call_id=out.call_id, name=out.name, arguments=out.arguments))
+        actor._emit(ev.OutputItemDone(response_id=r.response.id, output_index=index, item=item))
+        actor._emit(ev.ItemDone(item=item, previous_item_id=actor._previous(out.item_id)))

@@ -65,8 +65,15 @@ class HeliosRender:
         return self.chunks_done >= self.total_chunks
 
     def next_chunk(self) -> np.ndarray:
-        """The next chunk's frames, uint8 (frames, height, width, 3)."""
-        return to_uint8(self._driver.render_chunk(self))
+        """The next chunk's frames, uint8 (frames, height, width, 3). An out-of-memory
+        frees the allocator's cached blocks before it propagates (the stage fails this
+        request only), so the next request starts from the memory the model holds."""
+        try:
+            return to_uint8(self._driver.render_chunk(self))
+        except torch.OutOfMemoryError:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            raise
 
 
 class HeliosChunkDriver:

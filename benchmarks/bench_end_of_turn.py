@@ -37,7 +37,7 @@ from voxline.engines.models.moonshine_asr import MoonshineASR
 from voxline.engines.models.piper_tts import PiperTTS
 from voxline.engines.models.silero_vad import SileroVAD
 from voxline.engines.models.smart_turn import SmartTurn
-from voxline.engines.protocol import TurnDetection
+from voxline.engines.protocol import TurnParams
 
 RATE = 16_000
 FRAME = 512
@@ -152,7 +152,7 @@ def vad_probs(vad: SileroVAD, audio: np.ndarray) -> list[float]:
     return [float(vad.process(audio[i * FRAME:(i + 1) * FRAME][None], [state])[0]) for i in range(n)]
 
 
-def turn_end_ms(utt: Utterance, probs: list[float], td: TurnDetection, judges: Judges,
+def turn_end_ms(utt: Utterance, probs: list[float], td: TurnParams, judges: Judges,
                 use_words: bool, use_model: bool) -> float | None:
     """When the first turn ends on the audio clock (None: it never ended)."""
     inp = InputAudio(td, pause_ms=PAUSE_MS)
@@ -188,7 +188,7 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def table(detectors: list[tuple[str, TurnDetection, bool, bool]], complete: list[Utterance],
+def table(detectors: list[tuple[str, TurnParams, bool, bool]], complete: list[Utterance],
           paused: list[Utterance], probs: dict[str, list[float]], judges: Judges,
           repeats: int) -> None:
     """One row per detector, pooled over `repeats` runs (verdicts re-timed each run)."""
@@ -222,11 +222,11 @@ def main() -> None:
     speaker, judges, vad = Speaker(), Judges(), SileroVAD.load(threads=1)
     complete, paused = utterances(speaker)
     probs = {u.name: vad_probs(vad, u.audio) for u in complete + paused}
-    detectors: list[tuple[str, TurnDetection, bool, bool]] = [
-        ("server_vad 500 ms", TurnDetection(silence_duration_ms=500), False, False)]
+    detectors: list[tuple[str, TurnParams, bool, bool]] = [
+        ("server_vad 500 ms", TurnParams(silence_duration_ms=500), False, False)]
     for e in args.eagerness:
-        detectors += [(f"rules ({e})", TurnDetection(eagerness=e), True, False),
-                      (f"model+rules ({e})", TurnDetection(eagerness=e), True, True)]
+        detectors += [(f"rules ({e})", TurnParams(eagerness=e), True, False),
+                      (f"model+rules ({e})", TurnParams(eagerness=e), True, True)]
     print(f"{len(complete)} complete sentences, {len(paused)} with a pause inside "
           f"({min(g for _, g, _ in PAUSED)}-{max(g for _, g, _ in PAUSED)} ms)\n")
     print("verdicts land after the wall time they took here:")

@@ -264,9 +264,9 @@ async def run_turn(client: EngineClient, mode: str, stream_id: str, clip: Clip,
             async for out in stream:
                 now = time.perf_counter()
                 match out:
-                    case p.SpeechStarted():
+                    case p.VoiceStarted():
                         timing.started = timing.started or now
-                    case p.SpeechStopped():
+                    case p.VoiceStopped():
                         if out.audio_end_ms < clip.speech_end_ms - 150:
                             timing.false_cut = True  # cut inside the pause: not answered here
                         elif timing.stopped is None:
@@ -279,7 +279,7 @@ async def run_turn(client: EngineClient, mode: str, stream_id: str, clip: Clip,
                     case p.TranscriptFinal() if timing.stopped is not None:
                         timing.final = timing.final or now
                         timing.transcript, timing.asr_ms = out.text, out.asr_ms
-                    case p.TextDelta():
+                    case p.ReplyTextDelta():
                         timing.first_text = timing.first_text or now
                         deltas.append((now, out.text))
                     case p.AudioChunk():
@@ -288,7 +288,7 @@ async def run_turn(client: EngineClient, mode: str, stream_id: str, clip: Clip,
                             timing.first_segment = out.text
                             if not full_reply:
                                 stream.send(p.CancelResponse(stream_id))
-                    case p.ResponseDone():
+                    case p.ResponseFinished():
                         timing.done = now
                         timing.reply, timing.status = out.text, out.status.name.lower()
                         break

@@ -73,13 +73,13 @@ async def turn(client: EngineClient, stream_id: str, audio: np.ndarray) -> tuple
     try:
         async for out in stream:
             match out:
-                case p.SpeechStopped() if stopped is None:
+                case p.VoiceStopped() if stopped is None:
                     stopped = time.perf_counter()
                     stream.send(p.CreateResponse(stream_id, "r1", "a1"))
                 case p.AudioChunk() if first_audio is None:
                     first_audio = time.perf_counter()
                     stream.send(p.CancelResponse(stream_id))
-                case p.ResponseDone():
+                case p.ResponseFinished():
                     ttft = out.first_token_ms
                     break
                 case p.StreamError():

@@ -15,12 +15,12 @@ from voxline.engines.protocol import (
     AudioChunk,
     CreateResponse,
     EngineInput,
-    ResponseDone,
+    ReplyTextDelta,
+    ResponseFinished,
     ResponseStatus,
     Speak,
-    SpeechStarted,
-    SpeechStopped,
-    TextDelta,
+    VoiceStarted,
+    VoiceStopped,
 )
 
 RATE = 24000
@@ -56,24 +56,24 @@ class BenchCore(EchoCore):
         if loud and not item:
             self._turns += 1
             item = f"item_bench_{self._turns}"
-            self._pending.append(SpeechStarted(sid, int(start), item))
+            self._pending.append(VoiceStarted(sid, int(start), item))
             self._speech[sid] = (item, 0.0)
         elif item:
             quiet = 0.0 if loud else quiet + ms
             self._speech[sid] = (item, quiet)
             if quiet >= SILENCE_MS:
                 del self._speech[sid]
-                self._pending.append(SpeechStopped(sid, int(start + ms), item))
+                self._pending.append(VoiceStopped(sid, int(start + ms), item))
 
     def _reply(self, sid: str, rid: str) -> None:
         text = "".join(ECHO_REPLY)
         n = int(RATE * self._reply_seconds)
         tone = (0.1 * np.sin(np.arange(n) / 10)).astype("<f4")
-        self._pending.append(TextDelta(sid, rid, text))
+        self._pending.append(ReplyTextDelta(sid, rid, text))
         for piece in np.array_split(tone, 5):
             self._pending.append(AudioChunk(sid, rid, piece.tobytes(), RATE,
                                             1000.0 * len(piece) / RATE, ""))
-        self._pending.append(ResponseDone(sid, rid, ResponseStatus.COMPLETED, text))
+        self._pending.append(ResponseFinished(sid, rid, ResponseStatus.COMPLETED, text))
 
 
 def make_bench_core(wake: Callable[[], None], reply_seconds: float = 0.5) -> BenchCore:

@@ -21,11 +21,11 @@ from voxline.engines.protocol import (
     EngineInput,
     EngineOutput,
     OpenStream,
-    ResponseDone,
+    ReplyTextDelta,
+    ResponseFinished,
     ResponseStatus,
     StreamClosed,
     StreamError,
-    TextDelta,
 )
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class EchoCore:
     - `OpenStream`: registers the stream (no output). Opening `crash_on` kills the
       whole process with exit code 3, to exercise crash supervision.
     - `AppendAudio`: one `AudioChunk` with the same bytes, at 16 kHz, `response_id=""`.
-    - `CreateResponse`: `TextDelta`s of `ECHO_REPLY`, then `ResponseDone(COMPLETED)`.
+    - `CreateResponse`: `ReplyTextDelta`s of `ECHO_REPLY`, then `ResponseFinished(COMPLETED)`.
     - `CloseStream`: `StreamClosed`.
     - Any input for a stream that is not open: `StreamError(code="unknown_stream")`.
     - Other inputs for open streams are accepted and ignored.
@@ -81,9 +81,9 @@ class EchoCore:
             )
         elif isinstance(msg, CreateResponse):
             for delta in ECHO_REPLY:
-                self._pending.append(TextDelta(sid, msg.response_id, delta))
+                self._pending.append(ReplyTextDelta(sid, msg.response_id, delta))
             self._pending.append(
-                ResponseDone(sid, msg.response_id, ResponseStatus.COMPLETED, "".join(ECHO_REPLY))
+                ResponseFinished(sid, msg.response_id, ResponseStatus.COMPLETED, "".join(ECHO_REPLY))
             )
         elif isinstance(msg, CloseStream):
             self._streams.discard(sid)

@@ -12,9 +12,9 @@ from voxline.engines.protocol import (
     AudioChunk,
     CreateResponse,
     EngineInput,
-    ResponseDone,
+    ReplyTextDelta,
+    ResponseFinished,
     ResponseStatus,
-    TextDelta,
 )
 
 RATE = 24000
@@ -32,9 +32,9 @@ class SlowReplyCore(EchoCore):
         sid, rid, text = msg.stream_id, msg.response_id, "".join(ECHO_REPLY)
         n = int(RATE * self._reply_seconds)
         audio = (0.1 * np.sin(np.arange(n) / 10)).astype("<f4").tobytes()
-        self._pending += [TextDelta(sid, rid, text),
+        self._pending += [ReplyTextDelta(sid, rid, text),
                           AudioChunk(sid, rid, audio, RATE, 1000.0 * n / RATE, text),
-                          ResponseDone(sid, rid, ResponseStatus.COMPLETED, text)]
+                          ResponseFinished(sid, rid, ResponseStatus.COMPLETED, text)]
 
 
 def make_slow_reply_core(wake: Callable[[], None], reply_seconds: float = 1.0) -> SlowReplyCore:

@@ -39,7 +39,7 @@ from voxline.errors import EngineBusyError, EngineDeadError
 from voxline.realtime.app import create_app
 from voxline.realtime.outbox import Outbox, SlowClient
 
-STALL = b"stall"  # an AppendAudio with these bytes holds the engine loop until the gate opens
+STALL = b"stall"  # an InputAudioAppend with these bytes holds the engine loop until the gate opens
 SAMPLE = b"\0\0\0\0"
 
 
@@ -47,7 +47,7 @@ class StallingCore(EchoCore):
     """EchoCore that can hold its loop (as a slow model step would) and counts the audio
     it was given: a `CreateResponse` answers with that count as its text.
 
-    The loop stalls on an `AppendAudio` of `STALL` bytes, and (with `stall_on_open`) on
+    The loop stalls on an `InputAudioAppend` of `STALL` bytes, and (with `stall_on_open`) on
     every `OpenStream`, until `gate` is set; `entered` (if given) is set as it stalls."""
 
     def __init__(self, wake: Callable[[], None], gate: Any, entered: Any = None,
@@ -71,8 +71,8 @@ class StallingCore(EchoCore):
                 self.appended += 1
             return
         if isinstance(msg, p.CreateResponse):
-            self._pending += [p.TextDelta(msg.stream_id, msg.response_id, str(self.appended)),
-                              p.ResponseDone(msg.stream_id, msg.response_id,
+            self._pending += [p.ReplyTextDelta(msg.stream_id, msg.response_id, str(self.appended)),
+                              p.ResponseFinished(msg.stream_id, msg.response_id,
                                              p.ResponseStatus.COMPLETED, str(self.appended))]
             return
         super().add_input(msg)
@@ -102,7 +102,7 @@ async def _counted(handle: Any) -> int:
     await _send_when_room(handle, p.CreateResponse(handle.stream_id, "resp_count", "item"))
     while True:
         out = await asyncio.wait_for(handle.next(), 60 * TIME_FACTOR)
-        if isinstance(out, p.TextDelta):
+        if isinstance(out, p.ReplyTextDelta):
             return int(out.text)
         assert not isinstance(out, p.StreamError), out
 
@@ -391,18 +391,18 @@ def test_instructions_past_the_context_are_refused_naming_the_field_untokenized_
     h.send(p.OpenStream("s1", p.StreamConfig(instructions=huge)),
            p.AddItem("s1", "u1", "user", "hello"),
            p.CreateResponse("s1", "r1", "a1"))
-    outs = h.run_until(lambda o: any(isinstance(x, p.ResponseDone) for x in o))
+    outs = h.run_until(lambda o: any(isinstance(x, p.ResponseFinished) for x in o))
     error = next(o for o in outs if isinstance(o, p.StreamError))
     assert error.code == p.ErrorCode.CONTEXT_LENGTH_EXCEEDED and not error.fatal
     assert error.param == "session.instructions"
     assert error.message.startswith(f"session.instructions is {len(huge)} characters")
     assert "256 tokens" in error.message and len(huge) not in rendered
-    done = next(o for o in outs if isinstance(o, p.ResponseDone))
+    done = next(o for o in outs if isinstance(o, p.ResponseFinished))
     assert done.status == p.ResponseStatus.FAILED
     # a per-response override that fits in characters but not in tokens: tokenized, refused
     h.outputs.clear()
     h.send(p.CreateResponse("s1", "r2", "a2", p.ResponseConfig(instructions="w " * 300)))
-    outs = h.run_until(lambda o: any(isinstance(x, p.ResponseDone) for x in o))
+    outs = h.run_until(lambda o: any(isinstance(x, p.ResponseFinished) for x in o))
     error = next(o for o in outs if isinstance(o, p.StreamError))
     assert error.param == "response.instructions"
     assert error.message.startswith("response.instructions is 305 tokens")
@@ -410,8 +410,8 @@ def test_instructions_past_the_context_are_refused_naming_the_field_untokenized_
     h.send(p.UpdateStream("s1", p.StreamConfig(instructions="Be brief.")))
     h.outputs.clear()
     h.send(p.CreateResponse("s1", "r3", "a3"))
-    outs = h.run_until(lambda o: any(isinstance(x, p.ResponseDone) for x in o))
-    assert next(o for o in outs if isinstance(o, p.ResponseDone)).status == \
+    outs = h.run_until(lambda o: any(isinstance(x, p.ResponseFinished) for x in o))
+    assert next(o for o in outs if isinstance(o, p.ResponseFinished)).status == \
         p.ResponseStatus.COMPLETED
     h.close()
 
@@ -421,7 +421,7 @@ async def test_an_input_sent_as_the_engine_goes_down_ends_the_session_with_engin
     sends in between must not end it with an internal error."""
     from voxline.engines.client import ENGINE_DEAD
     from voxline.sessions.actor import SessionActor
-    from voxline.sessions.commands import AppendAudio
+    from voxline.sessions.commands import InputAudioAppend
     from voxline.sessions.events import ErrorEvent
     from voxline.sessions.runner import SessionEnded, SessionRunner
 
@@ -446,7 +446,7 @@ async def test_an_input_sent_as_the_engine_goes_down_ends_the_session_with_engin
     try:
         await asyncio.wait_for(sent.wait(), 30 * TIME_FACTOR)  # session.created: running
         engine._set_down("engine process 1 was killed by SIGKILL")  # seen, streams not failed
-        await commands.put(AppendAudio(audio=bytes(4800)))  # 100 ms: an engine AppendAudio
+        await commands.put(InputAudioAppend(audio=bytes(4800)))  # 100 ms: an engine InputAudioAppend
         handled = asyncio.ensure_future(commands.join())
         await asyncio.wait({handled, run}, timeout=30 * TIME_FACTOR,
                            return_when=asyncio.FIRST_COMPLETED)

@@ -49,14 +49,14 @@ def test_engine_refuses_responses_past_its_limit_and_admits_again_once_one_ends(
            p.CreateResponse("c", "rc", "ic"))
     refused = [o for o in h.outputs + h.core.step() if o.stream_id == "c"]
     h.outputs.extend(o for o in refused if o not in h.outputs)
-    assert [type(o) for o in refused] == [p.StreamError, p.ResponseDone]
+    assert [type(o) for o in refused] == [p.StreamError, p.ResponseFinished]
     assert refused[0].code == "server_busy" and not refused[0].fatal
     assert "limit of 2 responses" in refused[0].message
     assert refused[1].response_id == "rc" and refused[1].status == p.ResponseStatus.FAILED
-    h.run_until(has(p.ResponseDone, response_id="ra", status=p.ResponseStatus.COMPLETED))
-    h.run_until(has(p.ResponseDone, response_id="rb", status=p.ResponseStatus.COMPLETED))
+    h.run_until(has(p.ResponseFinished, response_id="ra", status=p.ResponseStatus.COMPLETED))
+    h.run_until(has(p.ResponseFinished, response_id="rb", status=p.ResponseStatus.COMPLETED))
     h.send(p.CreateResponse("c", "rc2", "ic2"))  # capacity is back
-    h.run_until(has(p.ResponseDone, response_id="rc2", status=p.ResponseStatus.COMPLETED))
+    h.run_until(has(p.ResponseFinished, response_id="rc2", status=p.ResponseStatus.COMPLETED))
     h.close()
 
 
@@ -64,8 +64,8 @@ def test_speech_counts_as_a_response():
     h = Harness(stop_after=200, step_seconds=0.01, max_responses=1)
     h.send(p.OpenStream("a"), p.OpenStream("s"), p.AddItem("a", "a1", "user", "hi"),
            p.CreateResponse("a", "ra", "ia"), p.Speak("s", "rs", "Hello there."))
-    h.run_until(has(p.ResponseDone, response_id="rs"))
-    assert h.of(p.ResponseDone)[0].status == p.ResponseStatus.FAILED
+    h.run_until(has(p.ResponseFinished, response_id="rs"))
+    assert h.of(p.ResponseFinished)[0].status == p.ResponseStatus.FAILED
     assert [e.code for e in h.of(p.StreamError)] == ["server_busy"]
     h.close()
 

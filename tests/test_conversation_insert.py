@@ -100,10 +100,10 @@ class Engine(CoreDriver):
         self.core = EngineCore(Models(EnergyVAD(), FixedASR(), self.lm,
                                       SentenceSpeechModel(ToneTTS())), self.woke.set)
 
-    def respond(self, response_id: str, item_id: str) -> p.ResponseDone:
+    def respond(self, response_id: str, item_id: str) -> p.ResponseFinished:
         self.send(p.CreateResponse("s1", response_id, item_id, p.ResponseConfig(audio=False)))
-        self.run_until(has(p.ResponseDone, response_id=response_id))
-        return next(o for o in self.of(p.ResponseDone) if o.response_id == response_id)
+        self.run_until(has(p.ResponseFinished, response_id=response_id))
+        return next(o for o in self.of(p.ResponseFinished) if o.response_id == response_id)
 
     def texts(self) -> list[tuple[str, str]]:
         return [(i.item_id, i.role) for i in self.core.streams["s1"].conversation.items]

@@ -21,11 +21,11 @@ from voxline.engines.protocol import (
     CreateResponse,
     EngineOutput,
     OpenStream,
-    ResponseDone,
+    ReplyTextDelta,
+    ResponseFinished,
     ResponseStatus,
     StreamClosed,
     StreamError,
-    TextDelta,
 )
 from voxline.errors import EngineDeadError, EngineError
 
@@ -107,9 +107,9 @@ async def test_round_trip_preserves_bytes_and_ids(client: EngineClient) -> None:
     assert chunk.audio == audio
     assert chunk.sample_rate == 16000 and chunk.duration_ms == pytest.approx(20.0)
     assert history[1:] == [
-        TextDelta("call-1", "resp-9", ECHO_REPLY[0]),
-        TextDelta("call-1", "resp-9", ECHO_REPLY[1]),
-        ResponseDone("call-1", "resp-9", ResponseStatus.COMPLETED, "".join(ECHO_REPLY)),
+        ReplyTextDelta("call-1", "resp-9", ECHO_REPLY[0]),
+        ReplyTextDelta("call-1", "resp-9", ECHO_REPLY[1]),
+        ResponseFinished("call-1", "resp-9", ResponseStatus.COMPLETED, "".join(ECHO_REPLY)),
         StreamClosed("call-1"),
     ]
     assert all(o.stream_id == "call-1" for o in history)

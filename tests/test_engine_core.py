@@ -39,8 +39,8 @@ def test_server_vad_turn_gives_speech_events_and_final_transcript():
     h = Harness()
     h.send(p.OpenStream("s1"), p.AppendAudio("s1", speech_turn()))
     h.run_until(has(p.TranscriptFinal))
-    started, = h.of(p.SpeechStarted)
-    stopped, = h.of(p.SpeechStopped)
+    started, = h.of(p.VoiceStarted)
+    stopped, = h.of(p.VoiceStopped)
     final, = h.of(p.TranscriptFinal)
     assert started.item_id == stopped.item_id == final.item_id
     assert 450 <= started.audio_start_ms <= 520  # the tone starts at 500 ms
@@ -54,14 +54,14 @@ def test_response_streams_audio_before_the_llm_finishes_and_completes():
     h = Harness(stop_after=24, step_seconds=0.02)
     h.send(p.OpenStream("s1"), p.AddItem("s1", "u1", "user", "say something long"),
            p.CreateResponse("s1", "r1", "a1"))
-    h.run_until(has(p.ResponseDone))
+    h.run_until(has(p.ResponseFinished))
     kinds = h.kinds()
     first_audio = kinds.index("AudioChunk")
-    last_text = len(kinds) - 1 - kinds[::-1].index("TextDelta")
+    last_text = len(kinds) - 1 - kinds[::-1].index("ReplyTextDelta")
     assert first_audio < last_text, "TTS must start on the first segment (async chunk)"
-    done, = h.of(p.ResponseDone)
+    done, = h.of(p.ResponseFinished)
     assert done.status == p.ResponseStatus.COMPLETED and done.output_tokens == 24
-    deltas = "".join(o.text for o in h.of(p.TextDelta))
+    deltas = "".join(o.text for o in h.of(p.ReplyTextDelta))
     assert done.text == deltas.strip()
     spoken = " ".join(o.text for o in h.of(p.AudioChunk))
     assert spoken.split() == deltas.split()  # every word spoken exactly once, in order
@@ -77,13 +77,13 @@ def test_cancel_stops_the_response_and_never_sends_a_stale_chunk():
     h.run_until(has(p.AudioChunk))
     h.send(p.CancelResponse("s1"))
     h.outputs.extend(h.core.step())
-    done, = h.of(p.ResponseDone)
+    done, = h.of(p.ResponseFinished)
     assert done.status == p.ResponseStatus.CANCELLED
     n = len(h.outputs)
     assert not h.core.llm.has_work()  # the batch slot is free right away
     # a new response starts; nothing of r1 may follow its ResponseDone
     h.send(p.CreateResponse("s1", "r2", "a2", p.ResponseConfig(max_output_tokens=3)))
-    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.ResponseDone)]) == 2)
+    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.ResponseFinished)]) == 2)
     assert all(getattr(o, "response_id", "r2") == "r2" for o in h.outputs[n:])
     h.close()
 
@@ -92,18 +92,18 @@ def test_truncate_keeps_only_what_was_heard_and_rolls_context_back():
     h = Harness(stop_after=30)
     h.send(p.OpenStream("s1"), p.AddItem("s1", "u1", "user", "talk"),
            p.CreateResponse("s1", "r1", "a1"))
-    h.run_until(has(p.ResponseDone))
+    h.run_until(has(p.ResponseFinished))
     chunks = h.of(p.AudioChunk)
     assert len(chunks) >= 2
     heard_ms = int(chunks[0].duration_ms)
     h.send(p.TruncateItem("s1", "a1", heard_ms))
-    h.run_until(has(p.ItemTruncated))
-    trunc, = h.of(p.ItemTruncated)
+    h.run_until(has(p.TruncationApplied))
+    trunc, = h.of(p.TruncationApplied)
     assert trunc.text == chunks[0].text.strip()
     # the next response's prompt holds the truncated text, re-prefilled from the cut
     h.lm.calls.clear()
     h.send(p.AddItem("s1", "u2", "user", "and"), p.CreateResponse("s1", "r2", "a2"))
-    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.ResponseDone)]) == 2)
+    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.ResponseFinished)]) == 2)
     slot = h.core.streams["s1"].slot.index
     assert h.lm.cache[slot][: len(h.core.streams["s1"].slot.tokens)] == h.core.streams["s1"].slot.tokens
     a1 = h.core.streams["s1"].conversation.find("a1")
@@ -115,7 +115,7 @@ def test_truncate_cuts_at_the_word_heard_and_later_truncates_clamp():
     h = Harness(stop_after=30)
     h.send(p.OpenStream("s1"), p.AddItem("s1", "u1", "user", "talk"),
            p.CreateResponse("s1", "r1", "a1"))
-    h.run_until(has(p.ResponseDone))
+    h.run_until(has(p.ResponseFinished))
     chunks = h.of(p.AudioChunk)
     i = next(i for i, c in enumerate(chunks) if len(c.text.split()) >= 2)
     start_ms = sum(c.duration_ms for c in chunks[:i])
@@ -124,19 +124,19 @@ def test_truncate_cuts_at_the_word_heard_and_later_truncates_clamp():
     cut = int(start_ms + (len(words[0]) + 1) * 10 + 5)
     heard = " ".join([c.text.strip() for c in chunks[:i]] + [words[0]])
     h.send(p.TruncateItem("s1", "a1", cut))
-    h.run_until(has(p.ItemTruncated))
-    trunc, = h.of(p.ItemTruncated)
+    h.run_until(has(p.TruncationApplied))
+    trunc, = h.of(p.TruncationApplied)
     assert (trunc.audio_end_ms, trunc.text) == (cut, heard)  # mid-sentence, word-level
     a1 = h.core.streams["s1"].conversation.find("a1")
     assert a1.text == heard and a1.audio_ms == cut  # the item's audio ends at the cut
     # a second cut past the first (a client's own cut after the server's) clamps to it
     h.send(p.TruncateItem("s1", "a1", 10_000_000))
-    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.ItemTruncated)]) == 2)
-    again = h.of(p.ItemTruncated)[1]
+    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.TruncationApplied)]) == 2)
+    again = h.of(p.TruncationApplied)[1]
     assert (again.audio_end_ms, again.text) == (cut, heard)
     h.send(p.TruncateItem("s1", "a1", 0))
-    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.ItemTruncated)]) == 3)
-    assert (h.of(p.ItemTruncated)[2].audio_end_ms, h.of(p.ItemTruncated)[2].text) == (0, "")
+    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.TruncationApplied)]) == 3)
+    assert (h.of(p.TruncationApplied)[2].audio_end_ms, h.of(p.TruncationApplied)[2].text) == (0, "")
     assert not h.of(p.StreamError)
     h.close()
 
@@ -145,10 +145,10 @@ def test_truncate_or_delete_of_a_reply_cancelled_before_its_first_token():
     h = Harness(stop_after=30, step_seconds=0.05)
     h.send(p.OpenStream("s1"), p.AddItem("s1", "u1", "user", "talk"),
            p.CreateResponse("s1", "r1", "a1"), p.CancelResponse("s1"))
-    h.run_until(has(p.ResponseDone))
+    h.run_until(has(p.ResponseFinished))
     h.send(p.TruncateItem("s1", "a1", 0), p.DeleteItem("s1", "a1"))
-    h.run_until(has(p.ItemTruncated))
-    assert h.of(p.ItemTruncated)[0].text == ""
+    h.run_until(has(p.TruncationApplied))
+    assert h.of(p.TruncationApplied)[0].text == ""
     h.outputs.extend(h.core.step())
     assert not h.of(p.StreamError)
     h.close()
@@ -165,7 +165,7 @@ def test_manual_commit_and_errors_for_bad_inputs():
     codes = [e.code for e in h.of(p.StreamError)]
     assert codes == ["input_audio_buffer_commit_empty", "unknown_stream", "stream_exists"]
     assert h.of(p.TranscriptFinal)[0].item_id == "i2"
-    assert not h.of(p.SpeechStarted)  # no server VAD on this stream
+    assert not h.of(p.VoiceStarted)  # no server VAD on this stream
     h.close()
 
 
@@ -184,7 +184,7 @@ def test_streams_are_batched_and_independent():
     for sid in ("a", "b", "c"):
         h.send(p.OpenStream(sid), p.AddItem(sid, "u", "user", "hi " + sid),
                p.CreateResponse(sid, "r-" + sid, "a-" + sid, p.ResponseConfig(audio=False)))
-    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.ResponseDone)]) == 3)
+    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.ResponseFinished)]) == 3)
     assert any(len(slots) == 3 for slots, _ in h.lm.calls)  # one forward served all three
     for sid in ("a", "b", "c"):
         assert all(o.response_id == "r-" + sid for o in h.outputs
@@ -200,12 +200,12 @@ def test_streams_are_batched_and_independent():
 def test_response_requested_at_speech_stop_waits_for_the_transcript():
     h = Harness(stop_after=4)
     h.send(p.OpenStream("s1"), p.AppendAudio("s1", speech_turn()))
-    h.run_until(has(p.SpeechStopped))
+    h.run_until(has(p.VoiceStopped))
     assert not h.of(p.TranscriptFinal)  # ASR still running
     h.send(p.CreateResponse("s1", "r1", "a1"))
-    h.run_until(has(p.ResponseDone))
+    h.run_until(has(p.ResponseFinished))
     kinds = h.kinds()
-    assert kinds.index("TranscriptFinal") < kinds.index("TextDelta")
+    assert kinds.index("TranscriptFinal") < kinds.index("ReplyTextDelta")
     lm_prompt = h.lm.calls[0][1][0]
     assert h.lm.render_message("user", "hello there friend")[3:6] == lm_prompt[-8:-5]
     h.close()
@@ -215,10 +215,10 @@ def test_speak_synthesizes_text_without_the_llm():
     h = Harness()
     h.send(p.OpenStream("t", p.StreamConfig(turn_detection=None)),
            p.Speak("t", "s1", "First sentence here. And a second one.", speed=1.0))
-    h.run_until(has(p.ResponseDone))
+    h.run_until(has(p.ResponseFinished))
     # the first segment is cut short for early audio (two words at least), then sentences
     assert [c.text for c in h.of(p.AudioChunk)] == ["First sentence", "here.", "And a second one."]
-    done, = h.of(p.ResponseDone)
+    done, = h.of(p.ResponseFinished)
     assert done.status == p.ResponseStatus.COMPLETED and done.output_tokens == 0
     assert not h.lm.calls and not h.core.streams["t"].conversation.items
     h.close()
@@ -231,8 +231,8 @@ def test_long_conversations_keep_the_newest_turns_that_fit():
     for i in range(12):  # far more than 64 tokens of conversation
         h.send(p.AddItem("s", f"u{i}", "user", "one two three four five six"))
     h.send(p.CreateResponse("s", "r", "a"))
-    h.run_until(has(p.ResponseDone))
-    done, = h.of(p.ResponseDone)
+    h.run_until(has(p.ResponseFinished))
+    done, = h.of(p.ResponseFinished)
     assert done.status == p.ResponseStatus.COMPLETED and done.input_tokens <= 64 - 8
     assert not h.of(p.StreamError)
     assert len(h.core.streams["s"].conversation.items) == 13  # nothing was deleted
@@ -251,14 +251,14 @@ def test_reopen_while_the_old_stream_is_closing_gets_a_fresh_stream():
     h = Harness(stop_after=200, step_seconds=0.02)
     h.send(p.OpenStream("s1"), p.AddItem("s1", "u1", "user", "talk"),
            p.CreateResponse("s1", "r1", "a1"))
-    h.run_until(has(p.TextDelta))
+    h.run_until(has(p.ReplyTextDelta))
     old_slot = h.core.streams["s1"].slot.index
     assert h.core._llm_worker.running is not None  # a step writing old_slot is in flight
     # a reconnect: the caller closes its id and opens it again at once
     h.send(p.CloseStream("s1"), p.OpenStream("s1"), p.AddItem("s1", "u2", "user", "again"),
            p.CreateResponse("s1", "r2", "a2", p.ResponseConfig(max_output_tokens=3)))
     assert old_slot not in h.lm.free  # not handed back while the step still writes it
-    h.run_until(has(p.ResponseDone, response_id="r2"))
+    h.run_until(has(p.ResponseFinished, response_id="r2"))
     assert not h.of(p.StreamError)
     closed, = h.of(p.StreamClosed)
     assert all(getattr(o, "response_id", "r2") == "r2" for o in after(h.outputs, closed))
@@ -273,7 +273,7 @@ def test_reopen_while_the_old_stream_is_closing_gets_a_fresh_stream():
 def test_a_transcript_of_the_closed_stream_never_reaches_its_successor():
     h = Harness()
     h.send(p.OpenStream("s1"), p.AppendAudio("s1", speech_turn()))
-    h.run_until(has(p.SpeechStopped))
+    h.run_until(has(p.VoiceStopped))
     assert h.core.table["asr"].worker.running is not None  # the final transcript is being made
     h.send(p.CloseStream("s1"), p.OpenStream("s1"))
     # the barrier: the closed stream's transcript is back from the ASR worker and routed
@@ -303,12 +303,12 @@ def test_close_by_external_id_aborts_every_stream_behind_it():
         assert not h.core.tts.jobs_of(internal)
         assert not h.core.asr.has_work()
     assert "x" not in h.core.streams
-    h.run_until(has(p.ResponseDone, response_id="r-y"))
+    h.run_until(has(p.ResponseFinished, response_id="r-y"))
     closes = h.of(p.StreamClosed)
     assert [c.stream_id for c in closes] == ["x", "x"]
     assert not any(getattr(o, "stream_id", None) == "x" for o in after(h.outputs, closes[-1]))
-    assert not any(isinstance(o, p.ResponseDone) and o.stream_id == "x" for o in h.outputs)
-    assert h.of(p.ResponseDone)[0].status == p.ResponseStatus.COMPLETED  # y was untouched
+    assert not any(isinstance(o, p.ResponseFinished) and o.stream_id == "x" for o in h.outputs)
+    assert h.of(p.ResponseFinished)[0].status == p.ResponseStatus.COMPLETED  # y was untouched
     h.run_until(lambda outs: not h.core.has_work())
     assert len(h.lm.free) == 4 - 1  # both x slots are back; y keeps its own
     h.close()
@@ -353,15 +353,15 @@ def test_a_response_refused_for_want_of_a_kv_slot_still_ends():
     h.lm.free.clear()  # every KV slot taken
     h.send(p.OpenStream("s1"), p.AddItem("s1", "u1", "user", "hi"),
            p.CreateResponse("s1", "r1", "a1"))
-    h.run_until(has(p.ResponseDone))
+    h.run_until(has(p.ResponseFinished))
     err, = h.of(p.StreamError)
-    done, = h.of(p.ResponseDone)
+    done, = h.of(p.ResponseFinished)
     assert err.code == "capacity" and "slot" in err.message
     assert done.response_id == "r1" and done.status == p.ResponseStatus.FAILED
     h.lm.free.append(0)  # a slot frees up: the next response runs
     h.send(p.CreateResponse("s1", "r2", "a2"))
-    h.run_until(has(p.ResponseDone, response_id="r2"))
-    assert h.of(p.ResponseDone)[-1].status == p.ResponseStatus.COMPLETED
+    h.run_until(has(p.ResponseFinished, response_id="r2"))
+    assert h.of(p.ResponseFinished)[-1].status == p.ResponseStatus.COMPLETED
     h.close()
 
 
@@ -388,7 +388,7 @@ def test_register_voice_is_its_own_request_and_reaches_the_model_before_later_sp
     ref = p.VoiceReference(np.zeros(160, "<f4").tobytes(), 16000, "hi", "alice")
     h.send(p.OpenStream("v"), p.RegisterVoice("v", ref),
            p.Speak("v", "r1", "Hello there.", voice="alice"))
-    h.run_until(has(p.ResponseDone))
+    h.run_until(has(p.ResponseFinished))
     assert h.kinds()[0] == "VoiceRegistered" and h.of(p.VoiceRegistered)[0].name == "alice"
     assert speech.calls == ["register alice (640 bytes)", "speak 'Hello there.' as alice"]
     assert not h.of(p.StreamError)

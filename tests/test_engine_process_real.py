@@ -21,7 +21,7 @@ async def reply_text(stream, question: str) -> str:
     stream.send(p.AddItem(sid, "u", "user", question))
     stream.send(p.CreateResponse(sid, "r", "a", p.ResponseConfig(audio=False, max_output_tokens=12)))
     async for out in stream:
-        if isinstance(out, p.ResponseDone):
+        if isinstance(out, p.ResponseFinished):
             return out.text
         assert not isinstance(out, p.StreamError), out
     raise AssertionError("stream ended without a response")
@@ -36,7 +36,7 @@ async def test_killed_engine_fails_open_streams_and_comes_back():
         busy.send(p.AddItem("busy", "u", "user", "Write a long poem about the sea."))
         busy.send(p.CreateResponse("busy", "r", "a", p.ResponseConfig(max_output_tokens=200)))
         first = await asyncio.wait_for(busy.next(), 60 * TIME_FACTOR)
-        assert isinstance(first, p.TextDelta)  # mid-response
+        assert isinstance(first, p.ReplyTextDelta)  # mid-response
         pid = client.status()["pid"]
         os.kill(pid, signal.SIGKILL)
 

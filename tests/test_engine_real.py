@@ -51,7 +51,7 @@ class Driver:
                 and (stream_id is None or o.stream_id == stream_id)]
 
     def done_count(self, n: int):
-        return lambda outs: sum(isinstance(o, p.ResponseDone) for o in outs) >= n
+        return lambda outs: sum(isinstance(o, p.ResponseFinished) for o in outs) >= n
 
 
 @pytest.fixture
@@ -90,10 +90,10 @@ def test_engine_greedy_equals_transformers_generate_alone_and_batched(driver, mo
     system = llm.render_message("system", p.StreamConfig().instructions)
     for sid, q in [("solo", QUESTIONS[0])] + [(f"b{i}", q) for i, q in enumerate(QUESTIONS)]:
         prompt = system + llm.render_message("user", q) + llm.generation_header()
-        done, = driver.of(p.ResponseDone, sid)
+        done, = driver.of(p.ResponseFinished, sid)
         assert done.text == hf_greedy(models, prompt, 24), sid
         assert done.input_tokens == len(prompt)
-    assert "Paris" in driver.of(p.ResponseDone, "solo")[0].text
+    assert "Paris" in driver.of(p.ResponseFinished, "solo")[0].text
 
 
 def test_second_turn_reuses_the_cached_conversation(driver):
@@ -101,10 +101,10 @@ def test_second_turn_reuses_the_cached_conversation(driver):
     driver.send(p.OpenStream("s"), p.AddItem("s", "u1", "user", "What is the capital of France?"),
                 p.CreateResponse("s", "r1", "a1", cfg))
     driver.run_until(driver.done_count(1))
-    first = driver.of(p.ResponseDone)[0]
+    first = driver.of(p.ResponseFinished)[0]
     driver.send(p.AddItem("s", "u2", "user", "And of Italy?"), p.CreateResponse("s", "r2", "a2", cfg))
     driver.run_until(driver.done_count(2))
-    second = driver.of(p.ResponseDone)[1]
+    second = driver.of(p.ResponseFinished)[1]
     # everything up to the end of the first reply came from the cache
     assert second.cached_tokens >= first.input_tokens + first.output_tokens - 1
     assert second.input_tokens - second.cached_tokens < 20
@@ -117,7 +117,7 @@ def test_first_audio_arrives_while_the_llm_is_still_writing(driver):
                 p.CreateResponse("s", "r", "a", p.ResponseConfig(max_output_tokens=80)))
     driver.run_until(driver.done_count(1))
     kinds = [type(o).__name__ for o in driver.outputs]
-    assert kinds.index("AudioChunk") < max(i for i, k in enumerate(kinds) if k == "TextDelta")
+    assert kinds.index("AudioChunk") < max(i for i, k in enumerate(kinds) if k == "ReplyTextDelta")
     chunks = driver.of(p.AudioChunk)
     assert all(c.sample_rate == 22050 and c.text for c in chunks)
     audio = np.concatenate([np.frombuffer(c.audio, "<f4") for c in chunks])
@@ -146,8 +146,8 @@ def test_spoken_turns_on_three_streams_are_batched_and_kept_apart(driver):
     for sid in sentences:
         final, = driver.of(p.TranscriptFinal, sid)
         assert key[sid] in final.text.lower(), final.text
-        assert len(driver.of(p.SpeechStarted, sid)) == 1
-        assert len(driver.of(p.SpeechStopped, sid)) == 1
+        assert len(driver.of(p.VoiceStarted, sid)) == 1
+        assert len(driver.of(p.VoiceStopped, sid)) == 1
         # partials may lose the race to the final on a busy machine, but never cross streams
         assert all(o.item_id == final.item_id for o in driver.of(p.TranscriptPartial, sid))
 
@@ -163,5 +163,5 @@ def test_partial_transcripts_arrive_during_speech(driver):
     driver.run_until(lambda outs: any(isinstance(o, p.TranscriptFinal) for o in outs))
     kinds = [type(o).__name__ for o in driver.outputs]
     assert "TranscriptPartial" in kinds
-    assert kinds.index("TranscriptPartial") < kinds.index("SpeechStopped")
+    assert kinds.index("TranscriptPartial") < kinds.index("VoiceStopped")
     assert "kitchen" in driver.of(p.TranscriptFinal)[0].text.lower()

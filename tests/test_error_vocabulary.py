@@ -50,7 +50,7 @@ def with_sent_audio(actor: SessionActor) -> str:
     cmd, = actor.take_commands()
     audio = np.zeros(4410, "<f4").tobytes()
     actor.on_engine(ep.AudioChunk("s1", cmd.response_id, audio, 22050, 200.0, "Hi."), 0.0)
-    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.COMPLETED,
+    actor.on_engine(ep.ResponseFinished("s1", cmd.response_id, ep.ResponseStatus.COMPLETED,
                                     "Hi.", 5, 2), 0.0)
     for t in range(1, 60):
         actor.tick(t / 100)

@@ -160,7 +160,7 @@ def test_a_barge_in_mid_long_reply_discards_at_most_the_lead(sim):
     s.start_long_reply()
     s.run_until(lambda: s.heard_ms() >= 6000)
     heard = s.heard_ms()
-    s.actor.on_engine(ep.SpeechStarted("s1", 0, "item_user"), s.now)  # the user talks
+    s.actor.on_engine(ep.VoiceStarted("s1", 0, "item_user"), s.now)  # the user talks
     s.settle()
     s.run_until(lambda: s.response_done() is not None)
 

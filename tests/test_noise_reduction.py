@@ -218,22 +218,22 @@ def test_noise_alone_starts_no_turn_with_it_on(kind: str | None) -> None:
     steady noise like this, so the stand-in VAD shows what runs first.)"""
     core = _EnergyCore()
     noise = np.concatenate([pink(3.0, level=0.03, seed=6), np.zeros(RATE // 2, np.float32)])
-    config = ep.StreamConfig(turn_detection=ep.TurnDetection(silence_duration_ms=300),
+    config = ep.StreamConfig(turn_detection=ep.TurnParams(silence_duration_ms=300),
                              noise_reduction=kind)
     core.send(ep.OpenStream("s1", config), ep.AppendAudio("s1", noise.astype("<f4").tobytes()))
     core.settle()
-    assert bool(core.of(ep.SpeechStarted)) == (kind is None), core.kinds()
+    assert bool(core.of(ep.VoiceStarted)) == (kind is None), core.kinds()
 
 
 def test_speech_in_noise_still_makes_a_turn_with_it_on(speech: np.ndarray) -> None:
     core = _EnergyCore()
     audio = np.concatenate([speech + pink(len(speech) / RATE, level=0.004, seed=7),
                             np.zeros(RATE, np.float32)])
-    config = ep.StreamConfig(turn_detection=ep.TurnDetection(silence_duration_ms=500),
+    config = ep.StreamConfig(turn_detection=ep.TurnParams(silence_duration_ms=500),
                              noise_reduction="near_field")
     core.send(ep.OpenStream("s1", config), ep.AppendAudio("s1", audio.astype("<f4").tobytes()))
     core.run_until(lambda outs: any(isinstance(o, ep.TranscriptFinal) for o in outs))
-    assert core.of(ep.SpeechStarted) and core.of(ep.TranscriptFinal)[0].text == "heard"
+    assert core.of(ep.VoiceStarted) and core.of(ep.TranscriptFinal)[0].text == "heard"
 
 
 def test_manual_turn_audio_is_denoised_before_the_buffer() -> None:

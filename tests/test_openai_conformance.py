@@ -63,11 +63,11 @@ class Script:
     def reply(self, cmd: ep.CreateResponse, text: str = "Paris is the capital.",
               seconds: float = 1.0, done: bool = True) -> None:
         audio = (0.1 * np.sin(np.arange(int(22050 * seconds)) / 10)).astype("<f4")
-        self.engine(ep.TextDelta("s1", cmd.response_id, text),
+        self.engine(ep.ReplyTextDelta("s1", cmd.response_id, text),
                     ep.AudioChunk("s1", cmd.response_id, audio.tobytes(), 22050,
                                   seconds * 1000, text))
         if done:
-            self.engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.COMPLETED,
+            self.engine(ep.ResponseFinished("s1", cmd.response_id, ep.ResponseStatus.COMPLETED,
                                         text, 20, 5))
 
     def take(self) -> list[ev.ServerEvent]:
@@ -88,11 +88,11 @@ def scripted_session() -> list[ev.ServerEvent]:
         "type": "retention_ratio", "retention_ratio": 0.8,
         "token_limits": {"post_instructions": 2000}}})
     # a spoken turn, answered with audio that plays out
-    s.engine(ep.SpeechStarted("s1", 300, "item_u1"),
+    s.engine(ep.VoiceStarted("s1", 300, "item_u1"),
              ep.TranscriptPartial("s1", "item_u1", "What is"),
              ep.TranscriptPartial("s1", "item_u1", "What is the capital"))
     s.t += 1.0
-    first = response_of(s.engine(ep.SpeechStopped("s1", 2100, "item_u1")))
+    first = response_of(s.engine(ep.VoiceStopped("s1", 2100, "item_u1")))
     s.engine(ep.TranscriptFinal("s1", "item_u1", "What is the capital of France?"))
     s.reply(first)
     s.run(1.5)
@@ -109,7 +109,7 @@ def scripted_session() -> list[ev.ServerEvent]:
                                   '"Paris"}'),
              ep.FunctionCallDone("s1", call.response_id, item, 0, "call_1", "get_weather",
                                  '{"city": "Paris"}', True),
-             ep.ResponseDone("s1", call.response_id, ep.ResponseStatus.COMPLETED, "", 30, 8))
+             ep.ResponseFinished("s1", call.response_id, ep.ResponseStatus.COMPLETED, "", 30, 8))
     s.run(0.1)
     s.send(type="conversation.item.create", item={
         "type": "function_call_output", "call_id": "call_1", "output": '{"sky": "clear"}'})
@@ -120,33 +120,33 @@ def scripted_session() -> list[ev.ServerEvent]:
     s.send(type="conversation.item.create", item={
         "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]})
     text = response_of(s.send(type="response.create", response={"output_modalities": ["text"]}))
-    s.engine(ep.TextDelta("s1", text.response_id, "Hello!"),
-             ep.ResponseDone("s1", text.response_id, ep.ResponseStatus.COMPLETED, "Hello!", 5, 2))
+    s.engine(ep.ReplyTextDelta("s1", text.response_id, "Hello!"),
+             ep.ResponseFinished("s1", text.response_id, ep.ResponseStatus.COMPLETED, "Hello!", 5, 2))
     s.run(0.1)
     # a client cancel, then a client truncate of what it played
     cancelled = response_of(s.send(type="response.create"))
     s.reply(cancelled, done=False)
     s.run(0.3)
     s.send(type="response.cancel")
-    s.engine(ep.ResponseDone("s1", cancelled.response_id, ep.ResponseStatus.CANCELLED,
+    s.engine(ep.ResponseFinished("s1", cancelled.response_id, ep.ResponseStatus.CANCELLED,
                              "Paris", 20, 2))
     s.send(type="conversation.item.truncate", item_id=cancelled.item_id, content_index=0,
            audio_end_ms=200)
-    s.engine(ep.ItemTruncated("s1", cancelled.item_id, 200, "Paris"))
+    s.engine(ep.TruncationApplied("s1", cancelled.item_id, 200, "Paris"))
     # a barge-in: the server cuts at its playout clock, the client truncates after it
     interrupted = response_of(s.send(type="response.create"))
     s.reply(interrupted, done=False)
     s.run(0.5)
-    s.engine(ep.SpeechStarted("s1", 6000, "item_u2"))
-    cut = s.engine(ep.ResponseDone("s1", interrupted.response_id,
+    s.engine(ep.VoiceStarted("s1", 6000, "item_u2"))
+    cut = s.engine(ep.ResponseFinished("s1", interrupted.response_id,
                                    ep.ResponseStatus.CANCELLED, "Paris", 20, 2))
     truncate = next(c for c in cut if isinstance(c, ep.TruncateItem))
-    s.engine(ep.ItemTruncated("s1", interrupted.item_id, truncate.audio_end_ms, "Paris"))
+    s.engine(ep.TruncationApplied("s1", interrupted.item_id, truncate.audio_end_ms, "Paris"))
     s.send(type="conversation.item.truncate", item_id=interrupted.item_id, content_index=0,
            audio_end_ms=460)  # past the server's cut, within what was sent
-    s.engine(ep.ItemTruncated("s1", interrupted.item_id, truncate.audio_end_ms, "Paris"))
+    s.engine(ep.TruncationApplied("s1", interrupted.item_id, truncate.audio_end_ms, "Paris"))
     s.t += 0.8
-    after = s.engine(ep.SpeechStopped("s1", 7000, "item_u2"))
+    after = s.engine(ep.VoiceStopped("s1", 7000, "item_u2"))
     s.engine(ep.TranscriptFinal("s1", "item_u2", "Stop."))
     s.reply(response_of(after), seconds=0.3)
     s.run(0.3)

@@ -311,9 +311,9 @@ def test_engine_speaks_with_qwen3_and_cancel_stops_chunks(model_dir):
     h.core.add_input(p.OpenStream("s1", p.StreamConfig(turn_detection=None)))
     text = "Hello there, how are you today? Fine, thank you!"
     h.core.add_input(p.Speak("s1", "r1", text))
-    h.run_until(lambda outs: any(isinstance(o, p.ResponseDone) for o in outs))
+    h.run_until(lambda outs: any(isinstance(o, p.ResponseFinished) for o in outs))
     chunks = h.of(p.AudioChunk, "r1")
-    (done,) = h.of(p.ResponseDone, "r1")
+    (done,) = h.of(p.ResponseFinished, "r1")
     assert done.status == p.ResponseStatus.COMPLETED and done.text == text
     assert chunks and all(c.sample_rate == 24000 for c in chunks)
     spf = stage.samples_per_frame
@@ -326,7 +326,7 @@ def test_engine_speaks_with_qwen3_and_cancel_stops_chunks(model_dir):
     h.core.add_input(p.CancelResponse("s1"))
     n = len(h.outputs)
     h.outputs.extend(h.core.step())
-    (done,) = h.of(p.ResponseDone, "r2")
+    (done,) = h.of(p.ResponseFinished, "r2")
     assert done.status == p.ResponseStatus.CANCELLED
     h.run_until(lambda outs: not h.core.has_work() and not stage.has_work(), timeout=10.0)
     assert not [o for o in h.outputs[n:] if isinstance(o, p.AudioChunk)]

@@ -264,8 +264,8 @@ def test_engine_speaks_a_reply_as_one_stream_as_the_llm_writes_it(engine):
     h = engine
     h.core.add_input(p.AddItem("s1", "u1", "user", "talk"))
     h.core.add_input(p.CreateResponse("s1", "r1", "a1"))
-    h.run_until(lambda outs: any(isinstance(o, p.ResponseDone) for o in outs), timeout=60)
-    (done,) = h.of(p.ResponseDone, "r1")
+    h.run_until(lambda outs: any(isinstance(o, p.ResponseFinished) for o in outs), timeout=60)
+    (done,) = h.of(p.ResponseFinished, "r1")
     chunks = h.of(p.AudioChunk, "r1")
     assert done.status == p.ResponseStatus.COMPLETED and chunks
     (job,) = h.starts  # one speech job for the whole reply ...
@@ -290,7 +290,7 @@ def test_engine_cancel_and_truncate_mid_reply(engine):
                 timeout=60)
     h.core.add_input(p.CancelResponse("s1"))
     h.outputs.extend(h.core.step())
-    (done,) = h.of(p.ResponseDone, "r1")
+    (done,) = h.of(p.ResponseFinished, "r1")
     assert done.status == p.ResponseStatus.CANCELLED
     n = len(h.outputs)
     h.run_until(lambda outs: not h.core.has_work() and not h.stage.has_work(), timeout=10)
@@ -302,15 +302,15 @@ def test_engine_cancel_and_truncate_mid_reply(engine):
     spoken = " ".join(c.text for c in heard if c.text)
     assert spoken and done.text.startswith(spoken) and len(spoken) < len(done.text)
     h.core.add_input(p.TruncateItem("s1", "a1", heard_ms))
-    h.run_until(lambda outs: any(isinstance(o, p.ItemTruncated) for o in outs))
-    (trunc,) = [o for o in h.outputs if isinstance(o, p.ItemTruncated)]
+    h.run_until(lambda outs: any(isinstance(o, p.TruncationApplied) for o in outs))
+    (trunc,) = [o for o in h.outputs if isinstance(o, p.TruncationApplied)]
     assert trunc.audio_end_ms == heard_ms
     assert trunc.text and spoken.startswith(trunc.text)
     assert h.core.streams["s1"].conversation.find("a1").text == trunc.text
     # The next reply is a new stream of its own and runs to the end.
     h.core.add_input(p.AddItem("s1", "u2", "user", "and"))
     h.core.add_input(p.CreateResponse("s1", "r2", "a2"))
-    h.run_until(lambda outs: any(isinstance(o, p.ResponseDone) and o.response_id == "r2"
+    h.run_until(lambda outs: any(isinstance(o, p.ResponseFinished) and o.response_id == "r2"
                                  for o in outs), timeout=60)
     assert len(h.starts) == 2 and h.starts[1].more_text
 

@@ -282,7 +282,7 @@ async def test_a_realtime_session_speaks_with_a_registered_voice(client, engine)
             out = await handle.next()
             if isinstance(out, p.AudioChunk):
                 got.append(np.frombuffer(out.audio, dtype="<f4"))
-            elif isinstance(out, p.ResponseDone):
+            elif isinstance(out, p.ResponseFinished):
                 break
         await handle.aclose()
         chunks.append(np.concatenate(got))

@@ -128,8 +128,8 @@ def test_a_video_response_sends_create_video_and_ends_after_the_video():
     rid = a.response.response.id
     started = [e for e in a.take_events() if isinstance(e, ev.VideoStarted)]
     assert [(e.response_id, e.video_id, e.fps) for e in started] == [(rid, cv.video_id, 16)]
-    a.on_engine(ep.TextDelta("stream_1", rid, "hi"), 1.1)
-    a.on_engine(ep.ResponseDone("stream_1", rid, ep.ResponseStatus.COMPLETED, ""), 1.2)
+    a.on_engine(ep.ReplyTextDelta("stream_1", rid, "hi"), 1.1)
+    a.on_engine(ep.ResponseFinished("stream_1", rid, ep.ResponseStatus.COMPLETED, ""), 1.2)
     a.tick(5.0)
     assert a.response is not None  # the reply is done, its video is not
     pixels = frames(33, h=16, w=32).tobytes()
@@ -156,7 +156,7 @@ def test_cancel_sends_cancel_video_and_ends_the_video_at_once():
     assert [(d.video_id, d.status) for d in done] == [(cv.video_id, "cancelled")]
     pixels = frames(33, h=16, w=32).tobytes()  # a chunk already on its way is not shown
     a.on_engine(ep.VideoChunk("stream_1", cv.video_id, pixels, 33, 16, 32, 1, 2, False), 2.1)
-    a.on_engine(ep.ResponseDone("stream_1", rid, ep.ResponseStatus.CANCELLED, ""), 2.2)
+    a.on_engine(ep.ResponseFinished("stream_1", rid, ep.ResponseStatus.CANCELLED, ""), 2.2)
     out = a.take_events()
     assert not [e for e in out if isinstance(e, ev.VideoChunk)]
     assert next(e for e in out if isinstance(e, ev.ResponseDone)).response.status == "cancelled"
@@ -183,7 +183,7 @@ def test_no_video_model_the_engine_refusal_names_the_setting_and_the_session_liv
     a.on_engine(ep.StreamError("stream_1", NO_VIDEO_MODEL, ep.ErrorCode.INVALID_VALUE), 1.1)
     a.on_engine(ep.VideoDone("stream_1", cv.video_id, ep.ResponseStatus.FAILED,
                              NO_VIDEO_MODEL), 1.1)
-    a.on_engine(ep.ResponseDone("stream_1", rid, ep.ResponseStatus.COMPLETED, ""), 1.2)
+    a.on_engine(ep.ResponseFinished("stream_1", rid, ep.ResponseStatus.COMPLETED, ""), 1.2)
     a.tick(1.3)
     out = a.take_events()
     error = next(e for e in out if isinstance(e, ev.ErrorEvent))

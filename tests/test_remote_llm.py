@@ -47,12 +47,12 @@ class Harness(CoreDriver):
         super().__init__()
         self.core = make_remote_core(self.woke.set, url, **kw)
 
-    def dones(self) -> list[p.ResponseDone]:
-        return self.of(p.ResponseDone)
+    def dones(self) -> list[p.ResponseFinished]:
+        return self.of(p.ResponseFinished)
 
 
 def n_done(n: int):
-    return lambda outs: sum(isinstance(o, p.ResponseDone) for o in outs) >= n
+    return lambda outs: sum(isinstance(o, p.ResponseFinished) for o in outs) >= n
 
 
 def start(h: Harness, text: str = "what is the weather", **cfg: object) -> None:
@@ -111,7 +111,7 @@ def test_a_reply_streams_into_speech_before_the_server_finishes(server):
     done, = h.dones()
     assert done.status == p.ResponseStatus.COMPLETED
     assert done.text == "Sure, it is sunny. In Paris today."
-    assert "".join(o.text for o in h.of(p.TextDelta)) == done.text
+    assert "".join(o.text for o in h.of(p.ReplyTextDelta)) == done.text
     assert (done.input_tokens, done.output_tokens) == (42, 4)  # the server's usage
     assert done.first_token_ms is not None and done.first_token_ms > 0
     body = fake.bodies[0]
@@ -127,7 +127,7 @@ def test_cancel_closes_the_http_stream_and_the_next_turn_works(server):
     fake.plan.append(Reply(text=["One, ", "two, "] + ["more "] * 200, delay=0.05))
     h = Harness(url)
     start(h)
-    h.run_until(lambda outs: any(isinstance(o, p.TextDelta) for o in outs))
+    h.run_until(lambda outs: any(isinstance(o, p.ReplyTextDelta) for o in outs))
     h.send(p.CancelResponse("s1"))
     h.run_until(n_done(1))
     assert h.dones()[0].status == p.ResponseStatus.CANCELLED
@@ -148,8 +148,8 @@ def test_truncation_rewrites_what_the_next_request_sends(server):
     h.run_until(n_done(1))
     first = h.of(p.AudioChunk)[0]
     h.send(p.TruncateItem("s1", "a1", math.ceil(first.duration_ms)))  # all of the first chunk
-    h.run_until(lambda outs: any(isinstance(o, p.ItemTruncated) for o in outs))
-    heard = h.of(p.ItemTruncated)[0].text
+    h.run_until(lambda outs: any(isinstance(o, p.TruncationApplied) for o in outs))
+    heard = h.of(p.TruncationApplied)[0].text
     assert heard == first.text.strip() and "rain" not in heard
     h.send(p.AddItem("s1", "u2", "user", "and then?"), p.CreateResponse("s1", "r2", "a2"))
     h.run_until(n_done(2))
@@ -250,7 +250,7 @@ def test_a_function_call_streams_as_deltas_and_its_output_reaches_the_next_reque
                                                                  "get_weather")}
     done, = h.of(p.FunctionCallDone)
     assert (done.arguments, done.completed) == ('{"city": "Paris"}', True)
-    assert h.kinds().index("FunctionCallDone") < h.kinds().index("ResponseDone")
+    assert h.kinds().index("FunctionCallDone") < h.kinds().index("ResponseFinished")
     assert fake.bodies[0]["tools"] == [WEATHER]
     assert fake.bodies[0]["tool_choice"] == {"type": "function",
                                              "function": {"name": "get_weather"}}

@@ -42,30 +42,30 @@ class Engine(CoreDriver):
         self.system = len(self.lm.render_message("system", p.DEFAULT_INSTRUCTIONS))
         self.header = len(self.lm.generation_header())
 
-    def turn(self, n: int) -> p.ResponseDone:
+    def turn(self, n: int) -> p.ResponseFinished:
         """A user message and the reply to it; the reply's ResponseDone."""
         self.send(p.AddItem("s1", f"u{n}", "user", turn_text(n)),
                   p.CreateResponse("s1", f"r{n}", f"a{n}", p.ResponseConfig(audio=False)))
-        self.run_until(has(p.ResponseDone, response_id=f"r{n}"))
-        return next(o for o in self.of(p.ResponseDone) if o.response_id == f"r{n}")
+        self.run_until(has(p.ResponseFinished, response_id=f"r{n}"))
+        return next(o for o in self.of(p.ResponseFinished) if o.response_id == f"r{n}")
 
-    def conversation_tokens(self, done: p.ResponseDone) -> int:
+    def conversation_tokens(self, done: p.ResponseFinished) -> int:
         return done.input_tokens - self.system - self.header
 
 
-def run_turns(truncation: p.Truncation, turns: int = 12) -> tuple[Engine, list[p.ResponseDone]]:
+def run_turns(truncation: p.Truncation, turns: int = 12) -> tuple[Engine, list[p.ResponseFinished]]:
     h = Engine(truncation)
     dones = [h.turn(n) for n in range(turns)]
     assert all(d.status == p.ResponseStatus.COMPLETED for d in dones)
     return h, dones
 
 
-def reread(dones: list[p.ResponseDone], i: int) -> bool:
+def reread(dones: list[p.ResponseFinished], i: int) -> bool:
     """Response i's prompt did not find all of the previous prompt in the KV cache."""
     return dones[i].cached_tokens < dones[i - 1].input_tokens
 
 
-def cache_misses(dones: list[p.ResponseDone]) -> int:
+def cache_misses(dones: list[p.ResponseFinished]) -> int:
     return sum(reread(dones, i) for i in range(1, len(dones)))
 
 

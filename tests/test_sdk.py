@@ -116,11 +116,11 @@ def test_wire_peer_round_trips_commands_and_events() -> None:
     from voxline.realtime.wire_client import parse_command
     from voxline.sessions.items import ContentPart, MessageItem
 
-    commands = [cmd.AppendAudio(audio=b"\x01\x02"), cmd.TruncateItem(item_id="i", audio_end_ms=5),
-                cmd.CancelResponse(), cmd.CommitAudio(event_id="e1"),
-                cmd.CreateItem(item=MessageItem(id="m", role="user", content=[
+    commands = [cmd.InputAudioAppend(audio=b"\x01\x02"), cmd.ItemTruncate(item_id="i", audio_end_ms=5),
+                cmd.ResponseCancel(), cmd.InputAudioCommit(event_id="e1"),
+                cmd.ItemCreate(item=MessageItem(id="m", role="user", content=[
                     ContentPart(type="input_text", text="hi")])),
-                cmd.CreateResponse(overrides=cmd.ResponseOverrides(instructions="brief"))]
+                cmd.ResponseCreate(overrides=cmd.ResponseOverrides(instructions="brief"))]
     for command in commands:
         assert parse_command(render_command(command)) == command
     events = [ev.AudioDelta(response_id="r", item_id="i", delta=b"\xff\x00"),

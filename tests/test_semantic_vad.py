@@ -76,7 +76,7 @@ def _pause(det: TurnDetector) -> float:
 
 
 def test_detector_takes_whichever_verdict_comes_first_and_forgets_both_when_speech_resumes():
-    det = TurnDetector(p.TurnDetection(eagerness="medium"), pause_ms=160)
+    det = TurnDetector(p.TurnParams(eagerness="medium"), pause_ms=160)
     t = _pause(det)
     det.hear(0.95)  # the model answers before the transcript
     assert det.silence_ms == eot.SILENCE_MS["medium"][Ending.COMPLETE]
@@ -88,7 +88,7 @@ def test_detector_takes_whichever_verdict_comes_first_and_forgets_both_when_spee
 
 
 def test_a_pause_being_judged_waits_for_a_witness_and_a_failed_verdict_leaves_the_words():
-    det = TurnDetector(p.TurnDetection(eagerness="auto"), pause_ms=160)
+    det = TurnDetector(p.TurnParams(eagerness="auto"), pause_ms=160)
     _pause(det)
     det.expect_sound()
     assert det.silence_ms == eot.SILENCE_MS["auto"][Ending.INCOMPLETE]
@@ -99,7 +99,7 @@ def test_a_pause_being_judged_waits_for_a_witness_and_a_failed_verdict_leaves_th
 
 
 def test_server_vad_ignores_the_model():
-    det = TurnDetector(p.TurnDetection(silence_duration_ms=500), pause_ms=160)
+    det = TurnDetector(p.TurnParams(silence_duration_ms=500), pause_ms=160)
     _pause(det)
     det.hear(0.99)
     assert det.silence_ms == 500
@@ -147,7 +147,7 @@ class TurnHarness(CoreDriver):
 ])
 def test_semantic_vad_in_the_engine_combines_words_and_sound(text, probability, pause_s, ends):
     h = TurnHarness(text, probability)
-    h.send(p.OpenStream("s1", p.StreamConfig(turn_detection=p.TurnDetection(eagerness="high"))))
+    h.send(p.OpenStream("s1", p.StreamConfig(turn_detection=p.TurnParams(eagerness="high"))))
     feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.2)]))
     stream = h.core.streams["s1"]
     det = stream.input.detector
@@ -155,7 +155,7 @@ def test_semantic_vad_in_the_engine_combines_words_and_sound(text, probability, 
         stream.input.utterance.pause_text is not None
         and (probability is None or det.heard is not None)))
     feed(h, silence(pause_s - 0.2))
-    assert bool(h.of(p.SpeechStopped)) == ends
+    assert bool(h.of(p.VoiceStopped)) == ends
     if h.model is not None:
         assert h.model.calls == 1 and all(n.startswith("voxline-eot") for n in h.model.threads)  # off the loop
     h.close()
@@ -163,19 +163,19 @@ def test_semantic_vad_in_the_engine_combines_words_and_sound(text, probability, 
 
 def test_a_failed_verdict_leaves_the_pause_to_the_words():
     h = TurnHarness("Paris is nice", 0.95, broken=True)  # NEUTRAL: 500 ms at high
-    h.send(p.OpenStream("s1", p.StreamConfig(turn_detection=p.TurnDetection(eagerness="high"))))
+    h.send(p.OpenStream("s1", p.StreamConfig(turn_detection=p.TurnParams(eagerness="high"))))
     feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.2)]))
     stream = h.core.streams["s1"]
     h.run_until(lambda _: h.model.calls == 1 and not h.core.table.has_work())
     assert stream.input.detector.heard is None
     feed(h, silence(0.5))
-    assert h.of(p.SpeechStopped)
+    assert h.of(p.VoiceStopped)
     h.close()
 
 
 def test_a_verdict_on_a_pause_that_speech_resumed_is_void():
     h = TurnHarness("Paris is nice", 0.95)
-    h.send(p.OpenStream("s1", p.StreamConfig(turn_detection=p.TurnDetection(eagerness="high"))))
+    h.send(p.OpenStream("s1", p.StreamConfig(turn_detection=p.TurnParams(eagerness="high"))))
     feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.2), tone(0.1)]))
     stream = h.core.streams["s1"]
     h.run_until(lambda _: not h.core.table.has_work())
@@ -185,7 +185,7 @@ def test_a_verdict_on_a_pause_that_speech_resumed_is_void():
 
 def test_server_vad_queues_no_model_work():
     h = TurnHarness("Paris is nice", 0.95)
-    h.send(p.OpenStream("s1", p.StreamConfig(turn_detection=p.TurnDetection())))
+    h.send(p.OpenStream("s1", p.StreamConfig(turn_detection=p.TurnParams())))
     feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.8)]))
     h.run_until(lambda outs: any(isinstance(o, p.TranscriptFinal) for o in outs))
     assert h.model.calls == 0

@@ -39,9 +39,9 @@ def test_audio_is_paced_and_response_done_waits_for_the_last_frame():
     cmd = start_response(actor)
     assert names(actor.take_events()) == ["ResponseCreated", "OutputItemAdded", "ItemAdded",
                                           "ContentPartAdded"]
-    actor.on_engine(ep.TextDelta("s1", cmd.response_id, "Hello there."), 0.1)
+    actor.on_engine(ep.ReplyTextDelta("s1", cmd.response_id, "Hello there."), 0.1)
     actor.on_engine(one_second_chunk(cmd.response_id), 0.1)
-    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.COMPLETED,
+    actor.on_engine(ep.ResponseFinished("s1", cmd.response_id, ep.ResponseStatus.COMPLETED,
                                     "Hello there.", 10, 3), 0.1)
     first = actor.take_events()
     deltas = [e for e in first if isinstance(e, ev.AudioDelta)]
@@ -63,17 +63,17 @@ def test_audio_is_paced_and_response_done_waits_for_the_last_frame():
 def test_barge_in_cancels_then_truncates_to_what_was_heard():
     actor = make_actor(lead_ms=200)
     cmd = start_response(actor)
-    actor.on_engine(ep.TextDelta("s1", cmd.response_id, "Hello there."), 0.0)
+    actor.on_engine(ep.ReplyTextDelta("s1", cmd.response_id, "Hello there."), 0.0)
     actor.on_engine(one_second_chunk(cmd.response_id), 0.0)
     for t in np.arange(0.0, 0.5, 0.02):
         actor.tick(float(t))
     actor.take_events()
-    actor.on_engine(ep.SpeechStarted("s1", 4000, "item_user"), 0.5)
+    actor.on_engine(ep.VoiceStarted("s1", 4000, "item_user"), 0.5)
     cmds = actor.take_commands()
     assert [type(c) for c in cmds] == [ep.CancelResponse]
     actor.tick(0.6)
     assert not [e for e in actor.take_events() if isinstance(e, ev.AudioDelta)]  # silence at once
-    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.CANCELLED,
+    actor.on_engine(ep.ResponseFinished("s1", cmd.response_id, ep.ResponseStatus.CANCELLED,
                                     "Hello there.", 10, 3), 0.61)
     done = [e for e in actor.take_events() if isinstance(e, ev.ResponseDone)][0]
     assert done.response.status == "cancelled"
@@ -92,13 +92,13 @@ def test_client_cancel_racing_a_barge_in_is_not_an_error():
     actor.on_engine(one_second_chunk(cmd.response_id), 0.0)
     actor.tick(0.2)
     actor.take_events()
-    actor.on_engine(ep.SpeechStarted("s1", 4000, "item_user"), 0.3)
+    actor.on_engine(ep.VoiceStarted("s1", 4000, "item_user"), 0.3)
     assert [type(c) for c in actor.take_commands()] == [ep.CancelResponse]
     actor.take_events()
     actor.receive(parse_command('{"type": "response.cancel"}'), 0.31)
     assert not [e for e in actor.take_events() if isinstance(e, ev.ErrorEvent)]
     assert actor.take_commands() == []  # the engine was told once
-    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.CANCELLED,
+    actor.on_engine(ep.ResponseFinished("s1", cmd.response_id, ep.ResponseStatus.CANCELLED,
                                     "", 10, 3), 0.32)
     done = [e for e in actor.take_events() if isinstance(e, ev.ResponseDone)][0]
     assert done.response.status_details.reason == "turn_detected"
@@ -113,7 +113,7 @@ def test_client_cancel_racing_a_barge_in_is_not_an_error():
     assert err.error.code == "response_cancel_not_active"
     actor.take_commands()  # the barge-in's truncation
     cmd2 = start_response(actor, 0.5)
-    actor.on_engine(ep.ResponseDone("s1", cmd2.response_id, ep.ResponseStatus.COMPLETED,
+    actor.on_engine(ep.ResponseFinished("s1", cmd2.response_id, ep.ResponseStatus.COMPLETED,
                                     "", 10, 3), 0.51)
     actor.take_events()
     actor.receive(parse_command('{"type": "response.cancel", "event_id": "late2"}'), 0.6)
@@ -175,7 +175,7 @@ def play(actor: SessionActor, until: float, t: float = 0.0, step: float = 0.01) 
 
 def audio_response(actor: SessionActor) -> ep.CreateResponse:
     cmd = start_response(actor)
-    actor.on_engine(ep.TextDelta("s1", cmd.response_id, "Hello there."), 0.0)
+    actor.on_engine(ep.ReplyTextDelta("s1", cmd.response_id, "Hello there."), 0.0)
     actor.on_engine(one_second_chunk(cmd.response_id), 0.0)
     return cmd
 
@@ -193,13 +193,13 @@ def test_client_cancel_then_truncate_gives_one_truncation_and_no_error():
     assert sum(isinstance(e, ev.AudioDelta) for e in events) == 6  # 240 ms sent
     actor.receive(parse_command('{"type": "response.cancel"}'), 0.05)
     assert [type(c) for c in actor.take_commands()] == [ep.CancelResponse]
-    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.CANCELLED,
+    actor.on_engine(ep.ResponseFinished("s1", cmd.response_id, ep.ResponseStatus.CANCELLED,
                                     "Hello there.", 10, 3), 0.06)
     assert actor.take_commands() == []  # the client owns playback: no truncation of our own
     truncate(actor, cmd.item_id, 200, "t1", 0.07)
     trunc, = actor.take_commands()
     assert isinstance(trunc, ep.TruncateItem) and trunc.audio_end_ms == 200
-    actor.on_engine(ep.ItemTruncated("s1", cmd.item_id, 200, "Hello"), 0.08)
+    actor.on_engine(ep.TruncationApplied("s1", cmd.item_id, 200, "Hello"), 0.08)
     events = actor.take_events()
     assert names(events).count("ItemTruncated") == 1 and "ErrorEvent" not in names(events)
     # a truncate past the audio sent is the client's mistake, named with its event id
@@ -213,13 +213,13 @@ def test_truncate_after_server_barge_in_is_accepted_and_clamped_by_the_engine():
     actor = make_actor(lead_ms=200)
     cmd = audio_response(actor)
     play(actor, 0.5)  # 700 ms sent, 500 played
-    actor.on_engine(ep.SpeechStarted("s1", 4000, "item_user"), 0.5)
+    actor.on_engine(ep.VoiceStarted("s1", 4000, "item_user"), 0.5)
     actor.take_commands()
-    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.CANCELLED,
+    actor.on_engine(ep.ResponseFinished("s1", cmd.response_id, ep.ResponseStatus.CANCELLED,
                                     "Hello there.", 10, 3), 0.51)
     server_cut, = actor.take_commands()
     assert isinstance(server_cut, ep.TruncateItem) and 450 <= server_cut.audio_end_ms <= 520
-    actor.on_engine(ep.ItemTruncated("s1", cmd.item_id, server_cut.audio_end_ms, "Hello"), 0.52)
+    actor.on_engine(ep.TruncationApplied("s1", cmd.item_id, server_cut.audio_end_ms, "Hello"), 0.52)
     actor.take_events()
     truncate(actor, cmd.item_id, 690, "late", 0.6)  # what the client received, past our cut
     assert "ErrorEvent" not in names(actor.take_events())
@@ -230,10 +230,10 @@ def test_client_truncate_during_barge_in_replaces_the_server_cut():
     actor = make_actor(lead_ms=200)
     cmd = audio_response(actor)
     play(actor, 0.5)
-    actor.on_engine(ep.SpeechStarted("s1", 4000, "item_user"), 0.5)
+    actor.on_engine(ep.VoiceStarted("s1", 4000, "item_user"), 0.5)
     truncate(actor, cmd.item_id, 650, "t1", 0.5)  # pipecat / openai-agents do this at once
     assert [type(c) for c in actor.take_commands()] == [ep.CancelResponse, ep.TruncateItem]
-    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.CANCELLED,
+    actor.on_engine(ep.ResponseFinished("s1", cmd.response_id, ep.ResponseStatus.CANCELLED,
                                     "Hello there.", 10, 3), 0.51)
     assert actor.take_commands() == []
     assert "ErrorEvent" not in names(actor.take_events())
@@ -246,7 +246,7 @@ def test_output_audio_buffer_started_is_paired_with_stopped_or_cleared():
     err, = actor.take_events()  # nothing has played yet
     assert err.error.event_id == "c0"
     cmd = audio_response(actor)
-    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.COMPLETED,
+    actor.on_engine(ep.ResponseFinished("s1", cmd.response_id, ep.ResponseStatus.COMPLETED,
                                     "Hello there.", 10, 3), 0.0)
     events = actor.take_events() + play(actor, 1.5)
     order = [n for n in names(events) if n.startswith("OutputAudioBuffer") or n == "ResponseDone"]
@@ -257,7 +257,7 @@ def test_output_audio_buffer_started_is_paired_with_stopped_or_cleared():
     # barge-in clears, and the cleared buffer is not reported as stopped later
     second = audio_response(actor)
     events = actor.take_events() + play(actor, 1.8, t=1.5)
-    actor.on_engine(ep.SpeechStarted("s1", 4000, "item_user"), 1.8)
+    actor.on_engine(ep.VoiceStarted("s1", 4000, "item_user"), 1.8)
     events += actor.take_events() + play(actor, 3.0, t=1.8)
     order = [n for n in names(events) if n.startswith("OutputAudioBuffer")]
     assert order == ["OutputAudioBufferStarted", "OutputAudioBufferCleared"]
@@ -274,11 +274,11 @@ def test_input_transcription_deltas_only_append():
         '{"type": "session.update", "session": {"type": "realtime", "audio": {"input": '
         '{"transcription": {"model": "moonshine"}}}}}'), 0.0)
     actor.take_events()
-    actor.on_engine(ep.SpeechStarted("s1", 0, "item_u"), 0.0)
+    actor.on_engine(ep.VoiceStarted("s1", 0, "item_u"), 0.0)
     for i, hyp in enumerate(["What is the capital?", "What is the capital", "What is the",
                              "What is the capital of", "What is the capital of"]):
         actor.on_engine(ep.TranscriptPartial("s1", "item_u", hyp), 0.1 * i)
-    actor.on_engine(ep.SpeechStopped("s1", 2000, "item_u"), 1.0)
+    actor.on_engine(ep.VoiceStopped("s1", 2000, "item_u"), 1.0)
     actor.on_engine(ep.TranscriptFinal("s1", "item_u", "What is the capital of France?"), 1.1)
     events = actor.take_events()
     deltas = [e.delta for e in events if isinstance(e, ev.InputTranscriptionDelta)]
@@ -361,8 +361,8 @@ def test_the_stream_config_names_the_reply_the_session_asks_for_at_a_turn_end():
     auto = update.config.auto_response
     assert auto is not None and auto.voice == "ash" and auto.instructions is None
     # the speech_stopped response carries exactly that config, so the engine can release it
-    actor.on_engine(ep.SpeechStarted("s1", 100, "item_u"), 0.0)
-    actor.on_engine(ep.SpeechStopped("s1", 900, "item_u"), 1.0)
+    actor.on_engine(ep.VoiceStarted("s1", 100, "item_u"), 0.0)
+    actor.on_engine(ep.VoiceStopped("s1", 900, "item_u"), 1.0)
     create, = [c for c in actor.take_commands() if isinstance(c, ep.CreateResponse)]
     assert create.config == auto
     # no auto response, no speculation
@@ -378,12 +378,12 @@ def test_a_reply_generated_in_full_but_cut_off_while_it_plays_is_cancelled():
     then cuts what the client hears, and response.done says so (pipecat relies on it)."""
     actor = make_actor(lead_ms=200)
     cmd = start_response(actor)
-    actor.on_engine(ep.TextDelta("s1", cmd.response_id, "Hello there."), 0.1)
+    actor.on_engine(ep.ReplyTextDelta("s1", cmd.response_id, "Hello there."), 0.1)
     actor.on_engine(one_second_chunk(cmd.response_id), 0.1)
-    actor.on_engine(ep.ResponseDone("s1", cmd.response_id, ep.ResponseStatus.COMPLETED,
+    actor.on_engine(ep.ResponseFinished("s1", cmd.response_id, ep.ResponseStatus.COMPLETED,
                                     "Hello there.", 10, 3), 0.1)
     actor.take_events()
-    actor.on_engine(ep.SpeechStarted("s1", 400, "item_u"), 0.4)  # mid-playout
+    actor.on_engine(ep.VoiceStarted("s1", 400, "item_u"), 0.4)  # mid-playout
     actor.tick(0.41)
     done, = [e for e in actor.take_events() if isinstance(e, ev.ResponseDone)]
     assert done.response.status == "cancelled"

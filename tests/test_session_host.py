@@ -195,12 +195,12 @@ async def test_call_inbox_reads_client_events_ahead_of_queued_mic_frames():
     from voxline.realtime.webrtc import CallInbox
 
     inbox = CallInbox(events_limit=2, audio_limit=3)
-    frames = [cmd.AppendAudio(audio=bytes([i])) for i in range(3)]
+    frames = [cmd.InputAudioAppend(audio=bytes([i])) for i in range(3)]
     for frame in frames:
         await inbox.put_audio(frame)  # the mic's bound is full...
-    cancel, update = cmd.CancelResponse(), cmd.UpdateSession(changes={"instructions": "x"})
+    cancel, update = cmd.ResponseCancel(), cmd.SessionUpdate(changes={"instructions": "x"})
     assert inbox.offer(cancel) and inbox.offer(update)  # ...yet a control event still fits
-    assert not inbox.offer(cmd.CommitAudio())  # past the events' own bound: refused
+    assert not inbox.offer(cmd.InputAudioCommit())  # past the events' own bound: refused
     items = inbox.items()
     assert [await anext(items) for _ in range(5)] == [cancel, update, *frames]
     waiting = asyncio.ensure_future(anext(items))  # nothing queued: the reader waits...
@@ -235,7 +235,7 @@ async def test_sdk_session_whose_reader_stops_ends_with_a_clear_reason():
         reason = f"client is not reading: {OUTBOX_LIMIT} events unread (limit {OUTBOX_LIMIT})"
         with pytest.raises(SessionError, match=re.escape(reason)):
             for _ in range(100_000):  # each one is answered by an error event nobody reads
-                await transport.send(cmd.RetrieveItem(item_id="nope"))
+                await transport.send(cmd.ItemRetrieve(item_id="nope"))
         assert transport.end_reason == reason
         events = [e async for e in transport.events()]  # what was queued is still there
         assert len(events) == OUTBOX_LIMIT
@@ -261,7 +261,7 @@ async def test_sdk_session_whose_reader_keeps_reading_is_never_ended():
 
         reader = asyncio.create_task(read())
         for _ in range(count):
-            await transport.send(cmd.RetrieveItem(item_id="nope"))
+            await transport.send(cmd.ItemRetrieve(item_id="nope"))
         await asyncio.wait_for(reader, 60 * TIME_FACTOR)
         assert errors == count and transport.end_reason is None
         await transport.close()

@@ -83,9 +83,9 @@ async def session():
 
 async def test_barge_in_cancels_truncates_and_answers_the_new_turn(session):
     client, actor = session
-    client.do(cmd.AppendAudio(audio=speech()))
+    client.do(cmd.InputAudioAppend(audio=speech()))
     first = await client.until(lambda e: isinstance(e, ev.AudioDelta))
-    client.do(cmd.AppendAudio(audio=speech(0.5)))  # talk over the reply
+    client.do(cmd.InputAudioAppend(audio=speech(0.5)))  # talk over the reply
     done = await client.until(lambda e: isinstance(e, ev.ResponseDone)
                               and e.response.id == first.response_id)
     assert done.response.status == "cancelled"
@@ -107,24 +107,24 @@ async def test_barge_in_cancels_truncates_and_answers_the_new_turn(session):
 
 async def test_manual_turns_truncate_items_and_buffer_clear(session):
     client, actor = session
-    client.do(cmd.UpdateSession(changes={"audio": {"input": {
+    client.do(cmd.SessionUpdate(changes={"audio": {"input": {
         "turn_detection": None, "transcription": {"model": "any"}}}}))
     await client.until(lambda e: isinstance(e, ev.SessionUpdated))
-    client.do(cmd.AppendAudio(audio=speech(0.5, 0.1)), cmd.CommitAudio(event_id="c1"))
+    client.do(cmd.InputAudioAppend(audio=speech(0.5, 0.1)), cmd.InputAudioCommit(event_id="c1"))
     final = await client.until(lambda e: isinstance(e, ev.InputTranscriptionCompleted))
     assert final.transcript == "hello there friend"
-    client.do(cmd.CreateResponse())
+    client.do(cmd.ResponseCreate())
     first = await client.until(lambda e: isinstance(e, ev.AudioDelta))
     await client.until(lambda e: isinstance(e, ev.AudioDelta) and e is not first)
-    client.do(cmd.CancelResponse(event_id="cancel"))
+    client.do(cmd.ResponseCancel(event_id="cancel"))
     done = await client.until(lambda e: isinstance(e, ev.ResponseDone))
     assert done.response.status == "cancelled"
     assert not client.of(ev.ItemTruncated)  # after a client cancel the client truncates
-    client.do(cmd.TruncateItem(item_id=first.item_id, audio_end_ms=40, event_id="t"))
+    client.do(cmd.ItemTruncate(item_id=first.item_id, audio_end_ms=40, event_id="t"))
     cut = await client.until(lambda e: isinstance(e, ev.ItemTruncated))
     assert cut.audio_end_ms == 40
-    client.do(cmd.CreateItem(item=_user_text("u2", "and then?")),
-              cmd.DeleteItem(item_id="u2"), cmd.ClearOutputAudio())
+    client.do(cmd.ItemCreate(item=_user_text("u2", "and then?")),
+              cmd.ItemDelete(item_id="u2"), cmd.OutputAudioClear())
     await client.until(lambda e: isinstance(e, ev.ItemDeleted))
     await client.until(lambda e: isinstance(e, ev.OutputAudioBufferCleared)
                        and client.events.index(e) > client.events.index(done))
@@ -133,7 +133,7 @@ async def test_manual_turns_truncate_items_and_buffer_clear(session):
 
 async def test_idle_timeout_commits_an_empty_turn_and_answers(session):
     client, actor = session
-    client.do(cmd.UpdateSession(changes={"audio": {"input": {"turn_detection": {
+    client.do(cmd.SessionUpdate(changes={"audio": {"input": {"turn_detection": {
         "type": "server_vad", "idle_timeout_ms": 300}}}}))
     timeout = await client.until(lambda e: isinstance(e, ev.InputAudioTimeoutTriggered))
     committed = await client.until(lambda e: isinstance(e, ev.InputAudioCommitted))

@@ -67,24 +67,24 @@ def test_a_resumed_turn_is_one_item_with_the_whole_transcript_and_one_reply():
     h.send(p.OpenStream("s1", CFG))
     feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.25)]))
     h.run_until(has(p.Speculation, outcome="started"))
-    assert not h.of(p.SpeechStopped) and not h.of(p.TextDelta)
+    assert not h.of(p.VoiceStopped) and not h.of(p.ReplyTextDelta)
     # the user goes on: the speculation is dropped, the turn continues as one item
     feed(h, np.concatenate([tone(0.5), silence(0.25)]))
     h.run_until(lambda _: outcomes(h) == ["started", "discarded", "started"])
     feed(h, silence(0.55))
     h.run_until(has(p.TranscriptFinal))
     h.send(p.CreateResponse("s1", "r1", "a1", AUTO))
-    h.run_until(has(p.ResponseDone))
-    started, = h.of(p.SpeechStarted)
-    stopped, = h.of(p.SpeechStopped)
+    h.run_until(has(p.ResponseFinished))
+    started, = h.of(p.VoiceStarted)
+    stopped, = h.of(p.VoiceStopped)
     final, = h.of(p.TranscriptFinal)
     assert started.item_id == stopped.item_id == final.item_id
     assert final.text == "book a table for four people please."
     # the second pause speculated again, and that reply is the one released
     assert outcomes(h) == ["started", "discarded", "started", "committed"]
-    done, = h.of(p.ResponseDone)
+    done, = h.of(p.ResponseFinished)
     assert done.response_id == "r1" and done.status == p.ResponseStatus.COMPLETED
-    assert {o.response_id for o in h.of(p.TextDelta) + h.of(p.AudioChunk)} == {"r1"}
+    assert {o.response_id for o in h.of(p.ReplyTextDelta) + h.of(p.AudioChunk)} == {"r1"}
     items = h.core.streams["s1"].conversation.items
     assert [(i.item_id, i.role) for i in items] == [(final.item_id, "user"), ("a1", "assistant")]
     assert items[0].text == final.text and items[1].text == done.text
@@ -103,7 +103,7 @@ def _dropped_turn(speculate: bool):
     h = harness(stop_after=6, step_seconds=0.01, speculate_after_ms=160 if speculate else 0)
     h.send(p.OpenStream("s1", CFG), p.AddItem("s1", "u0", "user", "an earlier question"),
            p.CreateResponse("s1", "r0", "a0", AUTO))
-    h.run_until(has(p.ResponseDone, response_id="r0"))
+    h.run_until(has(p.ResponseFinished, response_id="r0"))
     feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.25)]))
     if speculate:
         h.run_until(lambda _: (run := speculating(h)) is not None
@@ -133,17 +133,17 @@ def test_held_output_is_never_sent_before_the_turn_ends_and_then_goes_out_at_onc
                 and run.tts_job is None)
     feed(h, silence(0.4))
     h.run_until(has(p.TranscriptFinal))
-    assert not [o for o in h.outputs if isinstance(o, p.TextDelta | p.AudioChunk | p.ResponseDone)]
+    assert not [o for o in h.outputs if isinstance(o, p.ReplyTextDelta | p.AudioChunk | p.ResponseFinished)]
     h.send(p.CreateResponse("s1", "r1", "a1", AUTO))
     released = h.core.step()
     kinds = [type(o).__name__ for o in released]
     assert kinds[0] == "Speculation" and released[0].outcome == "committed"
-    assert "TextDelta" in kinds and "AudioChunk" in kinds  # released at once, not regenerated
+    assert "ReplyTextDelta" in kinds and "AudioChunk" in kinds  # released at once, not regenerated
     h.outputs.extend(released)
-    h.run_until(has(p.ResponseDone))
-    assert {o.response_id for o in h.of(p.TextDelta) + h.of(p.AudioChunk)} == {"r1"}
-    done, = h.of(p.ResponseDone)
-    assert done.text == "".join(o.text for o in h.of(p.TextDelta)).strip()
+    h.run_until(has(p.ResponseFinished))
+    assert {o.response_id for o in h.of(p.ReplyTextDelta) + h.of(p.AudioChunk)} == {"r1"}
+    done, = h.of(p.ResponseFinished)
+    assert done.text == "".join(o.text for o in h.of(p.ReplyTextDelta)).strip()
     spoken = " ".join(o.text for o in h.of(p.AudioChunk))
     assert spoken.split() == done.text.split()  # every word spoken once, in order
     h.close()
@@ -158,9 +158,9 @@ def test_a_different_response_discards_the_speculation_and_runs_as_asked():
     h.run_until(has(p.TranscriptFinal))
     other = p.ResponseConfig(instructions="Answer in French.", voice="alloy")
     h.send(p.CreateResponse("s1", "r1", "a1", other))
-    h.run_until(has(p.ResponseDone))
+    h.run_until(has(p.ResponseFinished))
     assert outcomes(h) == ["started", "discarded"]
-    done, = h.of(p.ResponseDone)
+    done, = h.of(p.ResponseFinished)
     assert done.status == p.ResponseStatus.COMPLETED and done.output_tokens == 4
     roles = [i.role for i in h.core.streams["s1"].conversation.items]
     assert roles == ["user", "assistant"]  # the user item stayed: it is the turn's own
@@ -178,10 +178,10 @@ def test_barge_in_on_a_reply_released_from_a_speculation():
     h.run_until(has(p.AudioChunk))
     assert outcomes(h) == ["started", "committed"]
     feed(h, tone(0.3))  # the user speaks over the reply; the session cancels it
-    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.SpeechStarted)]) == 2)
+    h.run_until(lambda outs: len([o for o in outs if isinstance(o, p.VoiceStarted)]) == 2)
     h.send(p.CancelResponse("s1"))
     h.outputs.extend(h.core.step())
-    done, = h.of(p.ResponseDone)
+    done, = h.of(p.ResponseFinished)
     assert done.status == p.ResponseStatus.CANCELLED
     n = len(h.outputs)
     feed(h, silence(0.3))
@@ -224,7 +224,7 @@ def test_semantic_turn_detector_waits_by_the_words(eagerness):
     assert incomplete == {"low": 8000, "medium": 4000, "auto": 4000, "high": 2000}[eagerness]
 
     def stop_after_silence(transcript: str | None) -> float:
-        det = TurnDetector(p.TurnDetection(eagerness=eagerness), pause_ms=160)
+        det = TurnDetector(p.TurnParams(eagerness=eagerness), pause_ms=160)
         t = 0.0
         for _ in range(20):  # 640 ms of speech
             det.update(1.0, t, 32)
@@ -243,7 +243,7 @@ def test_semantic_turn_detector_waits_by_the_words(eagerness):
 
 
 def test_server_vad_keeps_its_exact_silence_window_whatever_the_words():
-    det = TurnDetector(p.TurnDetection(silence_duration_ms=500), pause_ms=160)
+    det = TurnDetector(p.TurnParams(silence_duration_ms=500), pause_ms=160)
     t = 0.0
     for _ in range(20):
         det.update(1.0, t, 32)
@@ -270,11 +270,11 @@ def test_semantic_vad_in_the_engine_holds_a_trailing_clause_and_ends_a_question(
     """eagerness high: a question ends after 250 ms of silence; "... a table for" waits
     its 2 s, so a 1 s pause does not cut the user off."""
     h = Harness(asr_text=text, speculate_after_ms=0)
-    h.send(p.OpenStream("s1", p.StreamConfig(turn_detection=p.TurnDetection(eagerness="high"))))
+    h.send(p.OpenStream("s1", p.StreamConfig(turn_detection=p.TurnParams(eagerness="high"))))
     feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.2)]))
     stream = h.core.streams["s1"]
     h.run_until(lambda _: stream.input.utterance is None
                 or stream.input.utterance.pause_text is not None)
     feed(h, silence(pause_s - 0.2))
-    assert bool(h.of(p.SpeechStopped)) == ends
+    assert bool(h.of(p.VoiceStopped)) == ends
     h.close()

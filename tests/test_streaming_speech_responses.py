@@ -74,8 +74,8 @@ def test_a_reply_is_one_job_fed_segment_by_segment():
     h = harness()
     h.send(p.OpenStream("s1", p.StreamConfig(turn_detection=None)),
            p.AddItem("s1", "u1", "user", "talk"), p.CreateResponse("s1", "r1", "a1"))
-    h.run_until(has(p.ResponseDone))
-    (done,) = h.of(p.ResponseDone)
+    h.run_until(has(p.ResponseFinished))
+    (done,) = h.of(p.ResponseFinished)
     kinds = [c[0] for c in h.tts.calls]
     assert kinds[0] == "start" and kinds[-1] == "end" and kinds.count("start") == 1
     assert kinds.count("end") == 1 and kinds.count("append") >= 1
@@ -97,8 +97,8 @@ def test_a_speculative_reply_feeds_only_its_first_segment_until_committed():
     feed(h, silence(0.55))
     h.run_until(has(p.TranscriptFinal))
     h.send(p.CreateResponse("s1", "r1", "a1", AUTO))
-    h.run_until(has(p.ResponseDone))
-    (done,) = h.of(p.ResponseDone)
+    h.run_until(has(p.ResponseFinished))
+    (done,) = h.of(p.ResponseFinished)
     assert outcomes(h) == ["started", "committed"]
     kinds = [c[0] for c in h.tts.calls]
     assert kinds[0] == "start" and kinds.count("start") == 1 and kinds[-1] == "end"

@@ -111,7 +111,7 @@ def test_bridge_frames_marks_and_truncates_at_the_last_mark_played() -> None:
     bridge.on_twilio(tw.Mark("MZ1", marks[1]))
     out, commands = bridge.on_event(ev.OutputAudioBufferCleared(response_id="resp_1"))
     assert out == [{"event": "clear", "streamSid": "MZ1"}]
-    assert commands == [cmd.TruncateItem(item_id="item_a", audio_end_ms=80)]
+    assert commands == [cmd.ItemTruncate(item_id="item_a", audio_end_ms=80)]
     # Twilio echoes the marks the clear dropped (never heard); the reply is cut once
     bridge.on_twilio(tw.Mark("MZ1", marks[2]))
     assert bridge.on_event(ev.OutputAudioBufferCleared(response_id="resp_1"))[1] == []
@@ -121,12 +121,12 @@ def test_bridge_maps_start_parameters_and_refuses_other_formats() -> None:
     bridge = TwilioBridge()
     commands = bridge.on_twilio(tw.Start("MZ1", "CA1", "AC1", "audio/x-mulaw", 8000, 1, (),
                                          {"instructions": "Be brief.", "voice": "ash"}))
-    assert commands == [cmd.UpdateSession(changes={"instructions": "Be brief.", "audio": {
+    assert commands == [cmd.SessionUpdate(changes={"instructions": "Be brief.", "audio": {
         "output": {"voice": "ash"}}}, event_id="twilio_start")]
     with pytest.raises(tw.TwilioMessageError, match="only audio/x-mulaw 8000 Hz mono"):
         bridge.on_twilio(tw.Start("MZ1", "CA1", "AC1", "audio/x-l16", 16000, 1))
     assert bridge.on_twilio(tw.Dtmf("MZ1", "5")) == []
-    assert bridge.on_twilio(tw.Media("MZ1", b"\x7f" * 160)) == [cmd.AppendAudio(audio=b"\x7f" * 160)]
+    assert bridge.on_twilio(tw.Media("MZ1", b"\x7f" * 160)) == [cmd.InputAudioAppend(audio=b"\x7f" * 160)]
 
 
 # ------------------------------------------------------- calls over stand-in models

@@ -79,15 +79,15 @@ def counting_turn(warm: bool, speculate_after_ms: float = 0):
     d = e.driver
     d.send(p.OpenStream("s1", CFG), p.AddItem("s1", "u0", "user", "an earlier question"),
            p.CreateResponse("s1", "r0", "a0", AUTO))
-    d.run_until(has(p.ResponseDone, response_id="r0"))
+    d.run_until(has(p.ResponseFinished, response_id="r0"))
     n = len(d.outputs)
     speak_with_partial(e)
     mid_turn = d.outputs[n:], slot_state(e)
     feed(d, np.concatenate([tone(0.6), silence(0.7)]))
     d.run_until(has(p.TranscriptFinal))
     d.send(p.CreateResponse("s1", "r1", "a1", AUTO))
-    d.run_until(has(p.ResponseDone, response_id="r1"))
-    done = d.of(p.ResponseDone)[-1]
+    d.run_until(has(p.ResponseFinished, response_id="r1"))
+    done = d.of(p.ResponseFinished)[-1]
     stream = e.core.streams["s1"]
     cache = list(e.lm.cache[stream.slot.index])
     state = slot_state(e), cache
@@ -104,8 +104,8 @@ def test_the_reply_reuses_the_warm_prefill_and_ends_as_a_plain_prefill_would(spe
     assert items == cold_mid[0] and [role for role, _, _ in items] == ["user", "assistant"]
     assert len(slot_tokens) > len(cold_mid[1])
     assert not [o for o in mid_outputs
-                if isinstance(o, p.TextDelta | p.AudioChunk | p.Speculation | p.StreamError
-                              | p.ResponseDone)]
+                if isinstance(o, p.ReplyTextDelta | p.AudioChunk | p.Speculation | p.StreamError
+                              | p.ResponseFinished)]
     # the reply: same text, same conversation, same cache as without warm prefill
     assert state == cold_state
     assert (done.text, done.input_tokens, done.status) == (
@@ -126,7 +126,7 @@ def test_a_discarded_warm_prefill_leaves_the_slot_as_if_it_never_ran():
         d = e.driver
         d.send(p.OpenStream("s1", CFG), p.AddItem("s1", "u0", "user", "an earlier question"),
                p.CreateResponse("s1", "r0", "a0", AUTO))
-        d.run_until(has(p.ResponseDone, response_id="r0"))
+        d.run_until(has(p.ResponseFinished, response_id="r0"))
         before = slot_state(e)
         speak_with_partial(e)
         if warm:
@@ -145,7 +145,7 @@ def test_a_dropped_speculation_that_adopted_a_warm_prefill_undoes_both():
     d = e.driver
     d.send(p.OpenStream("s1", CFG), p.AddItem("s1", "u0", "user", "an earlier question"),
            p.CreateResponse("s1", "r0", "a0", AUTO))
-    d.run_until(has(p.ResponseDone, response_id="r0"))
+    d.run_until(has(p.ResponseFinished, response_id="r0"))
     before = slot_state(e)
     speak_with_partial(e)
     feed(d, silence(0.25))  # a pause: the speculation starts from the warm tokens
@@ -244,8 +244,8 @@ def real_turn(make, warm: bool):
     feed(d, np.concatenate([tone(0.6), silence(0.7)]))
     d.run_until(has(p.TranscriptFinal))
     d.send(p.CreateResponse("s1", "r1", "a1", AUTO))
-    d.run_until(has(p.ResponseDone, response_id="r1"))
-    done = d.of(p.ResponseDone)[-1]
+    d.run_until(has(p.ResponseFinished, response_id="r1"))
+    done = d.of(p.ResponseFinished)[-1]
     stream = e.core.streams["s1"]
     items, tokens = slot_state(e)
     n = len(tokens)

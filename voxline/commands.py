@@ -24,11 +24,11 @@ FEED_MS = 20  # converse feeds its input in wire-sized chunks
 TRAILING_SILENCE_S = 1.0  # so server VAD sees the end of the question
 # converse's default: semantic VAD (the end-of-turn model with the transcript rules); the
 # /v1/realtime protocol's own default stays OpenAI's server_vad 500 ms
-CONVERSE_TURN_DETECTION = {"semantic_vad": p.TurnDetection(eagerness="auto"),
-                           "server_vad": p.TurnDetection()}
+CONVERSE_TURN_DETECTION = {"semantic_vad": p.TurnParams(eagerness="auto"),
+                           "server_vad": p.TurnParams()}
 
 
-def trailing_silence_s(td: p.TurnDetection) -> float:
+def trailing_silence_s(td: p.TurnParams) -> float:
     """Silence fed after the question: past the longest pause that can end its turn."""
     if td.eagerness is None:
         return TRAILING_SILENCE_S
@@ -54,7 +54,7 @@ class TurnResult:
 
 async def converse_turn(client: object, audio16k: np.ndarray, *, stream_id: str = "converse",
                         seed: int | None = None, realtime: bool = False,
-                        turn_detection: p.TurnDetection | None = None) -> TurnResult:
+                        turn_detection: p.TurnParams | None = None) -> TurnResult:
     """One spoken turn through an engine client: feed audio, answer the detected question
     (turns detected by `turn_detection`, server VAD's defaults when None).
 
@@ -66,7 +66,7 @@ async def converse_turn(client: object, audio16k: np.ndarray, *, stream_id: str 
 
     assert isinstance(client, EngineClient)
     result = TurnResult()
-    td = turn_detection or p.TurnDetection()
+    td = turn_detection or p.TurnParams()
     stream = await client.open_stream(stream_id, p.StreamConfig(turn_detection=td,
                                                                 transcribe_partials=False))
     tail = np.zeros(int(trailing_silence_s(td) * p.INPUT_RATE), np.float32)
@@ -95,7 +95,7 @@ async def converse_turn(client: object, audio16k: np.ndarray, *, stream_id: str 
     try:
         async for out in stream:
             match out:
-                case p.SpeechStopped():
+                case p.VoiceStopped():
                     stopped_at = time.perf_counter()
                     speech_end_at = fed_at(out.audio_end_ms) if realtime else None
                 case p.TranscriptFinal(text=text) if text and not result.transcript:
@@ -110,7 +110,7 @@ async def converse_turn(client: object, audio16k: np.ndarray, *, stream_id: str 
                             result.speech_end_to_first_audio_ms = (now - speech_end_at) * 1000
                     result.audio.append(np.frombuffer(out.audio, dtype="<f4"))
                     result.sample_rate = out.sample_rate
-                case p.ResponseDone():
+                case p.ResponseFinished():
                     result.reply, result.status = out.text, out.status.name.lower()
                     result.llm_ms, result.tts_ms = out.llm_ms, out.tts_ms
                     break

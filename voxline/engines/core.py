@@ -278,7 +278,7 @@ class EngineCore:
 
     def _refuse_response(self, stream: StreamState, msg: p.CreateResponse | p.Speak) -> bool:
         """Admission by capacity: past `max_responses` in progress, a new response fails at
-        once (an error naming the limit, then its `ResponseDone`), so its caller never waits
+        once (an error naming the limit, then its `ResponseFinished`), so its caller never waits
         on a reply that will not come and the running ones keep their pace."""
         if self.responses.in_progress() < self.max_responses:
             return False
@@ -286,7 +286,7 @@ class EngineCore:
         self._error(stream.external_id, f"the engine is generating its limit of "
                     f"{self.max_responses} responses at once; try again shortly",
                     p.ErrorCode.SERVER_BUSY)
-        self._outputs.append(p.ResponseDone(stream.external_id, msg.response_id,
+        self._outputs.append(p.ResponseFinished(stream.external_id, msg.response_id,
                                             p.ResponseStatus.FAILED, ""))
         return True
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from voxline.engines.protocol import INPUT_RATE, TurnDetection
+from voxline.engines.protocol import INPUT_RATE, TurnParams
 from voxline.engines.stage import RequestRefused
 from voxline.engines.turn_detector import TurnDetector, TurnEvent, TurnState
 from voxline.engines.vad_stage import FRAME_MS
@@ -92,7 +92,7 @@ TurnUpdate = TurnStarted | TurnStopped | TurnPaused | TurnResumed | PartialDue
 
 
 class InputAudio:
-    def __init__(self, turn_detection: TurnDetection | None,
+    def __init__(self, turn_detection: TurnParams | None,
                  max_utterance_ms: float = MAX_UTTERANCE_MS, pause_ms: float = 0.0) -> None:
         """`pause_ms`: report `TurnPaused` after a pause this long within a turn (0: never)."""
         self.pause_ms = pause_ms
@@ -102,10 +102,10 @@ class InputAudio:
         self.history: deque[np.ndarray] = deque(maxlen=64)  # recent frames (prefix padding)
         self.utterance: Utterance | None = None
 
-    def _detector(self, params: TurnDetection | None) -> TurnDetector | None:
+    def _detector(self, params: TurnParams | None) -> TurnDetector | None:
         return TurnDetector(params, self.pause_ms) if params else None
 
-    def configure(self, turn_detection: TurnDetection | None) -> None:
+    def configure(self, turn_detection: TurnParams | None) -> None:
         if self.detector is None or turn_detection != self.detector.params:
             self.detector = self._detector(turn_detection)
 

@@ -26,7 +26,7 @@ DEFAULT_INSTRUCTIONS = (
 )
 
 
-class TurnDetection(msgspec.Struct, frozen=True):
+class TurnParams(msgspec.Struct, frozen=True):
     """Server-VAD parameters (OpenAI Realtime defaults).
 
     With `eagerness` set (``low``, ``medium``, ``high`` or ``auto``) the turn is detected
@@ -86,7 +86,7 @@ class StreamConfig(msgspec.Struct, frozen=True):
     """How a stream runs. `turn_detection=None` means the client commits audio itself."""
 
     instructions: str = DEFAULT_INSTRUCTIONS
-    turn_detection: TurnDetection | None = TurnDetection()
+    turn_detection: TurnParams | None = TurnParams()
     transcribe_partials: bool = True
     partial_interval_ms: int = 1000
     temperature: float = 0.0
@@ -297,13 +297,13 @@ EngineInput = (
 # ---------------------------------------------------------------------------- outputs
 
 
-class SpeechStarted(msgspec.Struct, tag=True, frozen=True):
+class VoiceStarted(msgspec.Struct, tag=True, frozen=True):
     stream_id: str
     audio_start_ms: int
     item_id: str
 
 
-class SpeechStopped(msgspec.Struct, tag=True, frozen=True):
+class VoiceStopped(msgspec.Struct, tag=True, frozen=True):
     stream_id: str
     audio_end_ms: int
     item_id: str
@@ -324,7 +324,7 @@ class TranscriptFinal(msgspec.Struct, tag=True, frozen=True):
     asr_ms: float = 0.0  # time the ASR model spent on this utterance
 
 
-class TextDelta(msgspec.Struct, tag=True, frozen=True):
+class ReplyTextDelta(msgspec.Struct, tag=True, frozen=True):
     stream_id: str
     response_id: str
     text: str
@@ -346,7 +346,7 @@ class FunctionCallDelta(msgspec.Struct, tag=True, frozen=True):
 
 
 class FunctionCallDone(msgspec.Struct, tag=True, frozen=True):
-    """A function call is complete (sent before the response's `ResponseDone`); when the
+    """A function call is complete (sent before the response's `ResponseFinished`); when the
     response completed, the call is in the conversation as a `function_call` item."""
 
     stream_id: str
@@ -378,7 +378,7 @@ class ResponseStatus(enum.IntEnum):
     FAILED = 4
 
 
-class ResponseDone(msgspec.Struct, tag=True, frozen=True):
+class ResponseFinished(msgspec.Struct, tag=True, frozen=True):
     stream_id: str
     response_id: str
     status: ResponseStatus
@@ -415,7 +415,7 @@ class VideoDone(msgspec.Struct, tag=True, frozen=True):
     error: str = ""
 
 
-class ItemTruncated(msgspec.Struct, tag=True, frozen=True):
+class TruncationApplied(msgspec.Struct, tag=True, frozen=True):
     stream_id: str
     item_id: str
     audio_end_ms: int
@@ -495,16 +495,16 @@ class StreamClosed(msgspec.Struct, tag=True, frozen=True):
 
 
 EngineOutput = (
-    SpeechStarted
-    | SpeechStopped
+    VoiceStarted
+    | VoiceStopped
     | TranscriptPartial
     | TranscriptFinal
-    | TextDelta
+    | ReplyTextDelta
     | FunctionCallDelta
     | FunctionCallDone
     | AudioChunk
-    | ResponseDone
-    | ItemTruncated
+    | ResponseFinished
+    | TruncationApplied
     | Speculation
     | VoiceRegistered
     | StreamError

@@ -6,7 +6,7 @@ A response is one `ResponseRun` on a stream: an LLM `GenerationRequest` (none fo
 segments waiting for (or being spoken by) the TTS stage, one at a time in order; a
 stage that takes streaming text speaks the whole reply as one job, each segment appended
 to it as it closes (one talker stream per reply, no fresh prefill per clause).
-It ends with exactly one `ResponseDone`, when the LLM has finished and the last
+It ends with exactly one `ResponseFinished`, when the LLM has finished and the last
 segment has been spoken, or at once when cancelled; after that nothing of it is sent.
 A reply that produced tokens joins the conversation with the exact tokens sampled and
 the audio spans that spoke them, which is what `truncate` cuts.
@@ -216,7 +216,7 @@ class Responses:
             self.warm.adopt(stream)  # its tokens are this reply's prompt so far
         run = self._new_run(stream, msg.config, msg.response_id, msg.item_id)
         if run is None:  # refused (the error says why): the response ends at once
-            self._emit(p.ResponseDone(stream.external_id, msg.response_id,
+            self._emit(p.ResponseFinished(stream.external_id, msg.response_id,
                                       p.ResponseStatus.FAILED, ""))
             return
         self._runs[sid] = run
@@ -347,7 +347,7 @@ class Responses:
         run.response_id, run.item_id = msg.response_id, msg.item_id
         self._emit(p.Speculation(stream.external_id, p.SpeculationOutcome.COMMITTED))
         for out in spec.held:
-            if isinstance(out, p.TextDelta | p.AudioChunk):
+            if isinstance(out, p.ReplyTextDelta | p.AudioChunk):
                 out = msgspec.structs.replace(out, response_id=msg.response_id)
             self._emit(out)
         self.finish_if_done(stream)
@@ -432,7 +432,7 @@ class Responses:
             delta = text[len(response.emitted):]
             if delta:
                 response.emitted = text
-                self._send(response, p.TextDelta(stream.external_id, response.response_id, delta))
+                self._send(response, p.ReplyTextDelta(stream.external_id, response.response_id, delta))
                 if response.config.audio:
                     response.tts_queue.extend(response.chunker.push(delta))
         for index, call in enumerate(req.calls):
@@ -561,7 +561,7 @@ class Responses:
     def cancel(self, stream: StreamState) -> None:
         msg = self._deferred.pop(stream.internal_id, None)
         if msg is not None:
-            self._emit(p.ResponseDone(stream.external_id, msg.response_id,
+            self._emit(p.ResponseFinished(stream.external_id, msg.response_id,
                                       p.ResponseStatus.CANCELLED, ""))
             return
         response = self._runs.get(stream.internal_id)
@@ -571,7 +571,7 @@ class Responses:
         self.finish_if_done(stream, p.ResponseStatus.CANCELLED)
 
     def abort(self, stream: StreamState) -> None:
-        """The stream is closing: stop its response without a `ResponseDone`."""
+        """The stream is closing: stop its response without a `ResponseFinished`."""
         self.discard_speculation(stream)
         run = self._runs.pop(stream.internal_id, None)
         if run is not None:
@@ -600,7 +600,7 @@ class Responses:
         text = response.emitted.strip()
         del self._runs[stream.internal_id]
         if req is None:
-            self._emit(p.ResponseDone(stream.external_id, response.response_id, status, text,
+            self._emit(p.ResponseFinished(stream.external_id, response.response_id, status, text,
                                       tts_ms=response.tts_ms))
             return
         if req.generated:
@@ -616,7 +616,7 @@ class Responses:
                                           index, call.call_id, call.name, call.arguments,
                                           status == p.ResponseStatus.COMPLETED))
         output_tokens = req.reported_output_tokens
-        self._emit(p.ResponseDone(
+        self._emit(p.ResponseFinished(
             stream.external_id, response.response_id, status, text,
             input_tokens=req.prompt_tokens,
             output_tokens=len(req.generated) if output_tokens is None else output_tokens,
@@ -638,7 +638,7 @@ class Responses:
         except ItemNotFound:
             # a reply cancelled before its first token never joined the conversation:
             # nothing was said, so nothing is left to cut
-            self._emit(p.ItemTruncated(stream.external_id, msg.item_id, 0, ""))
+            self._emit(p.TruncationApplied(stream.external_id, msg.item_id, 0, ""))
             return
         if item.role != "assistant":
             self._error(stream, f"truncate: item {msg.item_id!r} is a {item.role} message; "
@@ -651,4 +651,4 @@ class Responses:
             self.conversation_changed(stream)
             item = stream.conversation.set_text(msg.item_id, text)
         item.spans = spans
-        self._emit(p.ItemTruncated(stream.external_id, msg.item_id, end_ms, text))
+        self._emit(p.TruncationApplied(stream.external_id, msg.item_id, end_ms, text))

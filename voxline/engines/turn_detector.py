@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass
 
 from voxline.engines import end_of_turn
-from voxline.engines.protocol import TurnDetection
+from voxline.engines.protocol import TurnParams
 
 # Hysteresis: once speaking, a frame only counts as silence below threshold - margin
 # (Silero's own recommendation), so breathy word endings don't split an utterance.
@@ -40,7 +40,7 @@ class TurnDetector:
     turn detector (`end_of_turn.decide`) from the words said (`judge`) and, when an
     end-of-turn model runs, how the speaker sounds (`hear`), whichever comes first."""
 
-    params: TurnDetection
+    params: TurnParams
     pause_ms: float = 0.0
     state: TurnState = TurnState.SILENCE
     speech_start_ms: float = 0.0

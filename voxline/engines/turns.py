@@ -2,7 +2,7 @@
 
 Each stream's audio goes to the VAD stage (server turn detection) or straight into its
 manual-commit buffer. VAD frames drive the stream's `InputAudio`, whose turn events
-become `SpeechStarted`/`SpeechStopped` and ASR jobs: partials while the user speaks, a
+become `VoiceStarted`/`VoiceStopped` and ASR jobs: partials while the user speaks, a
 pause transcript when a pause lasts `pause_ms`, and the final one when the turn ends.
 
 A turn's final transcript comes from exactly one job: the final job, or the pause job
@@ -146,10 +146,10 @@ class Turns:
         match turn:
             case TurnStarted():
                 self.responses.discard_speculation(stream)  # (a lingering one: never asked for)
-                self._emit(p.SpeechStarted(sid, int(turn.audio_start_ms), turn.utterance.item_id))
+                self._emit(p.VoiceStarted(sid, int(turn.audio_start_ms), turn.utterance.item_id))
             case TurnStopped():
                 utt = turn.utterance
-                self._emit(p.SpeechStopped(sid, int(turn.audio_end_ms), utt.item_id))
+                self._emit(p.VoiceStopped(sid, int(turn.audio_end_ms), utt.item_id))
                 if utt.pause_text is not None:  # no speech since the pause: it is the final
                     self._final_transcript(stream, utt.item_id, utt.pause_text, utt.pause_asr_ms)
                 elif utt.pause_asr:  # the pause transcript becomes the final when it lands

@@ -65,7 +65,7 @@ def settings_from_session(doc: Any, base: SessionSettings | None = None, *,
                           transcription: TranscriptionSupport = MOONSHINE) -> SessionSettings:
     """A GA `session` object as settings, checked as `session.update` would (ProtocolError)."""
     update = parse_command({"type": "session.update", "session": doc})
-    assert isinstance(update, cmd.UpdateSession)
+    assert isinstance(update, cmd.SessionUpdate)
     settings = (base or SessionSettings()).apply(update.changes)
     check_supported(settings, "session", tools_supported=tools_supported,
                     transcription=transcription)

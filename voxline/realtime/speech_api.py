@@ -241,7 +241,7 @@ class SpeechSynthesis:
                 audio = self._resample(np.frombuffer(out.audio, dtype="<f4"), out.sample_rate)
                 if len(audio):
                     return self._count(audio)
-            elif isinstance(out, p.ResponseDone):
+            elif isinstance(out, p.ResponseFinished):
                 self._done = True
                 if out.status != p.ResponseStatus.COMPLETED:
                     raise AudioAPIError(500, f"speech synthesis ended with status "

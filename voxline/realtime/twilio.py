@@ -75,7 +75,7 @@ class TwilioBridge:
             case tw.Media():
                 if msg.track not in ("inbound", "inbound_track"):
                     return []
-                return [cmd.AppendAudio(audio=msg.payload)] if msg.payload else []
+                return [cmd.InputAudioAppend(audio=msg.payload)] if msg.payload else []
             case tw.Mark():
                 played = self._marks.pop(msg.name, None)
                 if played is not None:
@@ -110,7 +110,7 @@ class TwilioBridge:
             validate_session({"type": "realtime", **changes})
         except ProtocolError as exc:
             raise tw.TwilioMessageError(f"start.customParameters: {exc}") from None
-        return [cmd.UpdateSession(changes=changes, event_id="twilio_start")]
+        return [cmd.SessionUpdate(changes=changes, event_id="twilio_start")]
 
     # -- session -> Twilio ----------------------------------------------------------
 
@@ -143,7 +143,7 @@ class TwilioBridge:
         if heard >= int(self._sent_ms.get(item, 0.0)):
             return []
         logger.info("%s: barge-in, reply %s heard to %d ms", self.ids, item, heard)
-        return [cmd.TruncateItem(item_id=item, audio_end_ms=heard)]
+        return [cmd.ItemTruncate(item_id=item, audio_end_ms=heard)]
 
     def _log(self, event: ev.ServerEvent) -> None:
         if isinstance(event, ev.ErrorEvent):

@@ -147,7 +147,7 @@ class CallInbox:
                  audio_limit: int = MIC_FRAMES_LIMIT) -> None:
         self._events: deque[Incoming] = deque()
         self._events_limit = events_limit
-        self._audio: asyncio.Queue[cmd.AppendAudio] = asyncio.Queue(audio_limit)
+        self._audio: asyncio.Queue[cmd.InputAudioAppend] = asyncio.Queue(audio_limit)
         self._ready = asyncio.Event()
         self._ended = False
 
@@ -163,7 +163,7 @@ class CallInbox:
         self._ready.set()
         return True
 
-    async def put_audio(self, frame: cmd.AppendAudio) -> None:
+    async def put_audio(self, frame: cmd.InputAudioAppend) -> None:
         if not self._ended:  # the session no longer reads audio
             await self._audio.put(frame)
             self._ready.set()
@@ -276,7 +276,7 @@ class Call:
         except ProtocolError as exc:
             self._offer(exc)
             return
-        if isinstance(command, cmd.AppendAudio):
+        if isinstance(command, cmd.InputAudioAppend):
             self._offer(ProtocolError("input_audio_buffer.append: on a WebRTC call the "
                                       "microphone track carries the audio", code="invalid_value",
                                       event_id=command.event_id, param="audio"))
@@ -293,7 +293,7 @@ class Call:
                 frame = await track.recv()
             except MediaStreamError:
                 return
-            await self._inbox.put_audio(cmd.AppendAudio(audio=mono_pcm16(frame)))
+            await self._inbox.put_audio(cmd.InputAudioAppend(audio=mono_pcm16(frame)))
 
     def _on_connection_state(self) -> None:
         state = self.pc.connectionState

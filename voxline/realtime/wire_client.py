@@ -295,8 +295,8 @@ class SessionUpdate(ClientEventBase):
     def dialect_hint(self) -> Dialect | None:
         return self.session.dialect_hint()
 
-    def to_command(self) -> cmd.UpdateSession:
-        return cmd.UpdateSession(changes=self.session.changes(), event_id=self.event_id)
+    def to_command(self) -> cmd.SessionUpdate:
+        return cmd.SessionUpdate(changes=self.session.changes(), event_id=self.event_id)
 
 
 class InputAudioBufferAppend(ClientEventBase):
@@ -305,27 +305,27 @@ class InputAudioBufferAppend(ClientEventBase):
     type: Literal["input_audio_buffer.append"]
     audio: str
 
-    def to_command(self) -> cmd.AppendAudio:
+    def to_command(self) -> cmd.InputAudioAppend:
         try:
             audio = b64decode_audio(self.audio)
         except AudioFormatError as exc:
             raise ProtocolError(f"input_audio_buffer.append: {exc}", code="invalid_value",
                                 param="audio", event_id=self.event_id) from exc
-        return cmd.AppendAudio(audio=audio, event_id=self.event_id)
+        return cmd.InputAudioAppend(audio=audio, event_id=self.event_id)
 
 
 class InputAudioBufferCommit(ClientEventBase):
     type: Literal["input_audio_buffer.commit"]
 
-    def to_command(self) -> cmd.CommitAudio:
-        return cmd.CommitAudio(event_id=self.event_id)
+    def to_command(self) -> cmd.InputAudioCommit:
+        return cmd.InputAudioCommit(event_id=self.event_id)
 
 
 class InputAudioBufferClear(ClientEventBase):
     type: Literal["input_audio_buffer.clear"]
 
-    def to_command(self) -> cmd.ClearAudio:
-        return cmd.ClearAudio(event_id=self.event_id)
+    def to_command(self) -> cmd.InputAudioClear:
+        return cmd.InputAudioClear(event_id=self.event_id)
 
 
 class ConversationItemCreate(ClientEventBase):
@@ -336,8 +336,8 @@ class ConversationItemCreate(ClientEventBase):
     def dialect_hint(self) -> Dialect | None:
         return self.item.dialect_hint() if isinstance(self.item, MessageItemWire) else None
 
-    def to_command(self) -> cmd.CreateItem:
-        return cmd.CreateItem(item=_item(self.item), previous_item_id=self.previous_item_id,
+    def to_command(self) -> cmd.ItemCreate:
+        return cmd.ItemCreate(item=_item(self.item), previous_item_id=self.previous_item_id,
                               event_id=self.event_id)
 
 
@@ -345,8 +345,8 @@ class ConversationItemRetrieve(ClientEventBase):
     type: Literal["conversation.item.retrieve"]
     item_id: str
 
-    def to_command(self) -> cmd.RetrieveItem:
-        return cmd.RetrieveItem(item_id=self.item_id, event_id=self.event_id)
+    def to_command(self) -> cmd.ItemRetrieve:
+        return cmd.ItemRetrieve(item_id=self.item_id, event_id=self.event_id)
 
 
 class ConversationItemTruncate(ClientEventBase):
@@ -357,8 +357,8 @@ class ConversationItemTruncate(ClientEventBase):
     content_index: Milliseconds
     audio_end_ms: Milliseconds
 
-    def to_command(self) -> cmd.TruncateItem:
-        return cmd.TruncateItem(item_id=self.item_id, content_index=self.content_index,
+    def to_command(self) -> cmd.ItemTruncate:
+        return cmd.ItemTruncate(item_id=self.item_id, content_index=self.content_index,
                                 audio_end_ms=self.audio_end_ms, event_id=self.event_id)
 
 
@@ -366,8 +366,8 @@ class ConversationItemDelete(ClientEventBase):
     type: Literal["conversation.item.delete"]
     item_id: str
 
-    def to_command(self) -> cmd.DeleteItem:
-        return cmd.DeleteItem(item_id=self.item_id, event_id=self.event_id)
+    def to_command(self) -> cmd.ItemDelete:
+        return cmd.ItemDelete(item_id=self.item_id, event_id=self.event_id)
 
 
 class ResponseCreate(ClientEventBase):
@@ -377,17 +377,17 @@ class ResponseCreate(ClientEventBase):
     def dialect_hint(self) -> Dialect | None:
         return self.response.dialect_hint() if self.response else None
 
-    def to_command(self) -> cmd.CreateResponse:
+    def to_command(self) -> cmd.ResponseCreate:
         overrides = self.response.to_overrides() if self.response is not None else None
-        return cmd.CreateResponse(overrides=overrides, event_id=self.event_id)
+        return cmd.ResponseCreate(overrides=overrides, event_id=self.event_id)
 
 
 class ResponseCancel(ClientEventBase):
     type: Literal["response.cancel"]
     response_id: str | None = None
 
-    def to_command(self) -> cmd.CancelResponse:
-        return cmd.CancelResponse(response_id=self.response_id, event_id=self.event_id)
+    def to_command(self) -> cmd.ResponseCancel:
+        return cmd.ResponseCancel(response_id=self.response_id, event_id=self.event_id)
 
 
 class OutputAudioBufferClear(ClientEventBase):
@@ -395,8 +395,8 @@ class OutputAudioBufferClear(ClientEventBase):
 
     type: Literal["output_audio_buffer.clear"]
 
-    def to_command(self) -> cmd.ClearOutputAudio:
-        return cmd.ClearOutputAudio(event_id=self.event_id)
+    def to_command(self) -> cmd.OutputAudioClear:
+        return cmd.OutputAudioClear(event_id=self.event_id)
 
 
 _CLIENT_EVENT_CLASSES: tuple[type[ClientEventBase], ...] = (

@@ -80,26 +80,26 @@ def render_command(command: cmd.ClientCommand) -> dict[str, Any]:
     if command.event_id is not None:
         out["event_id"] = command.event_id
     match command:
-        case cmd.UpdateSession():
+        case cmd.SessionUpdate():
             out["session"] = {"type": "realtime", **command.changes}
-        case cmd.AppendAudio():
+        case cmd.InputAudioAppend():
             out["audio"] = base64.b64encode(command.audio).decode("ascii")
-        case cmd.CreateItem():
+        case cmd.ItemCreate():
             out["item"] = _item(command.item)
             if command.previous_item_id is not None:
                 out["previous_item_id"] = command.previous_item_id
-        case cmd.RetrieveItem() | cmd.DeleteItem():
+        case cmd.ItemRetrieve() | cmd.ItemDelete():
             out["item_id"] = command.item_id
-        case cmd.TruncateItem():
+        case cmd.ItemTruncate():
             out.update(item_id=command.item_id, content_index=command.content_index,
                        audio_end_ms=command.audio_end_ms)
-        case cmd.CreateResponse():
+        case cmd.ResponseCreate():
             if command.overrides is not None:
                 out["response"] = _overrides(command.overrides)
-        case cmd.CancelResponse():
+        case cmd.ResponseCancel():
             if command.response_id is not None:
                 out["response_id"] = command.response_id
-        case cmd.CommitAudio() | cmd.ClearAudio() | cmd.ClearOutputAudio():
+        case cmd.InputAudioCommit() | cmd.InputAudioClear() | cmd.OutputAudioClear():
             pass
     return out
 

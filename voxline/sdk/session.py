@@ -206,7 +206,7 @@ class Session:
         created = await self.wait_for(ev.SessionCreated)
         self.session_id = created.session_id
         if self._options:
-            await self._transport.send(cmd.UpdateSession(changes=self._options,
+            await self._transport.send(cmd.SessionUpdate(changes=self._options,
                                                          event_id="sdk_initial_update"))
             reply = await self.wait_for(
                 lambda e: isinstance(e, ev.SessionUpdated)
@@ -248,9 +248,9 @@ class Session:
             return
         for call in calls:
             output = await call_tool(self._tools[call.name], call.arguments)
-            await self._transport.send(cmd.CreateItem(item=FunctionCallOutputItem(
+            await self._transport.send(cmd.ItemCreate(item=FunctionCallOutputItem(
                 call_id=call.call_id, output=output)))
-        await self._transport.send(cmd.CreateResponse())
+        await self._transport.send(cmd.ResponseCreate())
 
     # -- events ------------------------------------------------------------------------
 
@@ -292,21 +292,21 @@ class Session:
 
     async def send_audio(self, audio: bytes) -> None:
         """Caller audio in the session's input format (e.g. 20 ms of μ-law: 160 bytes)."""
-        await self.send(cmd.AppendAudio(audio=audio))
+        await self.send(cmd.InputAudioAppend(audio=audio))
 
     async def commit(self) -> None:
         """End the caller's turn yourself (with ``turn_detection=None``)."""
-        await self.send(cmd.CommitAudio())
+        await self.send(cmd.InputAudioCommit())
 
     async def clear_audio(self) -> None:
-        await self.send(cmd.ClearAudio())
+        await self.send(cmd.InputAudioClear())
 
     async def send_text(self, text: str, *, role: str = "user", item_id: str | None = None) -> None:
         """Add a text message to the conversation (no reply until :meth:`respond`)."""
         kind = "output_text" if role == "assistant" else "input_text"
         item = MessageItem(id=item_id, role=role,  # type: ignore[arg-type]
                            content=[ContentPart(type=kind, text=text)])
-        await self.send(cmd.CreateItem(item=item))
+        await self.send(cmd.ItemCreate(item=item))
 
     async def respond(self, *, instructions: str | None = None,
                       output_modalities: Sequence[str] | None = None,
@@ -318,27 +318,27 @@ class Session:
                 instructions=instructions, voice=voice,
                 output_modalities=None if output_modalities is None
                 else frozenset(output_modalities))
-        await self.send(cmd.CreateResponse(overrides=overrides))
+        await self.send(cmd.ResponseCreate(overrides=overrides))
 
     async def cancel(self) -> None:
         """Stop the reply in progress; its audio stops within one paced frame."""
-        await self.send(cmd.CancelResponse())
+        await self.send(cmd.ResponseCancel())
 
     async def truncate(self, item_id: str, audio_end_ms: int) -> None:
         """Cut an assistant item to what the listener heard; the model forgets the rest."""
-        await self.send(cmd.TruncateItem(item_id=item_id, audio_end_ms=audio_end_ms))
+        await self.send(cmd.ItemTruncate(item_id=item_id, audio_end_ms=audio_end_ms))
 
     async def delete(self, item_id: str) -> None:
-        await self.send(cmd.DeleteItem(item_id=item_id))
+        await self.send(cmd.ItemDelete(item_id=item_id))
 
     async def clear_output(self) -> None:
         """Drop reply audio queued for playout."""
-        await self.send(cmd.ClearOutputAudio())
+        await self.send(cmd.OutputAudioClear())
 
     async def update(self, **options: Any) -> None:
         """Change session options (as :func:`session_patch` takes them; ``tools`` replaces
         the functions this session runs)."""
-        await self.send(cmd.UpdateSession(changes=session_patch(**options)))
+        await self.send(cmd.SessionUpdate(changes=session_patch(**options)))
         if "tools" in options:
             self._tools = {fn.__name__: fn for fn in options["tools"]}
 

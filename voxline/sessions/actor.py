@@ -172,24 +172,24 @@ class SessionActor:
 
     def _handlers(self) -> dict[type, Callable]:
         return {
-            cmd.UpdateSession: self._session_update,
-            cmd.AppendAudio: self._append,
-            cmd.CommitAudio: self._commit,
-            cmd.ClearAudio: self._clear,
-            cmd.CreateItem: self._item_create,
-            cmd.RetrieveItem: self._item_retrieve,
-            cmd.TruncateItem: self._item_truncate,
-            cmd.DeleteItem: self._item_delete,
-            cmd.CreateResponse: self._response_create,
-            cmd.CancelResponse: self._response_cancel,
-            cmd.ClearOutputAudio: self._output_clear,
+            cmd.SessionUpdate: self._session_update,
+            cmd.InputAudioAppend: self._append,
+            cmd.InputAudioCommit: self._commit,
+            cmd.InputAudioClear: self._clear,
+            cmd.ItemCreate: self._item_create,
+            cmd.ItemRetrieve: self._item_retrieve,
+            cmd.ItemTruncate: self._item_truncate,
+            cmd.ItemDelete: self._item_delete,
+            cmd.ResponseCreate: self._response_create,
+            cmd.ResponseCancel: self._response_cancel,
+            cmd.OutputAudioClear: self._output_clear,
         }
 
     def _new_input(self) -> InputConverter:
         fmt = self.media_format or self.settings.input_format
         return InputConverter(fmt.encoding, fmt.rate)
 
-    def _session_update(self, e: cmd.UpdateSession, now: float) -> None:
+    def _session_update(self, e: cmd.SessionUpdate, now: float) -> None:
         old = self.settings
         new = old.apply(e.changes)
         # refused: the session keeps its settings
@@ -204,7 +204,7 @@ class SessionActor:
         self._emit(ev.SessionUpdated(session_id=self.session_id, session=self.settings))
         self.mcp.configure(self.settings.tools)
 
-    def _append(self, e: cmd.AppendAudio, now: float) -> None:
+    def _append(self, e: cmd.InputAudioAppend, now: float) -> None:
         if len(e.audio) > self.max_event_bytes:
             raise ProtocolError(f"input_audio_buffer.append: audio is {len(e.audio)} bytes, "
                                 f"more than the {self.max_event_bytes} allowed",
@@ -219,7 +219,7 @@ class SessionActor:
         if len(samples):
             self.commands.append(ep.AppendAudio(self.stream_id, samples.astype("<f4").tobytes()))
 
-    def _commit(self, e: cmd.CommitAudio, now: float) -> None:
+    def _commit(self, e: cmd.InputAudioCommit, now: float) -> None:
         if self.settings.turn_detection is None:
             if self.manual_buffer_ms < MIN_COMMIT_MS:
                 raise client_error(
@@ -239,7 +239,7 @@ class SessionActor:
         self._user_audio_item(item_id)
         self.speech_stopped_at = now
 
-    def _clear(self, e: cmd.ClearAudio, now: float) -> None:
+    def _clear(self, e: cmd.InputAudioClear, now: float) -> None:
         self.manual_buffer_ms = 0.0
         self.in_speech = None
         self.commands.append(ep.ClearAudio(self.stream_id))
@@ -271,7 +271,7 @@ class SessionActor:
                                "the conversation", param="item_id", item_id=item_id)
         return record
 
-    def _item_create(self, e: cmd.CreateItem, now: float) -> None:
+    def _item_create(self, e: cmd.ItemCreate, now: float) -> None:
         item = e.item
         if isinstance(item, it.McpApprovalResponseItem):
             return self.mcp.approval(item, e.previous_item_id)
@@ -324,10 +324,10 @@ class SessionActor:
                                 f"{item.call_id!r} in the conversation", code="invalid_value",
                                 param="item.call_id")
 
-    def _item_retrieve(self, e: cmd.RetrieveItem, now: float) -> None:
+    def _item_retrieve(self, e: cmd.ItemRetrieve, now: float) -> None:
         self._emit(ev.ItemRetrieved(item=self._find(e.item_id, "conversation.item.retrieve").item))
 
-    def _item_delete(self, e: cmd.DeleteItem, now: float) -> None:
+    def _item_delete(self, e: cmd.ItemDelete, now: float) -> None:
         self._find(e.item_id, "conversation.item.delete")
         if self.response is not None and self.response.item_id == e.item_id:
             raise ProtocolError("conversation.item.delete: the item is being generated; cancel "
@@ -337,7 +337,7 @@ class SessionActor:
         self.commands.append(ep.DeleteItem(self.stream_id, e.item_id))
         self._emit(ev.ItemDeleted(item_id=e.item_id))
 
-    def _item_truncate(self, e: cmd.TruncateItem, now: float) -> None:
+    def _item_truncate(self, e: cmd.ItemTruncate, now: float) -> None:
         record = self._find(e.item_id, "conversation.item.truncate")
         if _role(record.item) != "assistant":
             raise ProtocolError(f"conversation.item.truncate: item {e.item_id!r} is a "
@@ -362,7 +362,7 @@ class SessionActor:
         record.client_truncated = True
         self.commands.append(ep.TruncateItem(self.stream_id, e.item_id, e.audio_end_ms))
 
-    def _response_create(self, e: cmd.CreateResponse, now: float) -> None:
+    def _response_create(self, e: cmd.ResponseCreate, now: float) -> None:
         params = e.overrides
         if params is not None and params.out_of_band:
             raise ProtocolError("response.create: out-of-band responses (conversation: 'none') "
@@ -385,7 +385,7 @@ class SessionActor:
         if why is not None:
             raise ProtocolError(f"{event}: {why}", code="invalid_value", param=param)
 
-    def _response_cancel(self, e: cmd.CancelResponse, now: float) -> None:
+    def _response_cancel(self, e: cmd.ResponseCancel, now: float) -> None:
         r = self.response
         if r is None and self.barged_in is not None and e.response_id in (None, self.barged_in):
             return  # the client's cancel of the reply a barge-in already ended: done
@@ -402,7 +402,7 @@ class SessionActor:
             return
         self._cancel(now, it.StatusReason.CLIENT_CANCELLED, interrupt=False)
 
-    def _output_clear(self, e: cmd.ClearOutputAudio, now: float) -> None:
+    def _output_clear(self, e: cmd.OutputAudioClear, now: float) -> None:
         rid = self.playing or self.last_audio_response
         if rid is None:
             raise ProtocolError("output_audio_buffer.clear: no response has sent audio in this "
@@ -532,15 +532,15 @@ class SessionActor:
 
     def on_engine(self, out: ep.EngineOutput, now: float) -> None:
         match out:
-            case ep.SpeechStarted():
+            case ep.VoiceStarted():
                 self._speech_started(out, now)
-            case ep.SpeechStopped():
+            case ep.VoiceStopped():
                 self._speech_stopped(out, now)
             case ep.TranscriptPartial():
                 self._transcript_partial(out)
             case ep.TranscriptFinal():
                 self._transcript_final(out)
-            case ep.TextDelta():
+            case ep.ReplyTextDelta():
                 self._text_delta(out)
             case ep.FunctionCallDelta() | ep.FunctionCallDone() if self.mcp.owner(out.name):
                 self.mcp.on_call(self._current(out.response_id), out)
@@ -550,11 +550,11 @@ class SessionActor:
                 self.calls.done(self._current(out.response_id), out)
             case ep.AudioChunk():
                 self._audio_chunk(out, now)
-            case ep.ResponseDone():
+            case ep.ResponseFinished():
                 self._engine_response_done(out, now)
             case ep.VideoChunk() | ep.VideoDone():
                 self.video.on_engine(out)
-            case ep.ItemTruncated():
+            case ep.TruncationApplied():
                 self._item_truncated(out)
             case ep.StreamError():
                 self._engine_error(out)
@@ -569,7 +569,7 @@ class SessionActor:
         self.mcp.on_outcome(out, now)
         self.tick(now)
 
-    def _speech_started(self, out: ep.SpeechStarted, now: float) -> None:
+    def _speech_started(self, out: ep.VoiceStarted, now: float) -> None:
         self.in_speech = out.item_id
         self.speech_start_ms = out.audio_start_ms
         self.last_activity = now
@@ -590,7 +590,7 @@ class SessionActor:
                     and not self.transport_reports_playout):
                 self.commands.append(ep.TruncateItem(self.stream_id, last, int(heard)))
 
-    def _speech_stopped(self, out: ep.SpeechStopped, now: float) -> None:
+    def _speech_stopped(self, out: ep.VoiceStopped, now: float) -> None:
         self.in_speech = None
         self.speech_stopped_at = now
         self.turn_ms[out.item_id] = max(0.0, out.audio_end_ms - self.speech_start_ms)
@@ -632,7 +632,7 @@ class SessionActor:
         r = self.response
         return r if r is not None and r.response.id == response_id else None
 
-    def _text_delta(self, out: ep.TextDelta) -> None:
+    def _text_delta(self, out: ep.ReplyTextDelta) -> None:
         r = self._current(out.response_id)
         if r is None or r.cancel_reason is not None:
             return
@@ -657,7 +657,7 @@ class SessionActor:
                         "response was cut", code="output_buffer_full", type="server_error")
             self._cancel(now, it.StatusReason.MAX_OUTPUT_TOKENS, interrupt=False)
 
-    def _engine_response_done(self, out: ep.ResponseDone, now: float) -> None:
+    def _engine_response_done(self, out: ep.ResponseFinished, now: float) -> None:
         r = self._current(out.response_id)
         if r is None:
             return
@@ -669,7 +669,7 @@ class SessionActor:
             for payload, ms in r.encoder.flush():
                 self.pacer.push(OutFrame(r.response.id, r.item_id, payload, ms))
 
-    def _item_truncated(self, out: ep.ItemTruncated) -> None:
+    def _item_truncated(self, out: ep.TruncationApplied) -> None:
         record = self.items.get(out.item_id)
         if record is None:
             return

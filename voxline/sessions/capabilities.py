@@ -59,9 +59,9 @@ def stream_config(settings: SessionSettings,
     td = settings.turn_detection
     vad = None
     if td is not None and td.type == "semantic_vad":
-        vad = ep.TurnDetection(eagerness=td.eagerness)
+        vad = ep.TurnParams(eagerness=td.eagerness)
     elif td is not None:
-        vad = ep.TurnDetection(td.threshold, td.prefix_padding_ms, td.silence_duration_ms)
+        vad = ep.TurnParams(td.threshold, td.prefix_padding_ms, td.silence_duration_ms)
     # what the session will ask for when a turn ends: the engine may start it early
     auto = response_config(settings, settings) if td is not None and td.create_response else None
     tr = settings.transcription

@@ -24,7 +24,7 @@ class Command:
 
 
 @dataclass(frozen=True, kw_only=True)
-class UpdateSession(Command):
+class SessionUpdate(Command):
     """Change the session's settings; ``changes`` is a validated settings-document patch
     (see :mod:`voxline.sessions.settings`)."""
 
@@ -33,7 +33,7 @@ class UpdateSession(Command):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AppendAudio(Command):
+class InputAudioAppend(Command):
     """Input audio, encoded in the session's input format (PCM16 LE or G.711 bytes)."""
 
     name: ClassVar[str] = "input_audio_buffer.append"
@@ -41,30 +41,30 @@ class AppendAudio(Command):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CommitAudio(Command):
+class InputAudioCommit(Command):
     name: ClassVar[str] = "input_audio_buffer.commit"
 
 
 @dataclass(frozen=True, kw_only=True)
-class ClearAudio(Command):
+class InputAudioClear(Command):
     name: ClassVar[str] = "input_audio_buffer.clear"
 
 
 @dataclass(frozen=True, kw_only=True)
-class CreateItem(Command):
+class ItemCreate(Command):
     name: ClassVar[str] = "conversation.item.create"
     item: ConversationItem
     previous_item_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
-class RetrieveItem(Command):
+class ItemRetrieve(Command):
     name: ClassVar[str] = "conversation.item.retrieve"
     item_id: str
 
 
 @dataclass(frozen=True, kw_only=True)
-class TruncateItem(Command):
+class ItemTruncate(Command):
     """Cut an assistant audio item at what the listener heard (``audio_end_ms``)."""
 
     name: ClassVar[str] = "conversation.item.truncate"
@@ -74,7 +74,7 @@ class TruncateItem(Command):
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeleteItem(Command):
+class ItemDelete(Command):
     name: ClassVar[str] = "conversation.item.delete"
     item_id: str
 
@@ -147,24 +147,24 @@ class ResponseOverrides:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CreateResponse(Command):
+class ResponseCreate(Command):
     name: ClassVar[str] = "response.create"
     overrides: ResponseOverrides | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
-class CancelResponse(Command):
+class ResponseCancel(Command):
     name: ClassVar[str] = "response.cancel"
     response_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
-class ClearOutputAudio(Command):
+class OutputAudioClear(Command):
     """Stop and discard output audio queued for playout."""
 
     name: ClassVar[str] = "output_audio_buffer.clear"
 
 
-ClientCommand = (UpdateSession | AppendAudio | CommitAudio | ClearAudio | CreateItem
-                 | RetrieveItem | TruncateItem | DeleteItem | CreateResponse | CancelResponse
-                 | ClearOutputAudio)
+ClientCommand = (SessionUpdate | InputAudioAppend | InputAudioCommit | InputAudioClear | ItemCreate
+                 | ItemRetrieve | ItemTruncate | ItemDelete | ResponseCreate | ResponseCancel
+                 | OutputAudioClear)

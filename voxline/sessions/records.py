@@ -23,7 +23,7 @@ class ActiveResponse:
     trigger: float  # end of user speech or response.create: the latency clock's zero
     transcript: str = ""
     encoder: OutputEncoder | None = None
-    engine_done: ep.ResponseDone | None = None
+    engine_done: ep.ResponseFinished | None = None
     cancel_reason: it.StatusReason | None = None
     first_audio: float | None = None
     buffer_started: bool = False

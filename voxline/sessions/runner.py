@@ -163,7 +163,7 @@ class SessionRunner:
             cmd.stream_id, f"{self._cause}: the engine is busy and refused it ({exc}); "
             "try again shortly", code=ep.ErrorCode.SERVER_BUSY)]
         if isinstance(cmd, ep.CreateResponse):
-            outs.append(ep.ResponseDone(cmd.stream_id, cmd.response_id,
+            outs.append(ep.ResponseFinished(cmd.stream_id, cmd.response_id,
                                         ep.ResponseStatus.FAILED, ""))
         return outs
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from voxline.engines.protocol import DEFAULT_INSTRUCTIONS
-from voxline.engines.protocol import TurnDetection as EngineVAD
+from voxline.engines.protocol import TurnParams as EngineVAD
 
 # ---------------------------------------------------------------------------------------
 # Defaults (OpenAI's, where it has one) and limits: the one home for each

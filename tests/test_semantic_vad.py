@@ -197,7 +197,7 @@ def test_server_vad_queues_no_model_work():
 
 def test_converse_defaults_to_semantic_vad_and_feeds_past_its_longest_wait():
     from voxline.cli import build_parser
-    from voxline.commands import CONVERSE_TURN_DETECTION, trailing_silence_s
+    from voxline.subcommands import CONVERSE_TURN_DETECTION, trailing_silence_s
 
     args = build_parser().parse_args(["converse", "--input", "q.wav", "--output", "r.wav"])
     td = CONVERSE_TURN_DETECTION[args.turn_detection]

@@ -97,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     from voxline.logs import setup_logging
 
     setup_logging(args.verbose)
-    from voxline import commands
+    from voxline import subcommands
 
-    return commands.run(args)
+    return subcommands.run(args)
 
 
 if __name__ == "__main__":

@@ -252,6 +252,7 @@ class VideoStarted(ServerEvent):
 
     response_id: str
     video_id: str
+    prompt: str
     width: int
     height: int
     fps: int

@@ -305,6 +305,23 @@ async def test_shutdown_removes_the_videos_folder():
 
     state = FastAPI().state
     store = video_store(state)
-    (store.directory / "left.mp4.part").write_bytes(b"x")
+    folder = store.directory
+    (folder / "left.mp4.part").write_bytes(b"x")
     await close_videos(state)
-    assert not store.directory.exists()
+    assert not folder.exists()
+
+
+def test_a_server_that_renders_no_video_or_voice_makes_no_folder(tmp_path, monkeypatch):
+    """A killed server cannot clean up: so the folders are made on first use only."""
+    import tempfile
+
+    from voxline.realtime.videos_api import VideoStore
+    from voxline.realtime.voice_store import VoiceStore
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    videos, voices = VideoStore(), VoiceStore()
+    assert voices.all() == [] and not voices.exists("x") and voices.get("x") is None
+    assert not voices.remove("x") and list(tmp_path.iterdir()) == []
+    videos.close()
+    assert list(tmp_path.iterdir()) == []
+    assert videos.directory.parent == tmp_path and voices.root.parent == tmp_path

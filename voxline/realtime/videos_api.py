@@ -95,8 +95,20 @@ class VideoStore:
     def __init__(self, max_videos: int = MAX_VIDEOS, retention_s: float = RETENTION_S) -> None:
         self.max_videos = max_videos
         self.retention_s = retention_s
-        self.directory = Path(tempfile.mkdtemp(prefix="voxline-videos-"))
+        self._directory: Path | None = None
         self.videos: dict[str, VideoRecord] = {}
+
+    @property
+    def directory(self) -> Path:
+        """The files' folder, made on first use: a server that renders no video (or is
+        killed) leaves nothing in TMPDIR."""
+        if self._directory is None:
+            self._directory = Path(tempfile.mkdtemp(prefix="voxline-videos-"))
+        return self._directory
+
+    def remove_directory(self) -> None:
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
 
     def add(self, record: VideoRecord) -> None:
         self.expire(time.time())
@@ -125,7 +137,7 @@ class VideoStore:
     def close(self) -> None:
         for record in list(self.videos.values()):
             self.remove(record)
-        shutil.rmtree(self.directory, ignore_errors=True)
+        self.remove_directory()
 
 
 def _store(request: Request) -> VideoStore:
@@ -148,7 +160,7 @@ async def close_videos(app_state: Any) -> None:
     tasks = [r.task for r in store.videos.values() if r.task is not None]
     store.close()
     await asyncio.gather(*tasks, return_exceptions=True)
-    shutil.rmtree(store.directory, ignore_errors=True)  # a file a cancelled task left
+    store.remove_directory()  # and a file a cancelled task left
 
 
 def _find(request: Request, video_id: str) -> VideoRecord:

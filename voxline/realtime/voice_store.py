@@ -65,12 +65,23 @@ class VoiceStore:
     of this process, removed when the store is collected or the process exits."""
 
     def __init__(self, root: Path | None = None) -> None:
-        self._temporary = None
-        if root is None:
+        self._temporary: tempfile.TemporaryDirectory[str] | None = None
+        self._root = Path(root) if root is not None else None
+        self.shared = root is not None  # other servers may change it
+
+    @property
+    def root(self) -> Path:
+        """The directory; the temporary default is made on first write, so a server that
+        stores no voice (or is killed) leaves nothing in TMPDIR."""
+        if self._root is None:
             self._temporary = tempfile.TemporaryDirectory(prefix="voxline-voices-")
-            root = Path(self._temporary.name)
-        self.root = Path(root)
-        self.shared = self._temporary is None  # other servers may change it
+            self._root = Path(self._temporary.name)
+        return self._root
+
+    @property
+    def empty_default(self) -> bool:
+        """The temporary default, not made yet: it holds no voice."""
+        return self._root is None
 
     def _meta_path(self, name: str) -> Path:
         return self.root / f"{name.lower()}.json"
@@ -79,11 +90,15 @@ class VoiceStore:
         return VoiceStoreError(f"voice store {self.root} cannot {doing}: {exc.strerror or exc}")
 
     def exists(self, name: str) -> bool:
+        if self.empty_default:
+            return False
         if not self.root.is_dir():
             raise VoiceStoreError(f"voice store {self.root} is not a reachable directory")
         return self._meta_path(name).exists()
 
     def get(self, name: str) -> StoredVoice | None:
+        if self.empty_default:
+            return None
         try:
             meta = json.loads(self._meta_path(name).read_bytes())
             audio = (self.root / meta["clip"]).read_bytes()
@@ -98,6 +113,8 @@ class VoiceStore:
 
     def all(self) -> list[StoredVoice]:
         """Every voice's metadata (audio left empty), oldest first."""
+        if self.empty_default:
+            return []
         try:
             found = [_voice(json.loads(path.read_bytes()), b"")
                      for path in self.root.glob("*.json")]
@@ -130,6 +147,8 @@ class VoiceStore:
 
     def remove(self, name: str) -> bool:
         """Remove a voice; False if there was none."""
+        if self.empty_default:
+            return False
         meta_path = self._meta_path(name)
         try:
             clip = json.loads(meta_path.read_bytes())["clip"]

@@ -156,3 +156,19 @@ def test_error_codes_keep_their_wire_values_and_say_which_are_the_servers():
     for code in set(p.ErrorCode) - fatal_only:
         by_name = code.endswith("_error") or code in ("server_busy", "capacity")
         assert code.server_side == by_name, code
+
+
+def test_the_load_report_counts_each_stages_plans_and_failures_then_resets():
+    log: list[str] = []
+    vad, asr = slot("vad", log, rounds=3), slot("asr", log)
+    vad.stage.queue = [1, 13, 2]
+    table = StageTable([vad, asr])
+    assert table.load_report(0.0) is None  # no plan ran: an idle engine logs nothing
+    table.step()  # 1 routes, 13 fails and ends the step's rounds
+    table.step()  # 2 routes
+    assert table.load_report(3600.0) is None  # too soon: nothing reported, nothing reset
+    report = table.load_report(0.0)
+    assert report is not None and report.startswith("stage load over ")
+    assert "(2 loop steps)" in report and "vad " in report and "asr " not in report
+    assert "(3 plans, " in report and ", 1 failed)" in report
+    assert table.load_report(0.0) is None  # counters start again from zero

@@ -64,6 +64,9 @@ logger = logging.getLogger(__name__)
 # enough that the gaps between words rarely reach it, short enough that transcript,
 # first clause and first audio are mostly ready when a 500 ms silence window closes.
 DEFAULT_SPECULATE_AFTER_MS = 160.0
+# How often a busy engine logs each stage's share of the wall clock (`StageTable.load_report`):
+# the first place to look when sessions wait, e.g. which stage a GPU server saturates.
+LOAD_REPORT_S = 10.0
 
 
 @dataclass
@@ -166,6 +169,9 @@ class EngineCore:
 
     def step(self) -> list[p.EngineOutput]:
         self.table.step()
+        report = self.table.load_report(LOAD_REPORT_S)
+        if report is not None:
+            logger.info(report)
         out = list(self._outputs)
         self._outputs.clear()  # cleared in place: `Responses` and `Turns` append to it
         return out

@@ -72,12 +72,15 @@ class Finished(Generic[PlanT, ResultT]):
     result: ResultT | None
     error: Exception | None
     seconds: float  # time `execute` took
+    waited: float = 0.0  # from `execute` returning to the loop collecting it
 
 
-def _timed(execute: Callable[[PlanT], ResultT], plan: PlanT) -> tuple[ResultT, float]:
+def _timed(execute: Callable[[PlanT], ResultT], plan: PlanT) -> tuple[ResultT, float, float]:
+    """execute(plan), its seconds, and the clock when it returned."""
     t0 = time.perf_counter()
     result = execute(plan)
-    return result, time.perf_counter() - t0
+    t1 = time.perf_counter()
+    return result, t1 - t0, t1
 
 
 class StageWorker(Generic[PlanT, ResultT]):
@@ -96,7 +99,7 @@ class StageWorker(Generic[PlanT, ResultT]):
         self._wake = wake
         self._pool = (ThreadPoolExecutor(1, thread_name_prefix=thread_name)
                       if thread_name is not None else None)
-        self._running: tuple[PlanT, Future[tuple[ResultT, float]]] | None = None
+        self._running: tuple[PlanT, Future[tuple[ResultT, float, float]]] | None = None
 
     @property
     def running(self) -> PlanT | None:
@@ -124,7 +127,7 @@ class StageWorker(Generic[PlanT, ResultT]):
         if plan is None:
             return None
         if self._pool is None:
-            fut: Future[tuple[ResultT, float]] = Future()
+            fut: Future[tuple[ResultT, float, float]] = Future()
             try:
                 fut.set_result(_timed(self.stage.execute, plan))
             except Exception as exc:
@@ -142,10 +145,10 @@ class StageWorker(Generic[PlanT, ResultT]):
         plan, fut = self._running
         self._running = None
         try:
-            result, seconds = fut.result()
+            result, seconds, ended = fut.result()
         except Exception as exc:
             return Finished(plan, None, exc, 0.0)
-        return Finished(plan, result, None, seconds)
+        return Finished(plan, result, None, seconds, time.perf_counter() - ended)
 
     def close(self) -> None:
         """Stop the thread: a plan already executing finishes, one not yet started is

@@ -17,8 +17,9 @@ engine state; a slot never sees another slot's plan.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
 from voxline.engines.stage import Stage, StageWorker
@@ -36,6 +37,33 @@ def _nothing() -> None:
 
 def _no_work() -> bool:
     return False
+
+
+@dataclass
+class StageLoad:
+    """One stage's work since the last report: plans run, time in `execute`, and time a
+    finished plan waited for the loop to collect it (a busy loop thread, or the GIL)."""
+
+    plans: int = 0
+    failed: int = 0
+    busy_s: float = 0.0
+    waited_s: float = 0.0
+    waited_max_s: float = 0.0
+
+    def add(self, seconds: float, waited: float, failed: bool) -> None:
+        self.plans += 1
+        self.failed += failed
+        self.busy_s += seconds
+        self.waited_s += waited
+        self.waited_max_s = max(self.waited_max_s, waited)
+
+    def describe(self, wall_s: float) -> str:
+        each = self.busy_s / self.plans * 1000
+        wait = self.waited_s / self.plans * 1000
+        failed = f", {self.failed} failed" if self.failed else ""
+        return (f"{100 * self.busy_s / wall_s:.0f}% busy ({self.plans} plans, {each:.1f} ms "
+                f"each, collected {wait:.1f} ms after / max {self.waited_max_s * 1000:.0f}"
+                f"{failed})")
 
 
 @dataclass(eq=False)
@@ -63,6 +91,7 @@ class StageSlot(Generic[PlanT, ResultT, OutT]):
     landed: Callable[[], None] = _nothing
     on_close: Callable[[], None] = _nothing
     rounds: int = 1  # plans per step; more than one only for an inline worker
+    load: StageLoad = field(default_factory=StageLoad)
 
     def __post_init__(self) -> None:
         if self.rounds > 1 and not self.worker.inline:
@@ -80,6 +109,7 @@ class StageSlot(Generic[PlanT, ResultT, OutT]):
         done = self.worker.collect()
         if done is None:
             return False
+        self.load.add(done.seconds, done.waited, done.error is not None)
         if done.error is not None:
             logger.error("%s step failed", self.name, exc_info=done.error)
             self.fail(done.plan, done.error)
@@ -114,6 +144,8 @@ class StageTable:
         if len(set(names)) != len(names):
             raise ValueError(f"stage table: duplicate stage names in {names}")
         self._slots = {slot.name: slot for slot in slots}
+        self.steps = 0  # loop steps since the last load report
+        self._since = time.perf_counter()
 
     def __getitem__(self, name: str) -> StageSlot[Any, Any, Any]:
         return self._slots[name]
@@ -126,10 +158,26 @@ class StageTable:
 
     def step(self) -> None:
         """Route every finished plan, then start every idle stage (both in table order)."""
+        self.steps += 1
         for slot in self:
             slot.collect()
         for slot in self:
             slot.start()
+
+    def load_report(self, min_interval_s: float) -> str | None:
+        """Every stage's share of the wall clock since the last report, and reset; None
+        before `min_interval_s` has passed or when no plan ran (an idle engine is quiet)."""
+        now = time.perf_counter()
+        wall = now - self._since
+        if wall < min_interval_s:
+            return None
+        parts = [f"{slot.name} {slot.load.describe(wall)}" for slot in self if slot.load.plans]
+        report = (f"stage load over {wall:.1f} s ({self.steps} loop steps): " + "; ".join(parts)
+                  if parts else None)
+        for slot in self:
+            slot.load = StageLoad()
+        self.steps, self._since = 0, now
+        return report
 
     def close(self) -> None:
         """Stop every worker (a plan executing finishes; its outcome is not routed)."""

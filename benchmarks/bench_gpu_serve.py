@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -120,6 +121,21 @@ def build_llm(out: Path, shape: str = "1b") -> Path:
     return out
 
 
+# whisper-large-v3-turbo's shapes (32 encoder layers, 4 decoder layers, 128 mel bins).
+WHISPER_TURBO = dict(num_mel_bins=128, d_model=1280, encoder_layers=32, decoder_layers=4,
+                     encoder_attention_heads=20, decoder_attention_heads=20, encoder_ffn_dim=5120,
+                     decoder_ffn_dim=5120, max_target_positions=448)
+
+
+def build_asr(out: Path) -> Path:
+    """A whisper-large-v3-turbo-shaped random checkpoint for ``asr=whisper:DIR``, built by
+    the tests' tiny-Whisper builder at real shapes (its tokenizer: bytes and a few words)."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from tiny_whisper import build_tiny_whisper
+
+    return build_tiny_whisper(out, config=WHISPER_TURBO)
+
+
 def check(ckpt: Path, slots: int, streams: int) -> None:
     """Load the LLM and TTS as the server's engine does (factory, same Settings) and run one
     reply and one speech job: GPU-path errors and memory, without the server around them."""
@@ -213,12 +229,15 @@ def run(args: argparse.Namespace) -> int:
              "--port", str(args.port), "--tts-max-frames", str(args.tts_max_frames),
              *args.serve_args.split()]
     print("== serve:", " ".join(serve[3:]), flush=True)
+    if args.profile:  # py-spy samples the server and its engine child (as its descendants)
+        serve = [args.profile, "record", "--subprocesses", "--threads", "--nonblocking",
+                 "--rate", "50", "--format", "raw", "-o", str(out / "pyspy.txt"), "--", *serve]
     gpu = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,utilization.gpu,memory.used,"
                             "memory.total", "--format=csv", "-l", "1"],
                            stdout=open(out / "gpu.csv", "w"), stderr=subprocess.DEVNULL)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     server = subprocess.Popen(serve, stdout=open(out / "server.log", "w"), stderr=subprocess.STDOUT,
-                              env=env)
+                              env=env, start_new_session=True)
     rc = 1
     try:
         ready_s = wait_ready(url, server, args.ready_timeout, out / "server.log")
@@ -237,17 +256,20 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"== {exc}", flush=True)
     finally:
-        server.terminate()
+        # SIGINT to the whole group: the server shuts down gracefully, py-spy (if any)
+        # stops sampling and writes its file.
+        os.killpg(server.pid, signal.SIGINT)
         try:
-            server.wait(30)
+            server.wait(60)
         except subprocess.TimeoutExpired:
-            server.kill()
+            os.killpg(server.pid, signal.SIGKILL)
         gpu.terminate()
         log = (out / "server.log").read_text(errors="replace").splitlines()
         print("== server log (capacity, errors, last lines):")
         keep = [ln for ln in log if any(k in ln.lower() for k in
-                                        ("capacity", "loaded", "warmed", "error", "traceback"))]
-        print("\n".join(keep[-40:] + ["..."] + log[-25:]), flush=True)
+                                        ("capacity", "loaded", "warmed", "error", "traceback",
+                                         "stage load"))]
+        print("\n".join(keep[-60:] + ["..."] + log[-15:]), flush=True)
     return rc
 
 
@@ -258,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build", help="write the random TTS and LLM checkpoints under DIR")
     b.add_argument("dir")
     b.add_argument("--llm-shape", default="1b", choices=["1b", "smollm2"])
+    b.add_argument("--asr", action="store_true", help="also a whisper-large-v3-turbo-shaped "
+                   "ASR checkpoint under DIR/asr (for --serve-args '--asr whisper:DIR/asr')")
     k = sub.add_parser("check", help="load DIR's models as the engine does, one job each")
     k.add_argument("dir")
     k.add_argument("--slots", type=int, default=64)
@@ -276,11 +300,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--tts-max-frames", type=int, default=75)
     r.add_argument("--ready-timeout", type=float, default=300)
     r.add_argument("--bench-timeout", type=float, default=240)
+    r.add_argument("--profile", metavar="PY_SPY", help="record the server under this py-spy "
+                   "binary (raw collapsed stacks per thread, to OUT/pyspy.txt)")
     args = parser.parse_args(argv)
     if args.cmd == "build":
         t0 = time.perf_counter()
         build_tts(Path(args.dir) / "tts")
         build_llm(Path(args.dir) / "llm", args.llm_shape)
+        if args.asr:
+            build_asr(Path(args.dir) / "asr")
         print(f"built {args.dir} in {time.perf_counter() - t0:.1f} s")
         return 0
     if args.cmd == "check":

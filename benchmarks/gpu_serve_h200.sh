@@ -13,7 +13,27 @@ phase=$1; shift
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 site=/tmp/site
 base=$site/moonshine_cpp/models/base-en
+install_a() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target $site .devcarry/a/whl/*.whl || exit 1
+  cp -r .devcarry/a/stub/* $site/ && cp -r .devcarry/a/q /tmp/q
+}
 case $phase in
+w)
+  # One call, GPU ASR: .devcarry/a, plus .devcarry/s/pipecat_stub.tgz (Smart Turn's ONNX
+  # file and the package metadata that finds it) and, optionally, a py-spy wheel in
+  # .devcarry/p; Moonshine's files are not needed (ASR is Whisper on the GPU).
+  install_a
+  tar xzf .devcarry/s/pipecat_stub.tgz -C $site || exit 1
+  spy=""
+  if ls .devcarry/p/py_spy-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/spy \
+      .devcarry/p/py_spy-*.whl && spy="--profile /tmp/spy/bin/py-spy"
+  fi
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 benchmarks/bench_gpu_serve.py build /tmp/ckpt --asr && du -sh /tmp/ckpt/* || exit 1
+  python3 benchmarks/bench_gpu_serve.py run /tmp/ckpt --out "$OUT" --audio-dir /tmp/q $spy "$@"
+  ;;
 a)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target $site .devcarry/a/whl/*.whl || exit 1

@@ -31,9 +31,10 @@ def special_tokens() -> list[str]:
             "<|nospeech|>", "<|notimestamps|>"]
 
 
-def build_tiny_whisper(directory: Path, seed: int = 0) -> Path:
+def build_tiny_whisper(directory: Path, seed: int = 0, config: dict | None = None) -> Path:
     """Write a tiny Whisper checkpoint (model, generation config, tokenizer, feature
-    extractor) into `directory`; returns it."""
+    extractor) into `directory`; returns it. `config` overrides the model's shape (the GPU
+    benchmark builds real shapes with it; bf16 on a GPU when one is there)."""
     import torch
     from transformers import (
         GenerationConfig,
@@ -61,20 +62,24 @@ def build_tiny_whisper(directory: Path, seed: int = 0) -> Path:
                                  merges=str(directory / "merges.txt"))
     tokenizer.add_special_tokens({"additional_special_tokens": special_tokens()})
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in special_tokens()}
-    config = WhisperConfig(
-        vocab_size=len(tokenizer), num_mel_bins=80, d_model=32, encoder_layers=1,
-        decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
-        encoder_ffn_dim=64, decoder_ffn_dim=64, max_source_positions=1500,
-        max_target_positions=64, pad_token_id=ids["<|endoftext|>"],
+    shape = {**dict(num_mel_bins=80, d_model=32, encoder_layers=1, decoder_layers=1,
+                    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                    decoder_ffn_dim=64, max_target_positions=64), **(config or {})}
+    model_config = WhisperConfig(
+        vocab_size=len(tokenizer), max_source_positions=1500, pad_token_id=ids["<|endoftext|>"],
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|endoftext|>"],
         decoder_start_token_id=ids["<|startoftranscript|>"], begin_suppress_tokens=None,
-        suppress_tokens=None)
+        suppress_tokens=None, **shape)
     torch.manual_seed(seed)
-    model = WhisperForConditionalGeneration(config).eval()
+    if config and torch.cuda.is_available():
+        with torch.device("cuda"):
+            model = WhisperForConditionalGeneration(model_config).to(torch.bfloat16).eval()
+    else:
+        model = WhisperForConditionalGeneration(model_config).eval()
     generation = GenerationConfig(
         decoder_start_token_id=ids["<|startoftranscript|>"], eos_token_id=ids["<|endoftext|>"],
         pad_token_id=ids["<|endoftext|>"], bos_token_id=ids["<|endoftext|>"],
-        max_length=64, is_multilingual=True,
+        max_length=shape["max_target_positions"], is_multilingual=True,
         lang_to_id={f"<|{lang}|>": ids[f"<|{lang}|>"] for lang in LANGUAGES},
         task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]},
         no_timestamps_token_id=ids["<|notimestamps|>"], prev_sot_token_id=ids["<|startofprev|>"],
@@ -83,6 +88,6 @@ def build_tiny_whisper(directory: Path, seed: int = 0) -> Path:
         suppress_tokens=[i for t, i in ids.items() if t != "<|endoftext|>"])
     model.generation_config = generation
     model.save_pretrained(directory)
-    WhisperProcessor(feature_extractor=WhisperFeatureExtractor(), tokenizer=tokenizer
-                     ).save_pretrained(directory)
+    features = WhisperFeatureExtractor(feature_size=shape["num_mel_bins"])
+    WhisperProcessor(feature_extractor=features, tokenizer=tokenizer).save_pretrained(directory)
     return directory

@@ -77,6 +77,7 @@ class SessionLimits:
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
     max_session_seconds: float = 1800.0
     tools_supported: bool = False
+    show_video_tool: bool = False  # a tool-calling model and a video model: show_video offered
     images: ImageLimits | None = None  # None: input_image is refused (a text-only model)
     transcription: TranscriptionSupport = MOONSHINE  # the ASR's language / prompt support
     server_id: str | None = None  # named in a session's video ids (None: plain video_...)
@@ -87,6 +88,7 @@ class SessionLimits:
                    max_event_bytes=settings.max_event_bytes,
                    max_session_seconds=settings.max_session_seconds,
                    tools_supported=settings.remote_llm, images=image_limits(settings),
+                   show_video_tool=settings.remote_llm and bool(settings.video),
                    transcription=transcription_support(settings))
 
 
@@ -183,6 +185,7 @@ class Admission:
                              max_event_bytes=limits.max_event_bytes, media_format=media_format,
                              transport_reports_playout=transport_reports_playout,
                              tools_supported=limits.tools_supported, voice_error=voice_error,
+                             show_video_tool=limits.show_video_tool,
                              images=limits.images, playout=PlayoutReports(),
                              transcription=limits.transcription)
         if limits.server_id is not None:

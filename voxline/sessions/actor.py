@@ -49,6 +49,7 @@ from voxline.sessions.pacing import OutFrame, OutputBufferFull, OutputPacer
 from voxline.sessions.playout_lead import PlayoutReports
 from voxline.sessions.records import ActiveResponse, ItemRecord, log_trace
 from voxline.sessions.settings import AudioFormat, SessionSettings
+from voxline.sessions.show_video import ShowVideoTool
 from voxline.sessions.transcription import PartialTranscript
 from voxline.sessions.video_responses import VideoResponses
 
@@ -82,6 +83,8 @@ class SessionActor:
     transport_reports_playout: bool = False
     # The reply model can call functions (a remote backend): session.tools are accepted.
     tools_supported: bool = False
+    # ... and the server has a video model: the model is offered show_video (sessions.show_video)
+    show_video_tool: bool = False
     # Why the server cannot speak with a named voice (e.g. a clone that is not registered),
     # or None when it can; None here: every name is accepted (a one-voice TTS speaks all).
     voice_error: Callable[[str], str | None] | None = None
@@ -116,6 +119,7 @@ class SessionActor:
         self.mcp = McpTools(self)  # MCP tools: listing, calls, approvals (sessions/mcp.py)
         self.calls = FunctionCalls(self)  # client-run tools' items (sessions/function_calls.py)
         self.video = VideoResponses(self)  # a response's video (sessions/video_responses.py)
+        self.show_video = ShowVideoTool(self, self.show_video_tool)  # sessions/show_video.py
 
     # ------------------------------------------------------------------------ outputs
 
@@ -132,7 +136,8 @@ class SessionActor:
         return self.mcp.take_requests()
 
     def _stream_config(self) -> ep.StreamConfig:
-        return stream_config(self.settings, self.mcp.function_tools())
+        mcp_tools = self.mcp.function_tools()
+        return stream_config(self.settings, (*mcp_tools, *self.show_video.function_tools()))
 
     def _emit(self, event: ev.ServerEvent) -> None:
         self.events.append(event)
@@ -146,7 +151,7 @@ class SessionActor:
 
     def start(self, now: float) -> None:
         self.last_activity = now
-        self.commands.append(ep.OpenStream(self.stream_id, stream_config(self.settings)))
+        self.commands.append(ep.OpenStream(self.stream_id, self._stream_config()))
         self._emit(ev.SessionCreated(session_id=self.session_id, session=self.settings))
         self.mcp.configure(self.settings.tools)
 
@@ -389,6 +394,8 @@ class SessionActor:
         r = self.response
         if r is None and self.barged_in is not None and e.response_id in (None, self.barged_in):
             return  # the client's cancel of the reply a barge-in already ended: done
+        if r is None and self.video.cancel_lingering(e.response_id):
+            return  # a show_video video that outlived its response
         if r is None:
             raise client_error(Mistake.CANCEL_NOT_ACTIVE,
                                "response.cancel: there is no response in progress")
@@ -542,6 +549,8 @@ class SessionActor:
                 self._transcript_final(out)
             case ep.ReplyTextDelta():
                 self._text_delta(out)
+            case ep.FunctionCallDelta() | ep.FunctionCallDone() if self.show_video.owns(out.name):
+                self.show_video.on_call(self._current(out.response_id), out)
             case ep.FunctionCallDelta() | ep.FunctionCallDone() if self.mcp.owner(out.name):
                 self.mcp.on_call(self._current(out.response_id), out)
             case ep.FunctionCallDelta():
@@ -577,6 +586,8 @@ class SessionActor:
         td = self.settings.turn_detection
         if td is None or not td.interrupt_response:
             return
+        if self.response is None:
+            self.video.cancel()  # barge-in stops a show_video video that outlived its response
         if self.response is not None:  # barge-in
             self._cancel(now, it.StatusReason.TURN_DETECTED, interrupt=True)
         elif self.pacer.buffered_ms(now) > 0:
@@ -717,7 +728,8 @@ class SessionActor:
                 and not self.video.holds(r.response.id)
                 and (r.cancel_reason is not None or not self.mcp.holds(r.response.id))):
             self._finish_response(now)
-        if self.mcp.take_follow_up():  # MCP results the model has not answered yet
+        mcp_results = self.mcp.take_follow_up()  # MCP results the model has not answered yet
+        if self.show_video.take_follow_up() or mcp_results:  # ... or a show_video result
             self._start_response(self.settings, now, trigger=now)
         self._check_played_out(now)
         self._check_idle(now)

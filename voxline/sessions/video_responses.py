@@ -12,10 +12,15 @@ Lifecycle rules: the response stays in progress until its video ended (`holds`),
 ``response.done`` ends both. ``response.cancel`` and barge-in (the actor's `_cancel`) send
 `CancelVideo`: the engine stops at the next chunk boundary and nothing more of the video is
 sent; the done event (``cancelled``) goes out at once, so a transport stops playing it
-then. Each response has at most one video and a new response's video replaces the last
-one on the track. Without a video model the engine refuses `CreateVideo` with an error
-naming the `video` setting; the response then ends as its reply does and the session
-lives on.
+then. Each response has at most one video and a new video replaces the last one (the old
+one ends ``cancelled``). Without a video model the engine refuses `CreateVideo` with an
+error naming the `video` setting; the response then ends as its reply does and the
+session lives on.
+
+The reply model's ``show_video`` tool (`sessions.show_video`) starts its video through
+`show`: the same events, but the video does not hold its response (the model keeps talking
+in a follow-up response while the frames are made), so it may outlive the response that
+called the tool; a cancel or barge-in still stops it.
 """
 
 from __future__ import annotations
@@ -62,10 +67,11 @@ class ActiveVideo:
     response_id: str
     video_id: str
     params: VideoParams
+    held: bool = True  # its response waits for it (response.video; not the show_video tool)
 
 
 class VideoResponses:
-    """The actor's video half: at most one video in flight (the active response's)."""
+    """The actor's video half: at most one video in flight (a response's or the tool's)."""
 
     def __init__(self, actor: VideoHost) -> None:
         self._actor = actor
@@ -80,9 +86,18 @@ class VideoResponses:
         params = overrides.video if overrides is not None else None
         if response is None or params is None:
             return
-        actor = self._actor
-        response_id = response.response.id
-        video = ActiveVideo(response_id, new_id(self.id_prefix), params)
+        self._begin(ActiveVideo(response.response.id, new_id(self.id_prefix), params))
+
+    def show(self, response_id: str, params: VideoParams) -> str:
+        """Start a video for the ``show_video`` tool, called in response `response_id`; it
+        does not hold that response. Returns the new video's id."""
+        video = ActiveVideo(response_id, new_id(self.id_prefix), params, held=False)
+        self._begin(video)
+        return video.video_id
+
+    def _begin(self, video: ActiveVideo) -> None:
+        self.cancel()  # a new video replaces the one in flight
+        actor, params = self._actor, video.params
         self.active = video
         actor.commands.append(ep.CreateVideo(
             actor.stream_id, video.video_id, params.prompt, width=params.width,
@@ -91,13 +106,14 @@ class VideoResponses:
             guidance_scale=params.guidance_scale, negative_prompt=params.negative_prompt,
             seed=params.seed))
         actor.events.append(ev.VideoStarted(
-            response_id=response_id, video_id=video.video_id, prompt=params.prompt,
+            response_id=video.response_id, video_id=video.video_id, prompt=params.prompt,
             width=params.width, height=params.height, fps=params.fps,
             num_frames=params.num_frames))
 
     def holds(self, response_id: str) -> bool:
         """True while `response_id`'s video is still being made (its response waits)."""
-        return self.active is not None and self.active.response_id == response_id
+        video = self.active
+        return video is not None and video.held and video.response_id == response_id
 
     def cancel(self) -> None:
         """Stop the active video at the engine's next chunk boundary; done at once."""
@@ -106,6 +122,15 @@ class VideoResponses:
             return
         self._actor.commands.append(ep.CancelVideo(self._actor.stream_id, video.video_id))
         self._end(video, "cancelled", None)
+
+    def cancel_lingering(self, response_id: str | None) -> bool:
+        """``response.cancel`` with no response in progress: stop a ``show_video`` video that
+        outlived its response (`response_id` None or that response's); False if none."""
+        video = self.active
+        if video is None or video.held or response_id not in (None, video.response_id):
+            return False
+        self.cancel()
+        return True
 
     def on_engine(self, out: ep.VideoChunk | ep.VideoDone) -> None:
         video = self.active

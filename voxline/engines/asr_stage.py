@@ -58,6 +58,9 @@ class ASRJob:
     pause: Utterance | None = None
     generation: int = 0
     options: TranscriptionOptions = field(default_factory=TranscriptionOptions)
+    # An early take of the turn's pause transcript (see `turns`): asked when the job's
+    # turn comes whether it is still wanted (False: dropped unrun). None: any other job.
+    early: Callable[[], bool] | None = None
 
     @property
     def urgent(self) -> bool:
@@ -80,6 +83,15 @@ class ASRStage:
         else:
             self._jobs.append(job)
 
+    def promote(self, job: ASRJob) -> None:
+        """`job` (now urgent: it became a pause transcript) moves ahead of the partials,
+        if it is still queued."""
+        for i, queued in enumerate(self._jobs):
+            if queued is job:
+                del self._jobs[i]
+                self._jobs.appendleft(job)
+                return
+
     def drop(self, stream_id: StreamId) -> None:
         """Forget a closed stream's queued jobs (a running one is ignored when it returns)."""
         self._jobs = deque(j for j in self._jobs if j.stream_id != stream_id)
@@ -92,6 +104,7 @@ class ASRStage:
 
     def schedule(self) -> ASRPlan | None:
         """The first queued job and, for a batched model, the next ones of its kind."""
+        self._jobs = deque(j for j in self._jobs if j.early is None or j.early())
         if not self._jobs:
             return None
         first = self._jobs.popleft()

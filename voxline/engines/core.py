@@ -91,13 +91,16 @@ class EngineCore:
     most this far ahead of it (flow control, see `Responses`).
     `warm_prefill`: partial transcripts prefill the reply's prompt while the user speaks,
     with spare capacity only (embedded LLM; see `warm_prefill`).
+    `early_pause_transcript`: a pause transcript is taken where the speech fell silent,
+    so it is mostly done when the pause is reported (see `turns`).
     """
 
     def __init__(self, models: Models, wake: Callable[[], None], max_streams: int = 64,
                  max_input_backlog_ms: float = MAX_BACKLOG_MS,
                  max_utterance_ms: float = MAX_UTTERANCE_MS, max_responses: int = 8,
                  speculate_after_ms: float = DEFAULT_SPECULATE_AFTER_MS,
-                 generation_lead_ms: float | None = None, warm_prefill: bool = False) -> None:
+                 generation_lead_ms: float | None = None, warm_prefill: bool = False,
+                 early_pause_transcript: bool = True) -> None:
         self.models = models
         self.max_responses = max_responses
         self.max_utterance_ms = max_utterance_ms
@@ -121,7 +124,7 @@ class EngineCore:
                             if models.end_of_turn is not None else None)
         self.turns = Turns(self.registry, self.vad, self.asr, self.responses,
                            self._outputs.append, speculate_after_ms, max_responses,
-                           self.end_of_turn, self.warm)
+                           self.end_of_turn, self.warm, early_pause_transcript)
         # `_release_closed` reads the LLM's running plan: KV slots a step in flight writes
         self._llm_worker = StageWorker(self.llm, wake, "voxline-llm")
         self.table = self._stage_table(wake)

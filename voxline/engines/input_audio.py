@@ -82,13 +82,23 @@ class TurnResumed:
 
 
 @dataclass
+class SpeechEnded:
+    """The turn's speech just fell silent (the first silent frame after voice, before any
+    pause is reported): a take of the turn now is ready early to be its pause transcript,
+    and is one as long as no voice follows it."""
+
+    utterance: Utterance
+
+
+@dataclass
 class PartialDue:
     """The turn has grown by a partial interval: transcribe what it holds so far."""
 
     utterance: Utterance
 
 
-TurnUpdate = TurnStarted | TurnStopped | TurnPaused | TurnResumed | PartialDue
+TurnUpdate = (TurnStarted | TurnStopped | TurnPaused | TurnResumed | SpeechEnded
+              | PartialDue)
 
 
 class InputAudio:
@@ -172,6 +182,9 @@ class InputAudio:
             utt.pause_asr = False
             utt.pause_text = None
             return TurnResumed(utt)
+        if (self.pause_ms and det.state == TurnState.SPEECH and not det.paused
+                and det.last_voice_ms == start_ms):  # voice until this frame, not in it
+            return SpeechEnded(utt)
         interval = partial_interval_ms * INPUT_RATE // 1000
         # Partials only on voiced frames: one started in the pause before the end of a
         # turn would still be running when the final transcript is needed.

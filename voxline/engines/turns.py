@@ -15,12 +15,25 @@ void, and a failed one just means no speculation. Under semantic turn detection 
 also goes to the end-of-turn model when one is loaded (`end_of_turn_stage`), whose
 verdict joins the words' in the stream's `TurnDetector`; a stale or failed one is
 ignored (the words decide alone).
+
+The pause transcript is taken early: at the frame where the turn's speech falls silent
+(`SpeechEnded`), `pause_ms` before a pause can be reported, the turn so far goes to ASR
+as an *early take* (`EarlyTake`). When the pause comes with no voice since that frame
+(the detector's last voice unchanged), the take is the pause transcript: already in, the
+pause needs no ASR at all; still running, the pause waits for it (moved ahead of the
+partials). Otherwise (voice since, or early takes off) the pause is transcribed as it
+stands. Either way the pause transcript is exactly a plain transcription of the audio its
+job held (the utterance through the take's frame, or through the pause's), and it is the
+turn's final transcript when no speech follows. Moonshine's encoder is not incremental:
+a take is the whole utterance so far, only started earlier. A take made stale by voice
+is dropped unrun if still queued (`ASRJob.early`), and reports as a partial if it ran.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,6 +42,7 @@ from voxline.engines.asr_stage import ASRJob, ASRStage, TranscriptionOptions
 from voxline.engines.end_of_turn_stage import EndOfTurnJob, EndOfTurnStage
 from voxline.engines.input_audio import (
     PartialDue,
+    SpeechEnded,
     TurnPaused,
     TurnResumed,
     TurnStarted,
@@ -36,6 +50,7 @@ from voxline.engines.input_audio import (
     Utterance,
 )
 from voxline.engines.responses import Responses
+from voxline.engines.stage import StreamId
 from voxline.engines.streams import StreamRegistry, StreamState
 from voxline.engines.vad_stage import VADFrame, VADPlan, VADStage
 from voxline.engines.warm_prefill import WarmPrefills
@@ -51,6 +66,17 @@ def transcription_options(config: p.StreamConfig) -> TranscriptionOptions:
     return TranscriptionOptions(config.transcription_language, config.transcription_prompt)
 
 
+@dataclass
+class EarlyTake:
+    """A transcription of the turn at the frame its speech fell silent (`SpeechEnded`)."""
+
+    utterance: Utterance
+    job: ASRJob
+    voice_ms: float  # the detector's last voice then: the take is fresh while it holds
+    text: str | None = None  # once landed
+    asr_ms: float = 0.0
+
+
 class Turns:
     """Routes every stream's input audio through VAD and ASR; outputs go to `emit`.
 
@@ -58,14 +84,17 @@ class Turns:
     fewer than `max_responses` are in progress (never at the cost of running ones).
     `end_of_turn` (None: rules over the words alone) hears semantic-VAD pauses.
     `warm` (None: off) prefills the reply's prompt from each partial transcript.
+    `early_pause`: take the pause transcript where the speech fell silent (see above).
     """
 
     def __init__(self, registry: StreamRegistry, vad: VADStage, asr: ASRStage,
                  responses: Responses, emit: Callable[[p.EngineOutput], None],
                  speculate_after_ms: float, max_responses: int,
                  end_of_turn: EndOfTurnStage | None = None,
-                 warm: WarmPrefills | None = None) -> None:
+                 warm: WarmPrefills | None = None, early_pause: bool = True) -> None:
         self.registry = registry
+        self.early_pause = early_pause
+        self._takes: dict[StreamId, EarlyTake] = {}  # each stream's latest early take
         self.warm = warm
         self.end_of_turn = end_of_turn
         self.vad = vad
@@ -120,6 +149,7 @@ class Turns:
     def closed(self, stream: StreamState) -> None:
         """Forget a closing stream's queued audio and jobs (a running job is void)."""
         self.asr.drop(stream.internal_id)
+        self._takes.pop(stream.internal_id, None)
         if self.end_of_turn is not None:
             self.end_of_turn.drop(stream.internal_id)
         self.vad.remove_stream(stream.internal_id)
@@ -145,10 +175,12 @@ class Turns:
         sid = stream.external_id
         match turn:
             case TurnStarted():
+                self._takes.pop(stream.internal_id, None)
                 self.responses.discard_speculation(stream)  # (a lingering one: never asked for)
                 self._emit(p.VoiceStarted(sid, int(turn.audio_start_ms), turn.utterance.item_id))
             case TurnStopped():
                 utt = turn.utterance
+                self._takes.pop(stream.internal_id, None)  # (one in flight knows its pause)
                 self._emit(p.VoiceStopped(sid, int(turn.audio_end_ms), utt.item_id))
                 if utt.pause_text is not None:  # no speech since the pause: it is the final
                     self._final_transcript(stream, utt.item_id, utt.pause_text, utt.pause_asr_ms)
@@ -157,20 +189,58 @@ class Turns:
                     stream.pending_finals += 1
                 else:
                     self._queue_final(stream, utt.item_id, utt.audio())
+            case SpeechEnded() if self.early_pause:
+                self._take_early(stream, turn.utterance)
             case TurnPaused():
-                utt = turn.utterance
-                utt.pause_asr = True
-                audio = utt.audio()
-                self.asr.add(ASRJob(stream.internal_id, utt.item_id, audio, final=False,
-                                    pause=utt, generation=utt.generation,
-                                    options=transcription_options(stream.config)))
-                self._hear_pause(stream, utt, audio)
+                self._paused(stream, turn.utterance)
             case TurnResumed():
                 self.responses.discard_speculation(stream)
             case PartialDue():
                 utt = turn.utterance
                 self.asr.add(ASRJob(stream.internal_id, utt.item_id, utt.audio(), final=False,
                                     options=transcription_options(stream.config)))
+
+    def _paused(self, stream: StreamState, utt: Utterance) -> None:
+        """The pause transcript: the fresh early take (landed, or waited for), else a job
+        over the turn as it stands."""
+        utt.pause_asr = True
+        audio = utt.audio()
+        self._hear_pause(stream, utt, audio)
+        take = self._fresh_take(stream, utt)
+        if take is None:
+            self.asr.add(ASRJob(stream.internal_id, utt.item_id, audio, final=False,
+                                pause=utt, generation=utt.generation,
+                                options=transcription_options(stream.config)))
+        elif take.text is not None:
+            self._pause_text(stream, utt, take.text, take.asr_ms)
+        else:  # it lands as this pause's transcript (`on_transcript`)
+            take.job.pause, take.job.generation = utt, utt.generation
+            self.asr.promote(take.job)
+
+    def _take_early(self, stream: StreamState, utt: Utterance) -> None:
+        """Transcribe the turn where its speech fell silent (see the module docstring)."""
+        assert stream.input.detector is not None
+        job = ASRJob(stream.internal_id, utt.item_id, utt.audio(), final=False,
+                     options=transcription_options(stream.config))
+        take = EarlyTake(utt, job, stream.input.detector.last_voice_ms)
+        self._takes[stream.internal_id] = take
+
+        def wanted() -> bool:  # as a pause transcript, or still able to become one
+            if job.pause is not None:
+                return job.generation == utt.generation
+            return self._fresh_take(stream, utt) is take
+
+        job.early = wanted
+        self.asr.add(job)
+
+    def _fresh_take(self, stream: StreamState, utt: Utterance) -> EarlyTake | None:
+        """The stream's early take of `utt`, if no voice has come since it was taken."""
+        take = self._takes.get(stream.internal_id)
+        det = stream.input.detector
+        if (take is None or take.utterance is not utt or stream.input.utterance is not utt
+                or det is None or det.last_voice_ms != take.voice_ms):
+            return None
+        return take
 
     def _hear_pause(self, stream: StreamState, utt: Utterance, audio: np.ndarray) -> None:
         """Semantic turn detection with a model: it judges the pause beside the words."""
@@ -196,6 +266,8 @@ class Turns:
         elif job.final:
             self._final_transcript(stream, job.item_id, text, seconds * 1000)
             self.responses.transcript_landed(stream)
+        elif job.early is not None:
+            self._take_landed(stream, job, text, seconds)
         else:
             utt = stream.input.utterance
             if utt is not None and utt.item_id == job.item_id:
@@ -205,12 +277,27 @@ class Turns:
                     if self.warm is not None:
                         self.warm.partial(stream, job.item_id, text)
 
+    def _take_landed(self, stream: StreamState, job: ASRJob, text: str, seconds: float) -> None:
+        """An early take landed before any pause: kept for one, and a partial meanwhile."""
+        take = self._takes.get(stream.internal_id)
+        if take is not None and take.job is job:
+            take.text, take.asr_ms = text, seconds * 1000
+        utt = stream.input.utterance
+        if text and stream.config.transcribe_partials and utt is not None \
+                and utt.item_id == job.item_id:
+            self._emit(p.TranscriptPartial(stream.external_id, job.item_id, text))
+            if self.warm is not None:
+                self.warm.partial(stream, job.item_id, text)
+
     def asr_failed(self, job: ASRJob, error: Exception) -> None:
-        """A failed final lands as failed; a failed partial or pause transcript is only
-        missing (unless the turn ended meanwhile: then the pause one was its final)."""
+        """A failed final lands as failed; a failed partial, early take or pause transcript
+        is only missing (unless the turn ended meanwhile: then the pause one was its final)."""
         stream = self.registry.live(job.stream_id)
         if stream is None:
             return
+        take = self._takes.get(stream.internal_id)
+        if take is not None and take.job is job and job.pause is None:
+            del self._takes[stream.internal_id]  # no pause waits for a take that failed
         utt = job.pause
         if utt is not None:
             if job.generation != utt.generation:
@@ -239,16 +326,19 @@ class Turns:
         assert utt is not None
         if job.generation != utt.generation:
             return  # speech resumed after the pause: void
+        self._pause_text(stream, utt, text, seconds * 1000)
+
+    def _pause_text(self, stream: StreamState, utt: Utterance, text: str, asr_ms: float) -> None:
         utt.pause_asr = False
         if utt.ended:
-            self._final_transcript(stream, job.item_id, text, seconds * 1000)
+            self._final_transcript(stream, utt.item_id, text, asr_ms)
             self.responses.transcript_landed(stream)
             return
-        utt.pause_text, utt.pause_asr_ms = text, seconds * 1000
+        utt.pause_text, utt.pause_asr_ms = text, asr_ms
         if stream.input.utterance is utt and stream.input.detector is not None:
             stream.input.detector.judge(text)
         if self.speculate_after_ms > 0 and self.responses.in_progress() < self.max_responses:
-            self.responses.speculate(stream, job.item_id, text)
+            self.responses.speculate(stream, utt.item_id, text)
 
     # ------------------------------------------------------------- end-of-turn slot
 

@@ -146,11 +146,15 @@ class Settings(BaseSettings):
     llm_checkpoint: str | None = Field(default=None, description="embedded LLM: a local "
                                        "Hugging Face Llama-family checkpoint directory "
                                        "(default: the shipped SmolLM2)")
-    video: str = Field(default="", pattern=r"^(helios:.+)?$",
+    video: str = Field(default="", pattern=r"^((helios|helios-pyramid):.+)?$",
                        json_schema_extra={"metavar": "helios:DIR"},
-                       description="video model: 'helios:<checkpoint dir>' (diffusers layout, as "
-                                   "HeliosPipeline.from_pretrained reads it; on CUDA when there "
-                                   "is a GPU); empty: no video, video requests are refused")
+                       description="video model: 'helios:<checkpoint dir>' (diffusers layout; "
+                                   "its model_index.json picks HeliosPipeline, or "
+                                   "HeliosPyramidPipeline for Helios-Mid/-Distilled, run chunk by "
+                                   "chunk with the checkpoint's pyramid stages); "
+                                   "'helios-pyramid:<dir>' runs any Helios checkpoint through the "
+                                   "pyramid sampler; on CUDA when there is a GPU; empty: no "
+                                   "video, video requests are refused")
     video_cache_backend: str = Field(default="none",
                                      pattern=r"^(none|first_block_cache|mag_cache)$",
                                      description="video step cache when a request names none "

@@ -15,19 +15,36 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from voxline.config import Settings, load_settings, settings_from_dump
 from voxline.engines.asr_stage import ASRModel
+from voxline.engines.capacity import (
+    CAPACITY_FIELDS,
+    DeviceBudget,
+    Footprint,
+    find_latency_row,
+    load_table,
+    plan_capacity,
+)
 from voxline.engines.client import EngineClient, InProcessEngineClient
 from voxline.engines.core import EngineCore, Models
 from voxline.engines.llm_stage import ChatModel
+from voxline.engines.model_memory import (
+    LLM_POSITIONS,
+    TTS_POSITIONS,
+    bf16_weights_footprint,
+    llm_footprint,
+    qwen3_tts_footprint,
+)
 from voxline.engines.remote_llm import RemoteChat, RemoteLLMConfig, parse_llm_spec
 from voxline.engines.speech_model import SentenceSpeechModel, SpeechModel
 from voxline.engines.video_stage import VideoModel
 from voxline.errors import VoxlineError
+from voxline.kernels.cuda_graphs import pow2_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +59,7 @@ def model_threads(settings: Settings) -> int:
 
 
 def load_models(settings: Settings | None = None, *, llm_path: str | None = None,
-                max_slots: int = 8, max_len: int = 2048) -> Models:
+                max_slots: int = 8, max_len: int = LLM_POSITIONS) -> Models:
     """Load VAD, ASR, LLM, TTS and the end-of-turn model (shipped weights unless `llm_path`
     names a checkpoint)."""
     from voxline.engines.models.silero_vad import SileroVAD
@@ -154,6 +171,7 @@ def load_tts(settings: Settings) -> SpeechModel:
                                  dtype=torch.bfloat16 if cuda else torch.float32,
                                  speaker=settings.tts_speaker, language=settings.tts_language,
                                  max_streams=settings.tts_max_streams, batch_buckets=buckets,
+                                 max_len=TTS_POSITIONS,
                                  initial_chunk_frames=settings.tts_first_chunk_frames,
                                  chunk_frames=settings.tts_chunk_frames,
                                  max_frames=settings.tts_max_frames)
@@ -167,21 +185,113 @@ def load_tts(settings: Settings) -> SpeechModel:
 
 
 def load_video(settings: Settings) -> VideoModel | None:
-    """The video model `settings.video` names (a Helios checkpoint), or None when unset."""
+    """The video model `settings.video` names (a Helios checkpoint, plain or pyramid), or
+    None when unset."""
     if not settings.video:
         return None
-    from voxline.engines.models.helios import HeliosChunkDriver, load_helios
+    from voxline.engines.models.helios import driver_for, load_helios, parse_video_setting
     from voxline.engines.models.helios.step_cache import step_caches_for
 
-    model_dir = settings.video.removeprefix("helios:")
+    sampler, model_dir = parse_video_setting(settings.video)
     cuda = torch.cuda.is_available()
     t0 = time.perf_counter()
     pipe = load_helios(model_dir, device="cuda" if cuda else "cpu",
-                       dtype=torch.bfloat16 if cuda else None)
+                       dtype=torch.bfloat16 if cuda else None, sampler=sampler)
     logger.info("Helios %s loaded in %.2f s", model_dir, time.perf_counter() - t0)
     caches = step_caches_for(pipe.transformer, model_dir, settings.cache,
                              settings.video_cache_backend, settings.video_cache_threshold)
-    return HeliosChunkDriver(pipe, step_caches=caches)
+    return driver_for(pipe, step_caches=caches)
+
+
+# --------------------------------------------------------------------------- capacity
+
+
+def sized_for_device(settings: Settings) -> Settings:
+    """`settings` with the capacity fields the user left unset (``max_sessions``,
+    ``max_responses``, ``tts_max_streams``) sized to the GPU the models run on, and the
+    set ones checked (:mod:`voxline.engines.capacity`); logs the choice in one line.
+    Unchanged when no stage runs on a GPU: the CPU keeps the field defaults. The API
+    process calls it once, before the engine starts, so that the session host admits
+    what the engine holds; explicit means in ``settings.model_fields_set`` (a flag or an
+    environment variable), so call it on Settings read from flags or the environment,
+    not on a dump."""
+    footprints, params = gpu_footprints(settings)
+    if not footprints:
+        return settings
+    devices = [probe_device(device, footprint) for device, footprint in footprints.items()]
+    table = load_table()
+    rows = [find_latency_row(table.rows, name, tts_params=params["tts"], llm_params=params["llm"])
+            for name in sorted({d.name for d in devices})]
+    latency = (None if any(r is None for r in rows)
+               else min((r for r in rows if r is not None), key=lambda r: r.sessions))
+    explicit = {f: getattr(settings, f) for f in CAPACITY_FIELDS if f in settings.model_fields_set}
+    defaults = {f: Settings.model_fields[f].default for f in CAPACITY_FIELDS}
+    capacity = plan_capacity(devices, explicit=explicit, defaults=defaults, latency=latency,
+                             working_fraction=table.working_fraction)
+    sized = settings.model_copy(update={k: v for k, v in capacity.values().items()
+                                        if k not in explicit})
+    try:
+        tts_buckets = sized.tts_bucket_list()  # explicit buckets lie within the streams chosen
+    except ValueError as exc:
+        raise VoxlineError(str(exc)) from None
+    buckets = (f"LLM {_csv(pow2_buckets(1, sized.max_sessions))}, TTS "
+               f"{_csv(tts_buckets or pow2_buckets(1, sized.tts_max_streams))}")
+    logger.info("%s; CUDA-graph batch buckets: %s", capacity.log_line(), buckets)
+    return sized
+
+
+def _csv(sizes: list[int]) -> str:
+    return ",".join(map(str, sizes))
+
+
+def gpu_footprints(settings: Settings) -> tuple[dict[str, Footprint], dict[str, int]]:
+    """What each CUDA device `settings` uses will hold (none: nothing on a GPU), and the
+    parameters of the TTS and LLM there (the latency table's key; 0 when not there)."""
+    on: dict[str, Footprint] = {}
+    params = {"tts": 0, "llm": 0}
+
+    def add(field: str, device: str, footprint: Footprint) -> None:
+        key = cuda_device(field, device)
+        on[key] = on.get(key, Footprint()) + footprint
+
+    if not settings.remote_llm and settings.llm_device.startswith("cuda"):
+        llm_device(settings)  # a GPU, and a dtype it runs
+        from voxline.engines.models.llama.checkpoint import _resolve  # the loader's lookup
+
+        footprint, params["llm"] = llm_footprint(_resolve(settings.llm_checkpoint, settings.cache),
+                                                 settings.llm_dtype)
+        add("llm_device", settings.llm_device, footprint)
+    if settings.tts.startswith("qwen3:") and settings.tts_device.startswith("cuda"):
+        footprint, params["tts"] = qwen3_tts_footprint(Path(settings.tts.removeprefix("qwen3:")))
+        add("tts_device", settings.tts_device, footprint)
+    checkpoint = settings.whisper_checkpoint
+    if checkpoint is not None and settings.asr_device.startswith("cuda"):
+        add("asr_device", settings.asr_device, bf16_weights_footprint(Path(checkpoint), "ASR"))
+    if on and settings.video:  # Helios loads on the default GPU whenever there is one
+        add("video", "cuda", bf16_weights_footprint(Path(settings.video.partition(":")[2]),
+                                                    "video"))
+    return on, params
+
+
+def cuda_device(field: str, device: str) -> str:
+    """``cuda`` or ``cuda:N`` as ``cuda:N``, checked: the GPU exists."""
+    if not torch.cuda.is_available():
+        raise VoxlineError(f"{field}={device}, but this machine has no CUDA GPU "
+                           f"(torch {torch.__version__}); use {field}=cpu")
+    index = int(device.partition(":")[2] or 0)
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise VoxlineError(f"{field}={device}, but this machine has {count} CUDA GPU(s)")
+    return f"cuda:{index}"
+
+
+def probe_device(device: str, footprint: Footprint) -> DeviceBudget:
+    """`device`'s name and memory now (``torch.cuda.mem_get_info``: free, total)."""
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return DeviceBudget(device, torch.cuda.get_device_name(torch.device(device)), total, free,
+                        footprint)
+
+
 
 
 def make_engine_core(wake: Callable[[], None], settings: Mapping[str, Any] | None = None, *,

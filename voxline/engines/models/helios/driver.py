@@ -210,8 +210,9 @@ class HeliosChunkDriver:
         history = {"latents_history_short": short, "latents_history_mid": mid,
                    "latents_history_long": long, **self.indices}
         for t in self._schedule(render):
-            noise = self._predict(latents.to(dtype), t.expand(1), positive, negative,
-                                  spec.guidance_scale, history)
+            cond, uncond = self._predict(latents.to(dtype), t.expand(1), positive, negative,
+                                         spec.guidance_scale > 1.0, history)
+            noise = cond if uncond is None else uncond + spec.guidance_scale * (cond - uncond)
             latents = render.scheduler.step(noise, t, latents, generator=render.generator,
                                             return_dict=False)[0]
         if render.first_latent is None:
@@ -219,9 +220,10 @@ class HeliosChunkDriver:
         return latents
 
     def _predict(self, latents: torch.Tensor, timestep: torch.Tensor, positive: torch.Tensor,
-                 negative: torch.Tensor | None, guidance: float,
-                 history: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The transformer's noise prediction, guided (two calls) when guidance > 1."""
+                 negative: torch.Tensor | None, guided: bool, history: dict[str, torch.Tensor],
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The transformer's conditional prediction, and the unconditional one when `guided`
+        (a second call; the caller combines them, as its pipeline does)."""
         transformer, recorder = self.pipe.transformer, self._recorder
         with transformer.cache_context("cond"):
             if recorder is not None:
@@ -230,12 +232,12 @@ class HeliosChunkDriver:
                                encoder_hidden_states=positive, return_dict=False, **history)[0]
             if recorder is not None:
                 recorder.active = False
-        if guidance <= 1.0:
-            return cond
+        if not guided:
+            return cond, None
         with transformer.cache_context("uncond"):
             uncond = transformer(hidden_states=latents, timestep=timestep,
                                  encoder_hidden_states=negative, return_dict=False, **history)[0]
-        return uncond + guidance * (cond - uncond)
+        return cond, uncond
 
     def _decode(self, render: HeliosRender, latents: torch.Tensor) -> torch.Tensor:
         """Append the chunk to the history (kept to the window) and decode it to video."""

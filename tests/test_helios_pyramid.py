@@ -1,0 +1,160 @@
+"""The Helios pyramid chunk driver against a plain `HeliosPyramidPipeline` call, on tiny
+local checkpoints of the three variants (distilled: DMD scheduler, guidance 1.0, the first
+chunk amplified; mid: CFG-Zero*; base: plain guidance), loaded through the real path.
+
+Exactness is asserted bitwise (`np.array_equal` on the float frames), as for the plain
+driver: the driver runs the pipeline's ops in the pipeline's order on the same CPU build,
+so any difference means its loop diverged (a stage's schedule, the block noise drawn out
+of order, a first chunk not amplified), not rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+from tiny_helios import TINY_MAX_SEQUENCE_LENGTH, save_tiny_helios  # noqa: E402
+
+from voxline.engines import protocol as p  # noqa: E402
+from voxline.engines.models.helios import (  # noqa: E402
+    HeliosChunkDriver,
+    HeliosPyramidDriver,
+    VideoSpec,
+    driver_for,
+    load_helios,
+    stage_steps,
+)
+from voxline.engines.models.helios.driver import to_uint8  # noqa: E402
+from voxline.engines.models.helios.step_cache import CacheBackend, CacheChoice, StepCaches  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: threads only contend on a shared machine
+    yield {variant: save_tiny_helios(tmp_path_factory.mktemp(variant), pyramid=variant)
+           for variant in ("distilled", "mid", "base")}
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def pipes(checkpoints):
+    return {variant: load_helios(path) for variant, path in checkpoints.items()}
+
+
+def spec(**kw) -> VideoSpec:
+    base = dict(prompt="dance monkey", width=64, height=64, num_frames=65,
+                num_inference_steps=6, guidance_scale=1.0, negative_prompt="negative", seed=7,
+                max_sequence_length=TINY_MAX_SEQUENCE_LENGTH)
+    return VideoSpec(**{**base, **kw})
+
+
+def plain_call(pipe, s: VideoSpec, amplify: bool) -> np.ndarray:
+    return pipe(s.prompt, negative_prompt=s.negative_prompt, height=s.height, width=s.width,
+                num_frames=s.num_frames, guidance_scale=s.guidance_scale,
+                pyramid_num_inference_steps_list=stage_steps(s.num_inference_steps, 3),
+                is_amplify_first_chunk=amplify, max_sequence_length=s.max_sequence_length,
+                generator=torch.Generator().manual_seed(s.seed), output_type="np").frames[0]
+
+
+def driver(pipe, **kw) -> HeliosPyramidDriver:
+    made = driver_for(pipe, max_sequence_length=TINY_MAX_SEQUENCE_LENGTH, **kw)
+    assert isinstance(made, HeliosPyramidDriver)
+    return made
+
+
+@pytest.mark.parametrize("variant, changes", [
+    ("distilled", {}),  # the card's setting: 2 steps a stage, guidance 1, chunk 0 amplified
+    ("mid", {"guidance_scale": 5.0, "width": 128, "height": 128, "num_frames": 33}),
+    ("base", {"guidance_scale": 5.0, "num_inference_steps": 5, "num_frames": 33}),  # [2, 2, 1]
+])
+def test_chunks_equal_a_plain_pyramid_pipeline_call(pipes, variant, changes):
+    s = spec(**changes)
+    d = driver(pipes[variant])
+    assert (d.stages, d.distilled, d.cfg_zero_star) == (3, variant == "distilled",
+                                                        variant == "mid")
+    render = d.begin(s)
+    chunks = []
+    while not render.finished:
+        chunks.append(d.render_chunk(render))  # one call, one chunk
+    assert [len(c) for c in chunks] == ([33, 32] if s.num_frames == 65 else [33])
+    assert np.array_equal(np.concatenate(chunks),
+                          plain_call(pipes[variant], s, amplify=variant == "distilled"))
+
+
+def test_interleaved_pyramid_requests_each_equal_their_own_call(pipes):
+    d = driver(pipes["distilled"])
+    a, b = d.begin(spec(seed=1)), d.begin(spec(seed=2, prompt="a red cat"))
+    got: dict[int, list[np.ndarray]] = {1: [], 2: []}
+    for _ in range(2):  # a, b, a, b: per-request scheduler stages, generator, history
+        got[1].append(a.next_chunk())
+        got[2].append(b.next_chunk())
+    for key, render in ((1, a), (2, b)):
+        ref = to_uint8(plain_call(pipes["distilled"], render.spec, amplify=True))
+        assert np.array_equal(np.concatenate(got[key]), ref)
+
+
+def test_the_video_setting_picks_the_pyramid_driver_from_the_checkpoint(checkpoints, pipes,
+                                                                        tmp_path):
+    from voxline.config import Settings
+    from voxline.engines.factory import load_video
+
+    model = load_video(Settings(video=f"helios:{checkpoints['distilled']}", cache=tmp_path))
+    assert isinstance(model, HeliosPyramidDriver) and model.distilled
+    model.max_sequence_length = TINY_MAX_SEQUENCE_LENGTH
+    render = model.begin_video(p.CreateVideo("s", "v", "dance monkey", width=64, height=64,
+                                             num_frames=33, num_inference_steps=6,
+                                             guidance_scale=1.0, seed=3))
+    frames = render.next_chunk()
+    ref = plain_call(pipes["distilled"], spec(num_frames=33, seed=3, negative_prompt=""),
+                     amplify=True)
+    assert np.array_equal(frames, to_uint8(ref))
+
+
+def test_helios_pyramid_forces_the_pyramid_sampler_on_a_plain_checkpoint(tmp_path):
+    from voxline.config import Settings
+    from voxline.engines.factory import load_video
+
+    plain = save_tiny_helios(tmp_path / "plain")
+    assert type(load_video(Settings(video=f"helios:{plain}", cache=tmp_path))) is \
+        HeliosChunkDriver
+    forced = load_video(Settings(video=f"helios-pyramid:{plain}", cache=tmp_path))
+    assert isinstance(forced, HeliosPyramidDriver) and forced.stages == 1
+
+
+def test_first_block_cache_runs_per_stage_and_is_exact_at_threshold_zero(pipes):
+    pipe = pipes["base"]
+    d = driver(pipe, step_caches=StepCaches(pipe.transformer, CacheChoice()))
+    s = spec(num_frames=33, guidance_scale=5.0)
+    plain = d.begin(s).next_chunk()
+    cached = d.begin(spec(num_frames=33, guidance_scale=5.0, cache_backend="first_block_cache",
+                          cache_threshold=0.0)).next_chunk()
+    assert np.array_equal(cached, plain)  # the stage's token count changes: state is reset
+    d.step_caches.prepare(CacheChoice(), 1)  # hooks off for the module's other tests
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"num_inference_steps": 2}, "CreateVideo.num_inference_steps: 2 is fewer than"),
+    ({"width": 96}, "CreateVideo.width: 96 is not a multiple of 64"),
+    ({"height": 32}, "CreateVideo.height: 32 is not a multiple of 64"),
+    ({"cache_backend": "mag_cache"}, "CreateVideo.cache_backend: mag_cache does not run"),
+])
+def test_pyramid_refusals_name_the_field(pipes, changes, message):
+    with pytest.raises(ValueError, match=message):
+        driver(pipes["distilled"]).begin(spec(**changes))
+
+
+def test_a_mag_cache_server_default_is_refused_at_load(pipes):
+    caches = StepCaches(pipes["distilled"].transformer, CacheChoice(CacheBackend.MAG_CACHE))
+    with pytest.raises(ValueError, match="video_cache_backend: mag_cache"):
+        driver(pipes["distilled"], step_caches=caches)
+
+
+def test_stage_steps_split_evenly_from_the_first_stage():
+    assert stage_steps(6, 3) == [2, 2, 2]
+    assert stage_steps(60, 3) == [20, 20, 20]
+    assert stage_steps(50, 3) == [17, 17, 16]
+    assert stage_steps(4, 1) == [4]

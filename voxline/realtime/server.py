@@ -12,7 +12,7 @@ from types import FrameType
 import uvicorn
 
 from voxline.config import settings_from_flags
-from voxline.engines.factory import make_engine
+from voxline.engines.factory import make_engine, sized_for_device
 from voxline.realtime.app import create_app
 from voxline.realtime.websocket import OpenSessions, open_sessions
 
@@ -61,7 +61,7 @@ class DrainingServer(uvicorn.Server):
 
 def serve(args: argparse.Namespace) -> int:
     """Run the server with the Settings `args` (``voxline serve``'s flags) give."""
-    settings = settings_from_flags(args)
+    settings = sized_for_device(settings_from_flags(args))  # capacity from the GPU, if any
     app = create_app(settings, make_engine(settings))
     logger.info("voxline listening on http://%s:%d (realtime: ws://%s:%d/v1/realtime)",
                 settings.host, settings.port, settings.host, settings.port)

@@ -16,7 +16,7 @@ from typing import Any
 
 from voxline.config import Settings, load_settings
 from voxline.engines.client import EngineClient, InProcessEngineClient
-from voxline.engines.factory import make_engine
+from voxline.engines.factory import make_engine, sized_for_device
 from voxline.realtime.session_host import (
     Admission,
     SessionHost,
@@ -153,6 +153,7 @@ class Engine(SessionFactory):
         elif core is not None:
             self.client = InProcessEngineClient(core, core_options)
         else:
+            self.settings = sized_for_device(self.settings)  # capacity from the GPU, if any
             self.client = make_engine(self.settings)
 
     async def __aenter__(self) -> Engine:

@@ -97,6 +97,22 @@ def test_graphed_decode_gives_forward_batch_logits_and_tokens(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_mixed_step_replays_its_decode_rows_and_runs_only_the_prompts_eagerly(device):
+    ref, ours, dec = pair(device)
+    # Slots 4, 2 decode one token each; 1 (new) and 5 (a follow-up turn) feed prompts.
+    slots, toks = [4, 1, 2, 5], [[7], ids(11, 20), [9], ids(5, 21)]
+    want = ref.forward_batch(slots, toks)
+    got = dec.forward(slots, toks)
+    close(got, want)
+    assert got.argmax(-1).tolist() == want.argmax(-1).tolist()
+    assert dec.graph_steps == 1 and dec.eager_steps == 0  # decode rows: one bucket replay
+    decode_both(ref, dec, [1, 4, 5, 2], ids(4, 22), steps=3)  # the caches agree from there
+    same_cache(ref, ours)
+    close(dec.forward([0], [ids(6, 23)]), ref.forward_batch([0], [ids(6, 23)]))  # prompts only
+    assert dec.graph_steps == 4
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_padding_rows_write_only_the_scratch_slot(device):
     _, ours, dec = pair(device)
     cache = ours.cache

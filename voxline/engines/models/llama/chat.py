@@ -119,8 +119,8 @@ class ChatLLM:
         return self.cache.import_prefix(slot, self._prefixes[best])
 
     def forward(self, slots: list[int], tokens: list[list[int]]) -> torch.Tensor:
-        if self.decoder is not None and all(len(toks) == 1 for toks in tokens):
-            return self.decoder.step(slots, [toks[0] for toks in tokens])
+        if self.decoder is not None:
+            return self.decoder.forward(slots, tokens)
         return self.model.forward_batch(slots, tokens)
 
     def sample(self, logits: torch.Tensor, temperatures: Sequence[float],

@@ -58,11 +58,13 @@ class Settings(BaseSettings):
     max_sessions: int = Field(default=8, ge=1, description="concurrent voice sessions: "
                               "/v1/realtime WebSockets, WebRTC calls and Twilio streams "
                               "together; each holds an LLM cache slot, sized to this. Past "
-                              "it: close 1013 / HTTP 503 + Retry-After")
+                              "it: close 1013 / HTTP 503 + Retry-After. On a GPU, unset: what "
+                              "its memory holds, capped by the sessions measured at the "
+                              "latency bar (README: Capacity on a GPU)")
     max_responses: int = Field(default=8, ge=1, description="replies and /v1/audio/speech "
                                "requests the engine generates at once; past it a reply fails "
                                "with error code server_busy and speech gets HTTP 503 + "
-                               "Retry-After")
+                               "Retry-After. On a GPU, unset: max_sessions")
     send_buffer_kb: int = Field(default=1024, ge=16, description="KiB of events queued for a "
                                 "client that stopped reading before its connection is "
                                 "dropped; other sessions are unaffected")
@@ -109,17 +111,26 @@ class Settings(BaseSettings):
                             json_schema_extra={"metavar": "cpu|cuda[:N]"},
                             description="torch device of a Whisper ASR (bfloat16 on cuda); "
                                         "Moonshine always runs on the CPU")
+    asr_workers: int = Field(default=1, ge=1, le=64,
+                             description="Moonshine transcriptions run at once, each on "
+                                         "threads/asr_workers cores: on a many-core server "
+                                         "many sessions' final transcripts are made side by "
+                                         "side instead of queueing (a Whisper ASR batches "
+                                         "on its device instead)")
     tts: str = Field(default="piper", pattern=r"^(piper|qwen3:.+)$",
                      json_schema_extra={"metavar": "piper|qwen3:<checkpoint dir>"},
                      description="speech model: 'piper' (shipped voice) or 'qwen3:<checkpoint dir>' "
                                  "(Qwen3-TTS, official layout)")
-    tts_device: str = Field(default="cpu", description="torch device of a neural TTS (e.g. "
-                            "cuda; Piper always runs on the CPU)")
+    tts_device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$",
+                            json_schema_extra={"metavar": "cpu|cuda[:N]"},
+                            description="torch device of a neural TTS (e.g. cuda; Piper always "
+                                        "runs on the CPU)")
     tts_speaker: str | None = Field(default=None, description="Qwen3-TTS preset voice "
                                     "(default: the checkpoint's first)")
     tts_language: str = Field(default="auto", description="Qwen3-TTS language, or auto")
     tts_max_streams: int = Field(default=8, ge=1, description="Qwen3-TTS replies spoken at once "
-                                 "(talker slots; more wait for a free one)")
+                                 "(talker slots; more wait for a free one). On a GPU, unset: "
+                                 "max_responses, or what fits beside max_sessions if fewer")
     tts_first_chunk_frames: int = Field(default=1, ge=1, le=48, description="Qwen3-TTS: "
                                         "12 Hz codec frames (80 ms each) in a reply's first "
                                         "audio chunk (fewer: earlier first audio)")
@@ -281,17 +292,30 @@ class DerivedFlag:
     choices: tuple[str, ...]
     help: str
     fields: Callable[[str], dict[str, str]]
+    parse: Callable[[str], str] = str  # a value's check before `choices` (argparse's type)
 
     @property
     def flag(self) -> str:
         return "--" + self.dest.replace("_", "-")
 
 
+def one_device(text: str) -> str:
+    """``--device``'s value: one device. A list of GPUs is refused with the way to use
+    them (one server per GPU behind the balancer), never taken as its first entry."""
+    if "," in text:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} names several devices; a server uses one GPU: run one `voxline serve` "
+            "per GPU (CUDA_VISIBLE_DEVICES=N --device cuda --port P --server-id gpuN) behind "
+            "the balancer, as deploy/haproxy-gpus.cfg does (README: Capacity on a GPU)")
+    return text
+
+
 DERIVED_FLAGS: tuple[DerivedFlag, ...] = (
     DerivedFlag("device", ("cpu", "cuda"),
                 "torch device of the embedded LLM and of Qwen3-TTS (Piper always runs on the "
                 "CPU): sets llm_device and tts_device; cuda puts both on the GPU (the LLM in "
-                "bfloat16 unless --llm-dtype; Qwen3-TTS with CUDA graphs)", device_fields),
+                "bfloat16 unless --llm-dtype; Qwen3-TTS with CUDA graphs; capacity sized to "
+                "the GPU); one GPU per server", device_fields, one_device),
 )
 
 _CHOICES = re.compile(r"^\^\(([\w.-]+(?:\|[\w.-]+)+)\)\$$")  # ^(a|b|c)$: plain alternatives
@@ -384,7 +408,8 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
                             help=help_text)
     for derived in DERIVED_FLAGS:
         parser.add_argument(derived.flag, dest=derived.dest, choices=derived.choices,
-                            default=argparse.SUPPRESS, help=derived.help.replace("%", "%%"))
+                            type=derived.parse, default=argparse.SUPPRESS,
+                            help=derived.help.replace("%", "%%"))
 
 
 def settings_from_flags(args: argparse.Namespace) -> Settings:

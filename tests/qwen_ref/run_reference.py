@@ -61,10 +61,11 @@ PREPROCESSOR_CONFIG = {
 
 
 def _randomize(model: nn.Module, gen: torch.Generator, *, head_gain: float = 2.0) -> None:
-    """Seeded weights with O(1) activations: fan-in scaled, norms near 1."""
+    """Seeded weights with O(1) activations: fan-in scaled, norms near 1. Drawn on the
+    generator's device (a CUDA generator builds a full-size model quickly)."""
 
     def normal(t: torch.Tensor, std: float, mean: float = 0.0) -> None:
-        t.copy_(torch.randn(t.shape, generator=gen) * std + mean)
+        t.copy_(torch.randn(t.shape, generator=gen, device=gen.device) * std + mean)
 
     with torch.no_grad():
         for name, module in sorted(model.named_modules(), key=lambda kv: kv[0]):
@@ -96,7 +97,8 @@ def _randomize(model: nn.Module, gen: torch.Generator, *, head_gain: float = 2.0
                 normal(module.beta, 0.3)
             elif kind == "EuclideanCodebook":
                 normal(module.embedding_sum, 1.0)
-                module.cluster_usage.copy_(torch.rand(module.cluster_usage.shape, generator=gen) * 1.5 + 0.5)
+                module.cluster_usage.copy_(
+                    torch.rand(module.cluster_usage.shape, generator=gen, device=gen.device) * 1.5 + 0.5)
             elif kind.endswith("LayerScale"):
                 normal(module.scale, 0.01, 0.1)
             elif kind.endswith("ConvNeXtBlock"):

@@ -34,6 +34,15 @@ speculation variants the table also gives speculations started and discarded per
 (from the engine's counters; `/metrics` in ws mode) and, in ws mode, the CPU seconds the
 server's process tree spent per turn, so the work thrown away is visible.
 
+`--variants` instead names the steps of the speech_stopped -> first audio ladder, each a
+variant of the same run (inprocess/process modes; ws takes only the server's defaults):
+
+- baseline: no speculation; the reply starts when the turn ends;
+- spec-text: a pause speculates the reply's text only (its speech waits for the commit);
+- held: the speculation also speaks its first words, audio held until the commit;
+- early: + the pause transcript taken where the speech fell silent (the engine default);
+- early-cold: the same with warm prefill off.
+
 By default the reply is cancelled once its first audio chunk arrives (the rest of the
 reply does not affect the measurement and would make the run much longer); the
 benchmark still waits for the `ResponseDone` before the next utterance, so replies never
@@ -42,6 +51,7 @@ overlap. ``--full-replies`` lets every reply run to its end instead.
     .venv/bin/python benchmarks/bench_pipeline.py [--utterances 20] [--mode ws]
                                                   [--speculation on,off]
                                                   [--warm-prefill on,off]
+                                                  [--variants baseline,held,early,...]
                                                   [--voice espeak|piper] [--no-partials]
                                                   [--full-replies] [--threads N]
     (--mode inprocess,process compares the engine clients directly, without a server)
@@ -76,7 +86,6 @@ import psutil  # noqa: E402
 
 from voxline.engines import protocol as p  # noqa: E402
 from voxline.engines.client import EngineClient, InProcessEngineClient  # noqa: E402
-from voxline.engines.factory import DEFAULT_CORE  # noqa: E402
 from voxline.engines.process import MultiprocessEngineClient  # noqa: E402
 
 CHUNK_MS = 20
@@ -113,9 +122,47 @@ PAUSED = [
 WARMUP_QUESTION = "Hello, can you hear me clearly?"
 MODES = ("inprocess", "process", "ws")
 SPECULATE_MS = 160  # the engine default
+BENCH_CORE = "bench_pipeline:bench_core"  # benchmarks/ is on sys.path (this script's folder)
 WS_RATE = 24000  # the /v1/realtime default input format: audio/pcm at 24 kHz
 # What the engine clients ask for at the end of a turn (the session's auto response)
 AUTO_RESPONSE = p.ResponseConfig(voice="alloy")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One engine configuration of the latency ladder (`--variants`)."""
+
+    speculate: bool = True  # a pause starts the reply speculatively
+    speech: bool = True  # ... and speaks its first words, held until the commit
+    early_pause: bool = True  # the pause transcript is taken where the speech fell silent
+    warm: bool = True  # partial transcripts prefill the reply's prompt
+
+    @property
+    def server_default(self) -> bool:
+        """What `voxline serve` runs (it has no settings for `speech` and `early_pause`)."""
+        return self.speech and self.early_pause
+
+
+LADDER = {
+    "baseline": Variant(speculate=False),
+    "spec-text": Variant(speech=False, early_pause=False),
+    "held": Variant(early_pause=False),
+    "early": Variant(),
+    "early-cold": Variant(warm=False),
+}
+
+
+def bench_core(wake: Callable[[], None], settings: dict | None = None, *,
+               early_pause_transcript: bool = True, speculate_speech: bool = True,
+               **fields: object) -> object:
+    """The engine's own core (`make_engine_core`) with the two ladder steps that have no
+    setting switched as asked (core spec ``bench_pipeline:bench_core``)."""
+    from voxline.engines.factory import make_engine_core
+
+    core = make_engine_core(wake, settings, **fields)
+    core.turns.early_pause = early_pause_transcript
+    core.responses.speculate_speech = speculate_speech
+    return core
 
 
 # --------------------------------------------------------------------------- audio
@@ -517,7 +564,7 @@ def print_turn(i: int, t: TurnTiming, clip: Clip) -> None:
     seg_ms = t.ms(t.first_text, t.segment_ready)
     tts_ms = t.ms(t.segment_ready or t.first_text, t.first_audio)
     clock = "" if t.stopped_audio_ms is None else f"{t.stopped_audio_ms - clip.speech_end_ms:+5.0f}"
-    print(f"  {i:>2} {t.mode:<11} {clip.speech_s:4.1f}s | {fmt(t.from_speech_end)} {fmt(t.from_stopped)}"
+    print(f"  {i:>2} {t.mode:<20} {clip.speech_s:4.1f}s | {fmt(t.from_speech_end)} {fmt(t.from_stopped)}"
           f" | {fmt(vad_ms)} {clock:>5} {fmt(asr_ms)} {fmt(t.asr_ms)} {fmt(llm_ms)} {fmt(seg_ms)}"
           f" {fmt(tts_ms)}"
           f" | {t.transcript[:40]!r} -> {t.first_segment[:40]!r}"
@@ -526,9 +573,9 @@ def print_turn(i: int, t: TurnTiming, clip: Clip) -> None:
 
 def summarize(results: dict[str, list[TurnTiming]]) -> None:
     print()
-    head = (f"{'variant':<11} {'n':>3} | {'from end of speech audio (ms)':^29} | "
+    head = (f"{'variant':<20} {'n':>3} | {'from end of speech audio (ms)':^29} | "
             f"{'from VAD speech_stopped (ms)':^29}")
-    sub = f"{'':<11} {'':>3} | " + " | ".join([f"{'p50':>6} {'p95':>6} {'min':>6} {'max':>6}"] * 2)
+    sub = f"{'':<20} {'':>3} | " + " | ".join([f"{'p50':>6} {'p95':>6} {'min':>6} {'max':>6}"] * 2)
     print(head)
     print(sub)
     print("-" * len(sub))
@@ -537,28 +584,28 @@ def summarize(results: dict[str, list[TurnTiming]]) -> None:
         a = [t.from_speech_end for t in turns if t.from_speech_end is not None]
         b = [t.from_stopped for t in turns if t.from_stopped is not None]
         if not a or not b:
-            print(f"{mode:<11} {0:>3} | no complete turns")
+            print(f"{mode:<20} {0:>3} | no complete turns")
             continue
         row = []
         for vals in (a, b):
             row.append(f"{pct(vals, 50):6.0f} {pct(vals, 95):6.0f} {min(vals):6.0f} {max(vals):6.0f}")
         stats[mode] = (pct(a, 50), pct(a, 95), pct(b, 50), pct(b, 95))
-        print(f"{mode:<11} {len(a):>3} | " + " | ".join(row))
+        print(f"{mode:<20} {len(a):>3} | " + " | ".join(row))
     pairs = [(m, m + "+spec") for m in MODES if m in stats and m + "+spec" in stats]
     if "inprocess" in stats and "process" in stats:
         pairs.append(("inprocess", "process"))
     for base, other in pairs:
         i, q = stats[base], stats[other]
-        print(f"{'ratio':<11} {'':>3} | {q[0] / i[0]:6.2f} {q[1] / i[1]:6.2f} {'':>13} | "
+        print(f"{'ratio':<20} {'':>3} | {q[0] / i[0]:6.2f} {q[1] / i[1]:6.2f} {'':>13} | "
               f"{q[2] / i[2]:6.2f} {q[3] / i[3]:6.2f}   ({other} / {base})")
     print()
-    print(f"{'variant':<11} | {'turns':>5} {'paused':>6} {'false cuts':>10} | "
+    print(f"{'variant':<20} | {'turns':>5} {'paused':>6} {'false cuts':>10} | "
           f"{'speculations/turn':>17} {'discards/turn':>13} | {'CPU s/turn':>10}")
     for mode, turns in results.items():
         paused = sum(1 for t in turns if " ... " in t.text)
         cuts = sum(t.false_cut for t in turns)
         cpu = [t.cpu_s for t in turns if t.cpu_s is not None]
-        print(f"{mode:<11} | {len(turns):>5} {paused:>6} {cuts:>10} | "
+        print(f"{mode:<20} | {len(turns):>5} {paused:>6} {cuts:>10} | "
               f"{np.mean([t.speculations for t in turns]):>17.2f} "
               f"{np.mean([t.discards for t in turns]):>13.2f} | "
               f"{(f'{np.mean(cpu):10.2f}' if cpu else '         -')}")
@@ -566,7 +613,7 @@ def summarize(results: dict[str, list[TurnTiming]]) -> None:
     print("Median breakdown (ms):  VAD = speech end -> speech_stopped, ASR = speech_stopped -> "
           "final transcript, LLM = final -> first text delta, text = first delta -> first "
           "spoken segment complete, TTS = segment complete -> first audio")
-    print(f"{'variant':<11} | {'VAD':>5} {'ASR':>5} {'asr_ms':>6} {'LLM':>5} {'text':>5} {'TTS':>5}")
+    print(f"{'variant':<20} | {'VAD':>5} {'ASR':>5} {'asr_ms':>6} {'LLM':>5} {'text':>5} {'TTS':>5}")
     for mode, turns in results.items():
         cols = [
             median_ms(turns, lambda t: t.ms(t.speech_end, t.stopped)),
@@ -576,7 +623,20 @@ def summarize(results: dict[str, list[TurnTiming]]) -> None:
             median_ms(turns, lambda t: t.ms(t.first_text, t.segment_ready)),
             median_ms(turns, lambda t: t.ms(t.segment_ready or t.first_text, t.first_audio)),
         ]
-        print(f"{mode:<11} | " + " ".join(cols))
+        print(f"{mode:<20} | " + " ".join(cols))
+
+
+def markdown_table(results: dict[str, list[TurnTiming]]) -> None:
+    """The side-by-side table as the README carries it."""
+    print("\n| variant | `speech_stopped` -> first audio p50 / p95 | end of speech -> first "
+          "audio p50 / p95 | turns | false cuts |")
+    print("|---|---|---|---|---|")
+    for mode, turns in results.items():
+        a = [t.from_speech_end for t in turns if t.from_speech_end is not None]
+        b = [t.from_stopped for t in turns if t.from_stopped is not None]
+        if a and b:
+            print(f"| {mode} | {pct(b, 50):.0f} / {pct(b, 95):.0f} ms | {pct(a, 50):.0f} / "
+                  f"{pct(a, 95):.0f} ms | {len(b)} | {sum(t.false_cut for t in turns)} |")
 
 
 def median_ms(turns: Sequence[TurnTiming], part: Callable[[TurnTiming], float | None]) -> str:
@@ -602,6 +662,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="comma-separated: on, off -- the warm_prefill setting (partial "
                          "transcripts prefill the reply's prompt); on,off runs both, "
                          "interleaved (default: on, the engine default)")
+    ap.add_argument("--variants", default="",
+                    help=f"comma-separated steps of the latency ladder, run side by side "
+                         f"instead of --speculation x --warm-prefill: {', '.join(LADDER)} "
+                         "(inprocess/process modes; ws runs only baseline, early, early-cold)")
     ap.add_argument("--voice", choices=["espeak", "piper"], default="espeak",
                     help="who speaks the questions (default espeak-ng)")
     ap.add_argument("--no-partials", action="store_true",
@@ -624,7 +688,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.warm_prefill = [choices.get(v.strip()) for v in args.warm_prefill.split(",") if v.strip()]
     if not args.warm_prefill or None in args.warm_prefill:
         ap.error("--warm-prefill takes on, off or on,off")
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if any(n not in LADDER for n in names):
+        ap.error(f"--variants takes a comma-separated subset of {','.join(LADDER)}")
+    if "ws" in args.modes and any(not LADDER[n].server_default for n in names):
+        ap.error("--variants spec-text and held need --mode inprocess or process: the "
+                 "server has no settings for them")
+    args.variants = {n: LADDER[n] for n in names}
     return args
+
+
+def variant_grid(args: argparse.Namespace) -> dict[str, Variant]:
+    """The named ladder steps, else --speculation x --warm-prefill (labels as before)."""
+    if args.variants:
+        return args.variants
+    grid = {}
+    for spec, warm in itertools.product(args.speculation, args.warm_prefill):
+        label = ("+spec" if spec else "") + (
+            ("+warm" if warm else "-warm") if len(args.warm_prefill) > 1 else "")
+        grid[label] = Variant(speculate=spec, warm=warm)
+    return grid
 
 
 async def amain(args: argparse.Namespace) -> int:
@@ -643,23 +726,24 @@ async def amain(args: argparse.Namespace) -> int:
     variants: dict[str, EngineClient | WsServer] = {}
     try:
         for mode in args.modes:
-            for spec, warm in itertools.product(args.speculation, args.warm_prefill):
-                label = mode + ("+spec" if spec else "") + (
-                    ("+warm" if warm else "-warm") if len(args.warm_prefill) > 1 else "")
-                speculate = SPECULATE_MS if spec else 0
+            for name, v in variant_grid(args).items():
+                label = mode + (f":{name}" if args.variants else name)
+                speculate = SPECULATE_MS if v.speculate else 0
                 t0 = time.perf_counter()
                 if mode == "ws":
-                    server = WsServer(label, speculate, args.threads, warm)
+                    server = WsServer(label, speculate, args.threads, v.warm)
                     variants[label] = server
                     await server.start()
                 else:
                     kwargs: dict[str, object] = {"speculate_after_ms": speculate,
-                                                 "warm_prefill": warm}
+                                                 "warm_prefill": v.warm,
+                                                 "early_pause_transcript": v.early_pause,
+                                                 "speculate_speech": v.speech}
                     if args.threads:
                         kwargs["threads"] = args.threads
                     client: EngineClient = (
-                        InProcessEngineClient(DEFAULT_CORE, kwargs) if mode == "inprocess"
-                        else MultiprocessEngineClient(DEFAULT_CORE, kwargs, restart=False))
+                        InProcessEngineClient(BENCH_CORE, kwargs) if mode == "inprocess"
+                        else MultiprocessEngineClient(BENCH_CORE, kwargs, restart=False))
                     variants[label] = client
                     await client.start()
                 print(f"{label} ready in {time.perf_counter() - t0:.1f} s")
@@ -683,7 +767,7 @@ async def amain(args: argparse.Namespace) -> int:
                 print(f"warm-up {label}: {fmt(t.from_speech_end)} ms from end of speech "
                       f"({t.transcript!r})" + (f" ERRORS: {t.errors}" if t.errors else ""))
         print()
-        print(f"  {'#':>2} {'variant':<11} {'speech':>6} | {'end':>5} {'vadst':>5} | {'VAD':>5} "
+        print(f"  {'#':>2} {'variant':<20} {'speech':>6} | {'end':>5} {'vadst':>5} | {'VAD':>5} "
               f"{'clock':>5} {'ASR':>5} {'model':>5} {'LLM':>5} {'text':>5} {'TTS':>5} | "
               "transcript -> first spoken segment")
         print("     (ms; end = from end of speech audio, vadst = from speech_stopped; clock = VAD "
@@ -698,6 +782,7 @@ async def amain(args: argparse.Namespace) -> int:
                 results[label].append(t)
                 print_turn(i, t, clip)
         summarize(results)
+        markdown_table(results)
         print(f"machine at end: {load_note()}")
     finally:
         for target in variants.values():

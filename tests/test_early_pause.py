@@ -18,6 +18,7 @@ from test_speculation import CFG, BurstASR, feed, silence, speculating
 
 from voxline.engines import protocol as p
 from voxline.engines.asr_stage import ASRJob, ASRStage
+from voxline.engines.input_audio import SPEECH_END_MS
 from voxline.engines.vad_stage import VAD_FRAME as FRAME_SAMPLES
 
 SPEECH = 0.01  # EnergyVAD: a frame is voiced above this RMS
@@ -56,12 +57,13 @@ def harness(asr=None, vad=None, **kwargs) -> Harness:
     return h
 
 
-def first_silent_frame_end(audio: np.ndarray, after: int) -> int:
-    """End sample of the first frame past sample `after` that EnergyVAD hears as silent."""
+def speech_end(audio: np.ndarray, after: int) -> int:
+    """End sample of the frame where EnergyVAD has heard `SPEECH_END_MS` of silence since
+    the voice that ended past sample `after`."""
     k = after // FRAME_SAMPLES
     while np.sqrt((audio[k * FRAME_SAMPLES:(k + 1) * FRAME_SAMPLES] ** 2).mean()) > SPEECH:
         k += 1
-    return (k + 1) * FRAME_SAMPLES
+    return (k + round(SPEECH_END_MS * 16 / FRAME_SAMPLES)) * FRAME_SAMPLES
 
 
 def run_turn(h: Harness, audio: np.ndarray) -> p.TranscriptFinal:
@@ -77,8 +79,8 @@ def test_the_pause_transcript_is_the_early_take_exactly_and_needs_no_asr_of_its_
     h = harness()
     final = run_turn(h, audio)
     take, = h.core.asr.model.clips  # one transcription: no pause job, no final job
-    end = first_silent_frame_end(audio, int(0.9 * 16000) - 1)
-    assert np.array_equal(take, audio[:end])  # the utterance through the first silent frame
+    end = speech_end(audio, int(0.9 * 16000) - 1)
+    assert np.array_equal(take, audio[:end])  # the utterance through its speech end
     assert final.text == RecordingASR.text_of(audio[:end])
     assert h.core.streams["s1"].conversation.items[0].text == final.text
     h.close()
@@ -89,7 +91,7 @@ def test_without_early_takes_the_pause_is_transcribed_as_it_stands():
     h = harness(early_pause_transcript=False)
     final = run_turn(h, audio)
     pause, = h.core.asr.model.clips
-    early_end = first_silent_frame_end(audio, int(0.9 * 16000) - 1)
+    early_end = speech_end(audio, int(0.9 * 16000) - 1)
     assert len(pause) > early_end  # 160 ms of silence into the pause, not the first frame
     assert np.array_equal(pause, audio[:len(pause)])
     assert final.text == RecordingASR.text_of(pause)
@@ -101,7 +103,7 @@ def test_a_take_with_voice_after_it_is_never_the_pause_transcript():
     audio = np.concatenate([silence(0.3), tone(0.4), silence(0.1), tone(0.4), silence(0.8)])
     h = harness()
     final = run_turn(h, audio)
-    end = first_silent_frame_end(audio, int(1.2 * 16000) - 1)
+    end = speech_end(audio, int(1.2 * 16000) - 1)
     assert final.text == RecordingASR.text_of(audio[:end])
     assert h.of(p.VoiceStopped)[0].audio_end_ms >= 1200
     h.close()
@@ -111,17 +113,17 @@ def test_a_breath_after_the_take_makes_it_stale():
     # a quiet tone (between threshold - 0.15 and threshold) after the speech keeps the
     # turn's voice without resuming it: the take before it does not cover it
     quiet = tone(0.1, level=0.11)
-    audio = np.concatenate([silence(0.3), tone(0.5), silence(0.064), quiet, silence(0.8)])
+    audio = np.concatenate([silence(0.3), tone(0.5), silence(0.1), quiet, silence(0.8)])
     h = harness(vad=LevelVAD())
     final = run_turn(h, audio)
     assert final.text == RecordingASR.text_of(h.core.asr.model.clips[-1])
-    assert len(h.core.asr.model.clips[-1]) > int(0.864 * 16000)  # the breath is in it
+    assert len(h.core.asr.model.clips[-1]) > int(0.9 * 16000)  # the breath is in it
     assert not [o for o in h.outputs if isinstance(o, p.Speculation)
                 and o.outcome == "discarded"]  # a breath never resumed the turn
     h.close()
 
 
-def test_an_unwanted_take_is_dropped_unrun_and_a_promoted_one_goes_first():
+def test_an_unwanted_take_is_dropped_unrun_a_promoted_one_goes_first_and_a_take_replaces_partials():
     class Model:
         def __init__(self) -> None:
             self.calls = 0
@@ -142,6 +144,12 @@ def test_an_unwanted_take_is_dropped_unrun_and_a_promoted_one_goes_first():
     stage.promote(take)
     assert stage.schedule() == [take]
     assert stage.schedule() == [partial]
+    final = ASRJob(0, "i", audio, final=True)
+    for job in (partial, final, ASRJob(1, "j", audio, final=False)):
+        stage.add(job)
+    assert stage.drop_partials(0) and not stage.drop_partials(0)
+    assert [j.stream_id for j in [*stage.schedule(), *stage.schedule()]] == [0, 1]
+    assert stage.model.calls == 0  # (nothing was executed: schedule only plans)
 
 
 # ------------------------------------------------------------------ held first words

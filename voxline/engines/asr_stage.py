@@ -78,8 +78,11 @@ class ASRStage:
         self._jobs: deque[ASRJob] = deque()
 
     def add(self, job: ASRJob) -> None:
+        """Urgent jobs (finals, pauses) go ahead of the partials, in arrival order: when many
+        sessions end their turns at once, the first to finish speaking is answered first."""
         if job.urgent:
-            self._jobs.appendleft(job)
+            at = next((i for i, q in enumerate(self._jobs) if not q.urgent), len(self._jobs))
+            self._jobs.insert(at, job)
         else:
             self._jobs.append(job)
 
@@ -91,6 +94,15 @@ class ASRStage:
                 del self._jobs[i]
                 self._jobs.appendleft(job)
                 return
+
+    def drop_partials(self, stream_id: StreamId) -> bool:
+        """Forget the stream's queued partials (a longer take of its turn is queued);
+        True if there were any."""
+        kept = deque(j for j in self._jobs if j.stream_id != stream_id or j.urgent
+                     or j.early is not None)
+        dropped = len(kept) < len(self._jobs)
+        self._jobs = kept
+        return dropped
 
     def drop(self, stream_id: StreamId) -> None:
         """Forget a closed stream's queued jobs (a running one is ignored when it returns)."""

@@ -23,6 +23,10 @@ from voxline.engines.vad_stage import FRAME_MS
 
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less audio than this
 MAX_UTTERANCE_MS = 360_000  # manual-commit buffer; above one 15 MiB realtime append
+# Silence this long after voice is where a turn's speech ended (`SpeechEnded`): a single
+# silent frame is mostly a gap between words (half of the gaps in the pipeline bench's
+# spoken questions), whose take of the turn would only go stale.
+SPEECH_END_MS = 2 * FRAME_MS
 
 
 def new_item_id() -> str:
@@ -83,9 +87,9 @@ class TurnResumed:
 
 @dataclass
 class SpeechEnded:
-    """The turn's speech just fell silent (the first silent frame after voice, before any
-    pause is reported): a take of the turn now is ready early to be its pause transcript,
-    and is one as long as no voice follows it."""
+    """The turn's speech just fell silent (`SPEECH_END_MS` of silence after voice, before
+    any pause is reported): a take of the turn now is ready early to be its pause
+    transcript, and is one as long as no voice follows it."""
 
     utterance: Utterance
 
@@ -182,8 +186,9 @@ class InputAudio:
             utt.pause_asr = False
             utt.pause_text = None
             return TurnResumed(utt)
+        silent_ms = self.audio_ms - det.last_voice_ms
         if (self.pause_ms and det.state == TurnState.SPEECH and not det.paused
-                and det.last_voice_ms == start_ms):  # voice until this frame, not in it
+                and SPEECH_END_MS <= silent_ms < SPEECH_END_MS + FRAME_MS):
             return SpeechEnded(utt)
         interval = partial_interval_ms * INPUT_RATE // 1000
         # Partials only on voiced frames: one started in the pause before the end of a

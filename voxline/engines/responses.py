@@ -94,6 +94,7 @@ class Speculative:
     slot_tokens: int  # KV tokens the slot held before it ran
     held: list[p.EngineOutput] = field(default_factory=list)
     dropped: frozenset[str] = frozenset()  # the retention cut before it ran
+    speaks: bool = True  # it speaks its first segment while held (False: its text only)
 
 
 @dataclass
@@ -127,7 +128,8 @@ class ResponseRun:
         """A segment waits and none is being spoken (or the streaming job takes it), or
         the streaming job's text has ended. A speculation speaks only its first segment;
         a held response none."""
-        if self.held or (self.speculative is not None and self.segments):
+        spec = self.speculative
+        if self.held or (spec is not None and (self.segments or not spec.speaks)):
             return False
         if self.tts_open:
             return bool(self.tts_queue) or self.llm_done
@@ -164,6 +166,10 @@ class Responses:
         self._runs: dict[StreamId, ResponseRun] = {}
         self._deferred: dict[StreamId, p.CreateResponse] = {}
         self.warm: WarmPrefills | None = None  # prefills turns while they are spoken
+        # A speculation speaks its first segment inside the silence window, so the first
+        # words' audio is ready when the turn is committed (False: text only, a benchmark's
+        # comparison).
+        self.speculate_speech = True
 
     def active(self, stream: StreamState) -> ResponseRun | None:
         return self._runs.get(stream.internal_id)
@@ -327,7 +333,8 @@ class Responses:
             stream.conversation.delete(item_id)
             return
         run.key = f"speculation-{stream.responses}"
-        run.speculative = Speculative(item_id, before, dropped=frozenset(stream.window.dropped))
+        run.speculative = Speculative(item_id, before, dropped=frozenset(stream.window.dropped),
+                                      speaks=self.speculate_speech)
         self._runs[sid] = run
         assert run.request is not None
         self.llm.add(run.request)

@@ -25,8 +25,9 @@ partials). Otherwise (voice since, or early takes off) the pause is transcribed 
 stands. Either way the pause transcript is exactly a plain transcription of the audio its
 job held (the utterance through the take's frame, or through the pause's), and it is the
 turn's final transcript when no speech follows. Moonshine's encoder is not incremental:
-a take is the whole utterance so far, only started earlier. A take made stale by voice
-is dropped unrun if still queued (`ASRJob.early`), and reports as a partial if it ran.
+a take is the whole utterance so far, only started earlier. A take replaces the turn's
+queued partials (it covers them); made stale by voice, it is dropped unrun if still
+queued (`ASRJob.early`), and reports as a partial if it ran.
 """
 
 from __future__ import annotations
@@ -231,6 +232,8 @@ class Turns:
             return self._fresh_take(stream, utt) is take
 
         job.early = wanted
+        if self.asr.drop_partials(stream.internal_id):  # it covers them, and lands sooner
+            utt.partial_queued = False
         self.asr.add(job)
 
     def _fresh_take(self, stream: StreamState, utt: Utterance) -> EarlyTake | None:

@@ -16,11 +16,29 @@ stage steps until all finish: first audio = job start to its first audio chunk; 
 is a chunk arriving after the audio before it has played out (playout starting at the
 first chunk). A second, synchronised pass splits a step into its parts. In the same run
 the graph path is checked against its eager twin (same padded steps, not captured).
+
+Open loop (``--arrivals 4,8,12,16,24``): instead of bursts, jobs arrive at random
+(Poisson, ``--seed``) at each rate in jobs/s for ``--window`` seconds, each a reply of
+``--frames`` frames (200 = 16 s), through the engine's own ``TTSStage`` (add, schedule,
+execute, update: what the engine's stage worker does) over one stage built once with
+``--max-streams`` talker slots of ``--max-len`` positions; every bucket the jobs can reach
+is captured at load. Each schedule in ``--schedules`` (``SCHEDULES``: ``fifo`` is the
+stage before arrival scheduling, ``playout`` the engine's default now) runs every rate.
+Counted the way a client hears it: a job's first audio is its arrival to its first chunk
+(the wait for the step in flight included); its playout starts at that chunk; an underrun
+is a chunk arriving after the audio before it has played out (playout then resumes at
+the chunk). audio-s/s is the audio delivered in the window's second half per second
+(steady state; the offered load is rate x reply length); jobs still running
+``--drain`` seconds after the window are cut and counted as unfinished.
+
+    python benchmarks/bench_gpu_tts.py --device cpu --tiny --arrivals 2,4 --frames 20 \
+        --window 2 --max-streams 8 --buckets 2,4,8 --out /tmp/open_loop.json   # CPU smoke
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import platform
@@ -33,6 +51,7 @@ import numpy as np
 import torch
 
 from voxline.engines.models.qwen3_tts import TalkerSampling, graphed_talker
+from voxline.engines.models.qwen3_tts import scheduling as sched
 from voxline.engines.models.qwen3_tts.checkpoint import Qwen3TTSModel
 from voxline.engines.models.qwen3_tts.code2wav import Code2WavDecoder
 from voxline.engines.models.qwen3_tts.config import Code2WavConfig, Qwen3TTSConfig
@@ -41,7 +60,9 @@ from voxline.engines.models.qwen3_tts.speech_model import Qwen3SpeechModel
 from voxline.engines.models.qwen3_tts.talker import Talker
 from voxline.engines.models.qwen3_tts.tokenizer import Qwen3TextTokenizer
 from voxline.engines.speech_model import SpeechJob
+from voxline.engines.tts_stage import SpeechOwner, TTSStage
 from voxline.kernels import gemv
+from voxline.kernels.cuda_graphs import bucket_for
 
 TEXT = "A longer sentence about the lazy dog and the brown fox."
 FRAME_S = 0.08
@@ -76,6 +97,20 @@ CODEC = dict(
     ),
     decode_upsample_rate=1920,
 )
+# --tiny: the same layout at toy widths (CPU runs of the open loop; the codec keeps the
+# real 1920-sample frame, so playout times are real).
+TINY_MODEL = dict(MODEL, talker_config=dict(
+    MODEL["talker_config"], vocab_size=3072, hidden_size=64, intermediate_size=128,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3], "interleaved": True},
+    text_hidden_size=64, text_vocab_size=320,
+    code_predictor_config=dict(MODEL["talker_config"]["code_predictor_config"], hidden_size=32,
+                               intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=8)))
+TINY_CODEC = dict(CODEC, decoder_config=dict(
+    CODEC["decoder_config"], codebook_dim=16, hidden_size=32, latent_dim=32, num_hidden_layers=1,
+    num_attention_heads=4, num_key_value_heads=4, head_dim=8, intermediate_size=64,
+    sliding_window=8, decoder_dim=32))
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>"]
 
 
@@ -97,16 +132,18 @@ def build_tokenizer(config: Qwen3TTSConfig) -> Qwen3TextTokenizer:
 
 
 @torch.no_grad()
-def build_model(device: str) -> Qwen3TTSModel:
-    config = Qwen3TTSConfig.parse(MODEL)
+def build_model(device: str, tiny: bool = False) -> Qwen3TTSModel:
+    """Random weights at the real shapes (talker bf16), or ``tiny`` ones in fp32."""
+    config = Qwen3TTSConfig.parse(TINY_MODEL if tiny else MODEL)
     torch.manual_seed(0)
     with torch.device(device):
         talker = Talker(config.talker)
-        code2wav = Code2WavDecoder(Code2WavConfig.parse(CODEC))
+        code2wav = Code2WavDecoder(Code2WavConfig.parse(TINY_CODEC if tiny else CODEC))
     for name, p in talker.named_parameters():  # small random weights keep bf16 finite
         if p.dim() > 1:
             p.normal_(0.0, 0.02 if "embedding" not in name else 0.5)
-    return Qwen3TTSModel(config, talker.to(torch.bfloat16).eval(), code2wav.float().eval(), None)
+    dtype = torch.float32 if tiny else torch.bfloat16
+    return Qwen3TTSModel(config, talker.to(dtype).eval(), code2wav.float().eval(), None)
 
 
 def speak(stage: Qwen3SpeechModel, c: int, seed0: int) -> dict:
@@ -254,6 +291,192 @@ def twin_check(model: Qwen3TTSModel, tok: Qwen3TextTokenizer, frames: int) -> di
     return res
 
 
+# ------------------------------------------------------------------------------ open loop
+
+# name -> (ramp, step policy). fifo: the stage before arrival scheduling (chunks of 1 then
+# 4 frames, every live stream in every step); playout: what the engine runs by default now.
+SCHEDULES: dict[str, tuple[bool, sched.StepPolicy]] = {
+    **sched.SCHEDULES,  # the tts_schedule setting's choices
+    "ramp": (True, sched.FIFO),
+    "playout-no-first-frame": (True, dataclasses.replace(sched.PLAYOUT, first_frame_with_prefill=False)),
+    "playout-no-fit": (True, dataclasses.replace(sched.PLAYOUT, fit_ahead_s=0.0)),
+    "playout-k1": (True, dataclasses.replace(sched.PLAYOUT, max_prefills=1)),
+}
+
+
+def poisson_arrivals(rate: float, window: float, seed: int) -> list[float]:
+    """Arrival times in ``[0, window)`` of a Poisson process of ``rate`` per second."""
+    rng = np.random.default_rng(seed)
+    times, t = [], rng.exponential(1.0 / rate)
+    while t < window:
+        times.append(float(t))
+        t += rng.exponential(1.0 / rate)
+    return times
+
+
+class Listener:
+    """One job as its client hears it: playout from the first chunk, underruns after it."""
+
+    def __init__(self, arrival: float) -> None:
+        self.arrival = arrival
+        self.first: float | None = None  # arrival -> first chunk (s)
+        self.until = 0.0  # when the audio received so far has played out
+        self.underruns = 0
+        self.longest_wait = 0.0  # the longest silence a listener sat through after the start
+        self.finished = False
+
+    def chunk(self, now: float, seconds: float) -> None:
+        if not seconds:
+            return
+        if self.first is None:
+            self.first, self.until = now - self.arrival, now
+        elif now > self.until + 1e-4:
+            self.underruns += 1
+            self.longest_wait = max(self.longest_wait, now - self.until)
+        self.until = max(self.until, now) + seconds
+
+
+def open_loop(tts: TTSStage, rate: float, *, window: float, drain: float, seed: int) -> dict:
+    """Poisson arrivals at ``rate`` jobs/s through the engine's TTS stage; per-job listeners,
+    the audio delivered over time, step times."""
+    arrivals = poisson_arrivals(rate, window, seed)
+    listeners: dict[int, Listener] = {}
+    delivered: list[tuple[float, float]] = []  # (time, audio seconds)
+    steps: list[float] = []
+    peak = 0
+    owner = SpeechOwner(1, "bench")
+    t0, k = time.perf_counter(), 0
+    while True:
+        now = time.perf_counter() - t0
+        while k < len(arrivals) and arrivals[k] <= now:
+            job_id = tts.add(owner, TEXT, 1.0, seed * 100_000 + k, None)
+            listeners[job_id] = Listener(arrivals[k])
+            k += 1
+        if now > window + drain:
+            break  # cut: the jobs still running count as unfinished
+        plan = tts.schedule()
+        if plan is None:
+            if k == len(arrivals):
+                break
+            time.sleep(max(0.0, min(arrivals[k] - now, 0.01)))
+            continue
+        ts = time.perf_counter()
+        routed = tts.update(plan, tts.execute(plan))
+        end = time.perf_counter()
+        steps.append(end - ts)
+        peak = max(peak, sum(1 for x in listeners.values() if not x.finished))
+        for _, out in routed:
+            seconds = len(out.audio) / out.sample_rate
+            listeners[out.job_id].chunk(end - t0, seconds)
+            if seconds:
+                delivered.append((end - t0, seconds))
+            listeners[out.job_id].finished |= out.finished
+    for job_id, x in listeners.items():
+        if not x.finished:
+            tts.cancel(job_id)
+    while tts.schedule() is not None:  # the stage drops the cut jobs
+        pass
+    return dict(listeners=list(listeners.values()), delivered=delivered, steps=steps, peak=peak,
+                window=window, end=time.perf_counter() - t0)
+
+
+def summarize(rate: float, schedule: str, run: dict, reply_s: float) -> dict:
+    xs: list[Listener] = run["listeners"]
+    window = run["window"]
+    cut = run["end"]
+    first = np.array([(x.first if x.first is not None else cut - x.arrival) for x in xs]) * 1000
+    half = [s for t, s in run["delivered"] if window / 2 <= t < window]
+    steps = np.array(run["steps"] or [0.0]) * 1000
+
+    def pct(a: np.ndarray, q: float) -> float:
+        return round(float(np.percentile(a, q)), 1) if len(a) else float("nan")
+
+    return dict(
+        schedule=schedule, rate_jobs_per_s=rate, jobs=len(xs), window_s=window,
+        offered_audio_s_per_s=round(len(xs) * reply_s / window, 1),
+        audio_s_per_s=round(sum(half) / (window / 2), 1),
+        first_audio_ms_p50=pct(first, 50), first_audio_ms_p95=pct(first, 95),
+        first_audio_ms_p99=pct(first, 99), first_audio_ms_max=round(float(first.max()), 1) if len(first) else None,
+        underruns=sum(x.underruns for x in xs), jobs_underrun=sum(1 for x in xs if x.underruns),
+        longest_underrun_ms=round(max((x.longest_wait for x in xs), default=0.0) * 1000, 1),
+        no_audio=sum(1 for x in xs if x.first is None), unfinished=sum(1 for x in xs if not x.finished),
+        peak_jobs=run["peak"], step_ms_p50=pct(steps, 50), step_ms_p95=pct(steps, 95),
+        step_ms_max=pct(steps, 100), steps=len(run["steps"]),
+    )
+
+
+def build_open_loop_stage(model: Qwen3TTSModel, tok: Qwen3TextTokenizer, args: argparse.Namespace,
+                          buckets: list[int] | None) -> Qwen3SpeechModel:
+    """One graphed stage (captured and compiled on CUDA; the eager twin on the CPU) with
+    every bucket these jobs can reach made at load."""
+    cuda = torch.device(args.device).type == "cuda"
+    stage = Qwen3SpeechModel(model, tok, max_streams=args.max_streams, max_len=args.max_len,
+                             max_frames=args.frames, sampling=TalkerSampling(min_frames=args.frames),
+                             graphs=True, capture_at_load=False, compile=cuda and "compiled" in args.modes,
+                             batch_buckets=buckets)
+    gen = stage.generator
+    if isinstance(gen, GraphedTalkerGenerator) and gen.capture:
+        prompt, _ = stage.prepare(SpeechJob(0, TEXT))  # type: ignore[misc]
+        gen.prepare(max_length=bucket_for(prompt.embeds.shape[0] + args.frames + 1, gen.length_buckets))
+    if stage.codec is not None and stage.codec.capture:
+        stage.codec.prepare()
+    return stage
+
+
+def warm_up(tts: TTSStage, n: int, steps: int = 24) -> None:
+    """Allocator, autotuning and first-use costs before anything is timed."""
+    owner = SpeechOwner(0, "warm-up")
+    ids = [tts.add(owner, TEXT, 1.0, 7 + i, None) for i in range(n)]
+    for _ in range(steps):
+        plan = tts.schedule()
+        if plan is None:
+            break
+        tts.update(plan, tts.execute(plan))
+    for job_id in ids:
+        tts.cancel(job_id)
+    while tts.schedule() is not None:
+        pass
+
+
+def run_open_loop(model: Qwen3TTSModel, tok: Qwen3TextTokenizer, args: argparse.Namespace,
+                  buckets: list[int] | None, report: dict, t_start: float) -> None:
+    t0 = time.perf_counter()
+    stage = build_open_loop_stage(model, tok, args, buckets)
+    report["load_s"] = {"open_loop": round(time.perf_counter() - t0, 2)}
+    print(f"open-loop stage ready in {report['load_s']['open_loop']:.1f} s", flush=True)
+    tts = TTSStage(stage)
+    warm_up(tts, min(8, args.max_streams))
+    rates = [float(x) for x in args.arrivals.split(",")]
+    rows = report.setdefault("open_loop", [])
+    reply_s = args.frames * FRAME_S
+    for rate in rates:  # each rate under every schedule, so a cut run still has pairs
+        for name in args.schedules.split(","):
+            if args.deadline and time.perf_counter() - t_start > args.deadline:
+                report["cut_by_deadline"] = True
+                print(f"deadline: skipping {name} at {rate} jobs/s", flush=True)
+                continue
+            ramp, policy = SCHEDULES[name]
+            stage.chunks.ramp = ramp
+            stage.scheduler = sched.StepScheduler(policy)
+            run = open_loop(tts, rate, window=args.window, drain=args.drain, seed=args.seed)
+            row = summarize(rate, name, run, reply_s)
+            rows.append(row)
+            print(row, flush=True)
+            save(report, args.out)
+    print_open_loop(rows)
+
+
+def print_open_loop(rows: list[dict]) -> None:
+    print(f"{'schedule':24s} {'jobs/s':>6s} {'offered':>8s} {'audio-s/s':>9s} {'first p50':>9s} "
+          f"{'p95':>7s} {'p99':>7s} {'underruns':>9s} {'jobs underrun':>13s} {'unfinished':>10s} "
+          f"{'peak':>5s} {'step p50':>8s}")
+    for r in rows:
+        print(f"{r['schedule']:24s} {r['rate_jobs_per_s']:6.0f} {r['offered_audio_s_per_s']:8.1f} "
+              f"{r['audio_s_per_s']:9.1f} {r['first_audio_ms_p50']:9.1f} {r['first_audio_ms_p95']:7.1f} "
+              f"{r['first_audio_ms_p99']:7.1f} {r['underruns']:9d} {r['jobs_underrun']:6d}/{r['jobs']:<6d} "
+              f"{r['unfinished']:10d} {r['peak_jobs']:5d} {r['step_ms_p50']:8.1f}")
+
+
 def compile_stats() -> dict:
     """Dynamo's own counters: graphs compiled, recompiles, breaks and failures."""
     from torch._dynamo.utils import counters
@@ -274,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--concurrency", default="1,4,10,32")
     ap.add_argument("--modes", default="compiled,graphs,eager")
-    ap.add_argument("--frames", type=int, default=50, help="frames per job (80 ms each)")
+    ap.add_argument("--frames", type=int, help="frames per job (80 ms each; default 50, "
+                    "200 with --arrivals)")
     ap.add_argument("--eager-concurrency", default="1,10,32", help="concurrencies measured eagerly")
     ap.add_argument("--max-len", type=int, default=256)
     ap.add_argument("--attention", choices=sorted(graphed_talker.ATTENTION), default=graphed_talker.DEFAULT_ATTENTION,
@@ -289,7 +513,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-gemv", action="store_true", help="cuBLAS for the decode projections "
                     "instead of the small-row linear kernel (round-3 behaviour)")
     ap.add_argument("--check", action="store_true", help="validate every frame's codes (slow)")
+    ap.add_argument("--tiny", action="store_true", help="a toy-width model (CPU runs; timings mean nothing)")
+    ap.add_argument("--arrivals", help="open loop: Poisson arrival rates in jobs/s, e.g. 4,8,12,16,24")
+    ap.add_argument("--schedules", default="fifo,playout", help=f"open loop: of {', '.join(SCHEDULES)}")
+    ap.add_argument("--window", type=float, default=8.0, help="open loop: seconds of arrivals per run")
+    ap.add_argument("--drain", type=float, default=6.0,
+                    help="open loop: seconds after the window before running jobs are cut")
+    ap.add_argument("--seed", type=int, default=0, help="open loop: arrival times and job seeds")
+    ap.add_argument("--max-streams", type=int, default=96, help="open loop: talker slots")
+    ap.add_argument("--deadline", type=float, default=0.0,
+                    help="open loop: start no run after this many seconds (0: none)")
     args = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    if args.frames is None:
+        args.frames = 200 if args.arrivals else 50
+    for name in (args.schedules.split(",") if args.arrivals else []):
+        if name not in SCHEDULES:
+            ap.error(f"--schedules: unknown schedule {name!r} (known: {', '.join(SCHEDULES)})")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("voxline.kernels.cuda_graphs").setLevel(logging.INFO)  # capture progress
     # A compile failure falls back to eager (counted below) instead of killing the run.
@@ -299,15 +539,19 @@ def main(argv: list[str] | None = None) -> int:
     graphed_talker.DEFAULT_ATTENTION = args.attention  # every generator this run builds
     graphed_talker.DEFAULT_PREDICTOR_ATTENTION = args.predictor_attention
     buckets = [int(x) for x in args.buckets.split(",")] if args.buckets else None
+    if torch.device(args.device).type == "cpu":
+        torch.set_num_threads(1)  # threads fighting over a few cores make steps erratic
     t_load = time.perf_counter()
-    model = build_model(args.device)
+    model = build_model(args.device, tiny=args.tiny)
     tok = build_tokenizer(model.config)
     print(f"model built in {time.perf_counter() - t_load:.1f} s", flush=True)
     report: dict = dict(
         command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if argv is None else str(argv),
-        gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
+        gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+        torch=torch.__version__, cuda=torch.version.cuda,
         python=platform.python_version(), date=time.strftime("%Y-%m-%d %H:%M:%S"),
-        shapes="Qwen3-TTS-12Hz-1.7B: talker 28x2048 bf16, code predictor 5x1024 bf16, "
+        shapes="tiny random (toy widths, fp32)" if args.tiny else
+               "Qwen3-TTS-12Hz-1.7B: talker 28x2048 bf16, code predictor 5x1024 bf16, "
                "12 Hz code2wav fp32; random weights",
         frames_per_job=args.frames, batch_buckets=buckets or "powers of two", attention=args.attention,
         predictor_attention=args.predictor_attention, chunking="initial_chunk_frames=1, chunk_frames=4",
@@ -317,6 +561,17 @@ def main(argv: list[str] | None = None) -> int:
         qwen_tts_reference="not run: the qwen-tts package is not installable on the device machine",
         results={}, breakdown={},
     )
+    if args.arrivals:
+        report.update(mode="open loop", device=args.device, max_streams=args.max_streams,
+                      max_len=args.max_len, window_s=args.window, drain_s=args.drain, seed=args.seed,
+                      text=TEXT, compiled=torch.device(args.device).type == "cuda" and "compiled" in args.modes,
+                      schedules={n: dict(ramp=SCHEDULES[n][0], **dataclasses.asdict(SCHEDULES[n][1]))
+                                 for n in args.schedules.split(",")})
+        for key in ("results", "breakdown", "predictor_top_k_cap", "qwen_tts_reference"):
+            report.pop(key)
+        run_open_loop(model, tok, args, buckets, report, t_start)
+        save(report, args.out)
+        return 0
     if not args.no_twin:
         report["twin_check"] = twin_check(model, tok, 12)
         print("twin check", report["twin_check"], flush=True)

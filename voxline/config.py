@@ -145,6 +145,13 @@ class Settings(BaseSettings):
                                    description="Qwen3-TTS on CUDA: comma-separated batch sizes its "
                                                "CUDA graphs are captured for, each <= tts_max_streams "
                                                "(empty: powers of two)")
+    tts_schedule: str = Field(default="playout", pattern=r"^(playout|fifo)$",
+                              description="Qwen3-TTS steps under arriving replies: 'playout' (chunks "
+                                          "ramp up from the first; a reply short of unplayed audio "
+                                          "gets its frames decoded at once; one far ahead waits a "
+                                          "step rather than push the batch into a bigger CUDA-graph "
+                                          "bucket; a new reply's first frame is made in its prefill "
+                                          "step) or 'fifo' (every reply every step, fixed chunks)")
     llm: str = Field(default="embedded", pattern=r"^(embedded|openai:https?://.+)$",
                      json_schema_extra={"metavar": "embedded|openai:<server url>"},
                      description="reply model: 'embedded' (shipped SmolLM2, in the engine) or "

@@ -5,7 +5,9 @@
 - the due rule: the first chunk as soon as ``initial_chunk_frames`` frames exist (first
   audio one talker step after the prompt's prefill when it is 1), later chunks every
   ``chunk_frames`` frames (or growing up to it, with ``ramp``), and whatever is left when
-  the job's talker stops or waits for text;
+  the job's talker stops or waits for text; and, with a ``low`` test (the step schedule's
+  :meth:`~.scheduling.StepScheduler.low`), any later chunk of a job short of unplayed
+  audio as soon as it has a frame;
 - the job's decoder state, set up once per job (:meth:`ChunkScheduler.open`): a slot of
   :class:`~.graphed_code2wav.GraphedCode2Wav` when graphed, else an eager
   :class:`~.code2wav.Code2WavState`, primed with the reference codes for an in-context
@@ -21,7 +23,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -89,8 +91,10 @@ class ChunkScheduler:
             self.codec.release(job.codec_slot)
         job.codec_slot = None
 
-    def due(self, jobs: Iterable[Job], first_only: bool) -> list[Job]:
-        """Jobs whose next chunk is due (only first chunks with ``first_only``)."""
+    def due(self, jobs: Iterable[Job], first_only: bool,
+            low: Callable[[Job], bool] | None = None) -> list[Job]:
+        """Jobs whose next chunk is due (only first chunks with ``first_only``); a job
+        for which ``low`` holds has any pending frames due after its first chunk."""
         due: list[Job] = []
         for job in jobs:
             if job.decoded == 0:
@@ -103,7 +107,8 @@ class ChunkScheduler:
                 want = self.chunk_frames
             # A talker waiting for text (or between streams) leaves no frame undecoded.
             waits = job.stream is None or awaits_text(job.stream, self.eos)
-            if job.pending and (job.done or waits or len(job.pending) >= want):
+            if job.pending and (job.done or waits or len(job.pending) >= want
+                                or (low is not None and job.decoded > 0 and low(job))):
                 due.append(job)
         return due
 

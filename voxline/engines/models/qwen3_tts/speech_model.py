@@ -60,8 +60,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,7 @@ from .reference import (
     normalize_reference,
     reference_key,
 )
+from .scheduling import FIFO, StepPolicy, StepScheduler
 from .tokenizer import Qwen3TextTokenizer
 
 __all__ = ["RANDOM_WEIGHTS_KEY", "Qwen3SpeechModel"]
@@ -126,6 +128,8 @@ class Qwen3SpeechModel:
         codec_encoder: CodecEncoder | None = None,
         reference_cache: int = 16,
         overlap_codec: bool | None = None,
+        schedule: StepPolicy = FIFO,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``model``: a loaded model (then ``tokenizer`` is required) or a checkpoint
         directory in the official layout (loaded on ``device``: talker in ``dtype``,
@@ -154,6 +158,9 @@ class Qwen3SpeechModel:
         ``overlap_codec`` (default: the decoder is on CUDA) decodes later chunks at the
         start of the next step, overlapping the talker (see the module docstring); on
         CUDA on a stream of their own.
+        ``schedule``: how steps treat arriving jobs (:mod:`.scheduling`; default ``FIFO``:
+        every live stream every step, every free slot prefilled at once), judged by each
+        job's playout buffer on ``clock`` (seconds, monotonic).
         """
         if initial_chunk_frames < 1 or chunk_frames < 1:
             raise ValueError("initial_chunk_frames and chunk_frames must be >= 1")
@@ -189,6 +196,7 @@ class Qwen3SpeechModel:
         self.codec_encoder = codec_encoder
         self.references = ReferenceCache(reference_cache)
         self._registered: dict[str, VoiceReference] = {}  # named, not yet encoded
+        self.scheduler = StepScheduler(schedule, clock)
 
     def _open(self, model: Qwen3TTSModel | str | Path, tokenizer: Qwen3TextTokenizer | None, *,
               dtype: torch.dtype, device: torch.device | str, codec_dtype: torch.dtype,
@@ -306,6 +314,7 @@ class Qwen3SpeechModel:
             self._queue.remove(entry)
         entry.pending.clear()
         self.chunks.drop(entry)
+        self.scheduler.forget(job_id)
 
     def has_work(self) -> bool:
         """A step would make progress. False while every job waits for text (its stream
@@ -339,26 +348,55 @@ class Qwen3SpeechModel:
         # Chunks due from earlier frames start first (before _admit changes any job's
         # talker stream, so the due rule sees what the previous step left).
         jobs = self._jobs.values()
-        early = self.chunks.launch(self.chunks.due(jobs, first_only=False)) if self.overlap_codec else None
+        early = (self.chunks.launch(self.chunks.due(jobs, first_only=False, low=self._low()))
+                 if self.overlap_codec else None)
         self._talk()
-        late = self.chunks.launch(self.chunks.due(jobs, first_only=self.overlap_codec))
+        late = self.chunks.launch(self.chunks.due(jobs, first_only=self.overlap_codec, low=self._low()))
         return self._outputs([c for c in (early, late) if c is not None])
 
+    def _low(self) -> Callable[[Job], bool] | None:
+        """The schedule's test for a job low on unplayed audio (None: the policy has none)."""
+        if self.scheduler.policy.flush_below_s <= 0:
+            return None
+        now = self.scheduler.clock()
+        return lambda job: self.scheduler.low(job.job_id, now)
+
     def _talk(self) -> None:
-        """Admit queued jobs, then one batched talker step over every live stream."""
-        self._admit()
+        """Admit queued jobs, then one batched talker step over the live streams the
+        schedule picks (and, with ``first_frame_with_prefill``, a second over the new ones)."""
+        fresh = self._admit()
         eos = self.generator.eos
         live = [j for j in self._jobs.values()
                 if j.stream is not None and not awaits_text(j.stream, eos)]
-        if live:
-            by_id = {id(j.stream): j for j in live}
-            for r in self.generator.step([j.stream for j in live]):  # type: ignore[misc]
-                entry = by_id[id(r.stream)]
-                if r.frame is not None:
-                    entry.pending.append(r.frame)
-                    entry.frames += 1
-                if r.finish is not None:
-                    self._stream_stopped(entry)
+        self._generate(self._batch(live))
+        if self.scheduler.policy.first_frame_with_prefill:
+            self._generate([j for j in fresh if j.stream is not None and not j.stream.finished
+                            and not awaits_text(j.stream, eos)])
+
+    def _batch(self, live: list[Job]) -> list[Job]:
+        """The live streams this step serves: new ones (their prefill) always; the others
+        as the schedule fits them to the generator's batch buckets."""
+        if self.scheduler.policy.fit_ahead_s <= 0:
+            return live
+        new = [j for j in live if j.stream.hidden is None]  # type: ignore[union-attr]
+        running = [j for j in live if j.stream.hidden is not None]  # type: ignore[union-attr]
+        keep = self.scheduler.batch([j.job_id for j in running],
+                                    getattr(self.generator, "batch_buckets", None),
+                                    self.scheduler.clock())
+        return new + [running[i] for i in keep]
+
+    def _generate(self, live: list[Job]) -> None:
+        """One batched talker step over ``live``: frames to their jobs, stops handled."""
+        if not live:
+            return
+        by_id = {id(j.stream): j for j in live}
+        for r in self.generator.step([j.stream for j in live]):  # type: ignore[misc]
+            entry = by_id[id(r.stream)]
+            if r.frame is not None:
+                entry.pending.append(r.frame)
+                entry.frames += 1
+            if r.finish is not None:
+                self._stream_stopped(entry)
 
     def _stream_stopped(self, entry: Job) -> None:
         """The job's talker stream stopped: the job is done unless text came (or may
@@ -374,6 +412,7 @@ class Qwen3SpeechModel:
     def _outputs(self, launched: list[LaunchedChunks]) -> list[SpeechOut]:
         """One output per job with new audio or finished, its chunks in launch order."""
         audio = self.chunks.collect(launched)
+        now = self.scheduler.clock()  # the chunks leave the stage: playout counts from here
         outs: list[SpeechOut] = []
         for job_id, entry in list(self._jobs.items()):
             parts = audio.get(job_id)
@@ -387,9 +426,11 @@ class Qwen3SpeechModel:
                     continue  # held back by the stretcher: its text waits for the audio
             text = entry.span_text(finished) if len(wav) or finished else ""
             outs.append(SpeechOut(job_id, wav, self.sample_rate, text, finished))
+            self.scheduler.sent(job_id, len(wav) / self.sample_rate, now)
             if finished:
                 del self._jobs[job_id]
                 self.chunks.drop(entry)
+                self.scheduler.forget(job_id)
         return outs
 
     def synthesize_all(self, text: str, *, seed: int | None = None, speed: float = 1.0) -> np.ndarray:
@@ -404,25 +445,29 @@ class Qwen3SpeechModel:
 
     # ------------------------------------------------------------------ jobs and prompts
 
-    def _admit(self) -> None:
+    def _admit(self) -> list[Job]:
         """Give queued jobs with text to speak free talker slots (their prompts prefill
-        in this step); a job whose text has all been spoken ends, unless more may come."""
+        in this step), as many as the schedule admits; a job whose text has all been
+        spoken ends, unless more may come. Returns the jobs whose stream started."""
         used = sum(1 for j in self._jobs.values() if j.stream is not None and j.stream.slot >= 0)
+        admit = self.scheduler.admissions(self.max_streams - used)
+        started: list[Job] = []
         for entry in list(self._queue):
             if entry.unfed == 0:
                 if not entry.text_open:
                     self._queue.remove(entry)
                     entry.done = True  # nothing (more) to say: finishes in this step
                 continue  # waits for text, holding no talker slot
-            if used >= self.max_streams:
+            if len(started) >= admit:
                 continue
             self._queue.remove(entry)
             try:
                 self._start_stream(entry)
-                used += 1
+                started.append(entry)
             except Exception:  # one bad job must not fail every other job
                 logger.exception("Qwen3-TTS could not start job %d", entry.job_id)
                 entry.done = True  # finishes with the audio it has, in this step
+        return started
 
     def _start_stream(self, entry: Job) -> None:
         """A talker stream for the job's text not yet given to one; the decoder state is

@@ -1,0 +1,124 @@
+"""Step scheduling for arrivals: which streams a Qwen3-TTS step serves, and when chunks leave.
+
+A job arriving must not make the streams already playing underrun. Every decision here is
+made from a job's *playout buffer* (:meth:`StepScheduler.ahead`): how much of the audio the
+stage has sent a listener still has to play, for a listener who starts playing at the
+job's first chunk, waits when audio runs out and resumes when the next chunk comes (the
+client's view; wall clock, injectable). A job with no audio yet is the most urgent.
+
+:class:`StepPolicy` holds the knobs, each off by default (``FIFO``: every live stream in
+every step, every free slot prefilled at once: the stage's behaviour before this module):
+
+- ``max_prefills``: at most this many queued jobs start a talker stream (their prompt
+  prefill) in one step; 0 = every free slot.
+- ``fit_ahead_s``: when the streams that would step just overflow a graph batch bucket
+  (:func:`fit_to_bucket`), the overflow waits a step, provided every waiting stream is at
+  least this far ahead: the batch replays the bucket below instead of paying for the
+  bigger one on behalf of streams that need no frame yet. It only ever trims the batch
+  to the next smaller bucket (never emptier), so the stage never idles and a stream
+  waits only while it is among the furthest ahead.
+- ``flush_below_s``: a stream whose buffer is below this has its pending frames decoded
+  now rather than when its chunk is full (the chunk size adapts to a slow step).
+- ``first_frame_with_prefill``: a new stream's first frame is made in its prefill step
+  (a second, small generator step over the new streams), so first audio leaves one step
+  earlier.
+
+Scheduling moves *when* a stream's frames are computed and decoded, never what they are:
+a stream's frames are computed in the same order and its sampling is seeded per stream,
+so a seeded job's codes equal those of an unscheduled run (``tests/test_tts_arrivals.py``).
+Pure logic over job ids and times; no tensors, no model.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from voxline.kernels.cuda_graphs import bucket_for
+
+__all__ = ["FIFO", "PLAYOUT", "SCHEDULES", "StepPolicy", "StepScheduler", "fit_to_bucket"]
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    """How a step treats arrivals (see the module docstring); all off by default."""
+
+    max_prefills: int = 0
+    fit_ahead_s: float = 0.0
+    flush_below_s: float = 0.0
+    first_frame_with_prefill: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_prefills < 0 or self.fit_ahead_s < 0 or self.flush_below_s < 0:
+            raise ValueError(f"StepPolicy values must be >= 0, got {self}")
+
+
+FIFO = StepPolicy()
+# The engine's default on a GPU, chosen by the open-loop measurement
+# (benchmarks/results/gpu_tts_h200_open_loop.json, benchmarks/README.md).
+PLAYOUT = StepPolicy(fit_ahead_s=1.0, flush_below_s=0.25, first_frame_with_prefill=True)
+# The ``tts_schedule`` setting's choices: (chunk ramp, policy) for the speech model.
+SCHEDULES: dict[str, tuple[bool, StepPolicy]] = {"playout": (True, PLAYOUT), "fifo": (False, FIFO)}
+
+
+def fit_to_bucket(aheads: Sequence[float], buckets: Sequence[int] | None,
+                  min_ahead: float) -> list[int]:
+    """Indices (ascending) of the streams to step, given each one's playout buffer.
+
+    All of them, unless their count overflows a bucket (the largest bucket below it exists)
+    and every stream beyond that bucket's size, taking the furthest ahead, is at least
+    ``min_ahead`` seconds ahead: then only the bucket's worth of least-ahead streams."""
+    n = len(aheads)
+    everyone = list(range(n))
+    if not buckets or min_ahead <= 0 or bucket_for(n, buckets) == n:
+        return everyone
+    below = [b for b in buckets if b < n]
+    if not below:
+        return everyone
+    keep = max(below)
+    order = sorted(everyone, key=lambda i: (aheads[i], i))
+    if any(aheads[i] < min_ahead for i in order[keep:]):
+        return everyone
+    return sorted(order[:keep])
+
+
+class StepScheduler:
+    """Playout buffers per job and the :class:`StepPolicy` decisions made from them."""
+
+    def __init__(self, policy: StepPolicy = FIFO, clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self.clock = clock
+        self._until: dict[int, float] = {}  # job id -> when its sent audio runs out
+
+    def sent(self, job_id: int, seconds: float, now: float) -> None:
+        """``seconds`` of the job's audio left the stage at ``now``."""
+        if seconds <= 0:
+            return
+        until = self._until.get(job_id)
+        self._until[job_id] = max(now, until if until is not None else now) + seconds
+
+    def forget(self, job_id: int) -> None:
+        self._until.pop(job_id, None)
+
+    def ahead(self, job_id: int, now: float) -> float:
+        """Seconds of the job's sent audio not yet played at ``now`` (negative: the
+        listener has been waiting that long); ``-inf`` before its first audio."""
+        until = self._until.get(job_id)
+        return -math.inf if until is None else until - now
+
+    def admissions(self, free: int) -> int:
+        """How many queued jobs may start a talker stream in this step."""
+        cap = self.policy.max_prefills
+        return max(0, min(free, cap) if cap else free)
+
+    def batch(self, job_ids: Sequence[int], buckets: Sequence[int] | None, now: float) -> list[int]:
+        """Indices into ``job_ids`` of the streams that step now (see :func:`fit_to_bucket`)."""
+        aheads = [self.ahead(j, now) for j in job_ids]
+        return fit_to_bucket(aheads, buckets, self.policy.fit_ahead_s)
+
+    def low(self, job_id: int, now: float) -> bool:
+        """The job's buffer is below ``flush_below_s`` (its frames should be decoded now)."""
+        limit = self.policy.flush_below_s
+        return limit > 0 and self.ahead(job_id, now) < limit

@@ -147,7 +147,15 @@ def load_asr(settings: Settings, threads: int) -> ASRModel:
                              "(onnxruntime); a GPU ASR needs asr=whisper:<checkpoint dir>")
         from voxline.engines.models.moonshine_asr import MoonshineASR
 
-        return MoonshineASR.load(threads=threads)
+        workers = settings.asr_workers
+        if workers == 1:
+            return MoonshineASR.load(threads=threads)
+        from voxline.engines.models.asr_pool import ConcurrentASR
+
+        return ConcurrentASR(MoonshineASR.load(threads=max(1, threads // workers)), workers)
+    if settings.asr_workers != 1:
+        raise ValueError(f"asr_workers={settings.asr_workers} applies to Moonshine; a Whisper "
+                         "ASR batches every session's jobs on its device (use asr_workers=1)")
     if settings.asr_device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"asr_device={settings.asr_device}, but this machine has no CUDA GPU "
                          f"(torch {torch.__version__}); use asr_device=cpu")
@@ -159,9 +167,11 @@ def load_asr(settings: Settings, threads: int) -> ASRModel:
 def load_tts(settings: Settings) -> SpeechModel:
     """The speech stage `settings.tts` names: Piper (shipped) or a Qwen3-TTS checkpoint."""
     if settings.tts.startswith("qwen3:"):
+        from voxline.engines.models.qwen3_tts.scheduling import SCHEDULES
         from voxline.engines.models.qwen3_tts.speech_model import Qwen3SpeechModel
 
         model_dir = settings.tts.removeprefix("qwen3:")
+        ramp, schedule = SCHEDULES[settings.tts_schedule]
         t0 = time.perf_counter()
         cuda = settings.tts_device.startswith("cuda")
         buckets = settings.tts_bucket_list()
@@ -174,6 +184,7 @@ def load_tts(settings: Settings) -> SpeechModel:
                                  max_len=TTS_POSITIONS,
                                  initial_chunk_frames=settings.tts_first_chunk_frames,
                                  chunk_frames=settings.tts_chunk_frames,
+                                 ramp=ramp, schedule=schedule,
                                  max_frames=settings.tts_max_frames)
         logger.info("Qwen3-TTS %s (voice %s) loaded on %s in %.2f s%s", model_dir, stage.speaker,
                     settings.tts_device, time.perf_counter() - t0,

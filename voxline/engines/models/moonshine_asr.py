@@ -33,6 +33,7 @@ import logging
 import math
 import os
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -217,6 +218,7 @@ class MoonshineASR:
         self._self_attn = [n for n in self._past_names if ".decoder." in n]
         self._cross_attn = [n for n in self._past_names if ".encoder." in n]
         self._drafts: dict[bytes, list[int]] = {}  # recent utterances' tokens, oldest first
+        self._drafts_lock = threading.Lock()
         # Later steps need only the logits and the growing self-attention cache.
         self._step_outputs = ["logits"] + [self._present(n) for n in self._self_attn]
 
@@ -354,11 +356,13 @@ class MoonshineASR:
         # A turn is transcribed again as it grows (partials, the pause, the final): the
         # last take of the same utterance (same first samples) drafts this one's tokens.
         key = audio[:DRAFT_KEY_SAMPLES].tobytes()
-        ids = self.decode(self.encode(audio), self.max_tokens(len(audio)),
-                          self._drafts.pop(key, ()))
-        self._drafts[key] = ids
-        while len(self._drafts) > MAX_DRAFTS:
-            self._drafts.pop(next(iter(self._drafts)))
+        with self._drafts_lock:  # clips may be transcribed side by side (`asr_pool`)
+            draft = self._drafts.pop(key, ())
+        ids = self.decode(self.encode(audio), self.max_tokens(len(audio)), draft)
+        with self._drafts_lock:
+            self._drafts[key] = ids
+            while len(self._drafts) > MAX_DRAFTS:
+                self._drafts.pop(next(iter(self._drafts)))
         return self.tokenizer.decode(ids)
 
     def transcribe_batch(self, clips: list[np.ndarray]) -> list[str]:

@@ -137,7 +137,7 @@ def test_the_log_line_says_what_from_what_and_what_was_explicit():
                  latency=LatencyRow("NVIDIA H200", 8, source="results.json")).log_line()
     assert line.startswith("capacity: max_sessions=8 (NVIDIA H200 held 8 at the latency bar "
                            "(results.json); memory fits 49), max_responses=8, tts_max_streams=4")
-    assert "cuda:0 NVIDIA H200 (LLM+TTS): 101.0 GiB free of 102.0 GiB" in line
+    assert "cuda:0 NVIDIA H200 (LLM, TTS): 101.0 GiB free of 102.0 GiB" in line
     assert line.endswith("explicit: tts_max_streams")
     assert "\n" not in line
 
@@ -280,7 +280,8 @@ def test_on_a_gpu_unset_fields_are_sized_and_logged(monkeypatch, checkpoints, ca
     assert (settings.max_sessions, settings.tts_max_streams) == (8, 8)  # the input is untouched
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capacity:")]
     assert "GPU not in the latency table for these models: capped at 8, the default" in line
-    assert "cuda:0 Tiny GPU (LLM+TTS): 139.8 GiB free of 140.4 GiB" in line
+    assert ("cuda:0 Tiny GPU (LLM 2048 positions, TTS 2048 positions): 139.8 GiB free of "
+            "140.4 GiB") in line
     assert "explicit: max_responses" in line
     assert line.endswith("CUDA-graph batch buckets: LLM 1,2,4,8, TTS 1,2,4,6")
 

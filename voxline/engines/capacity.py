@@ -174,7 +174,7 @@ class Capacity:
         f = d.footprint
         need = d.need(self.max_sessions, self.tts_max_streams if f.per_stream else 0,
                       self.working_fraction)
-        return (f"{d.device} {d.name} ({'+'.join(f.parts)}): {_gib(d.free)} free of "
+        return (f"{d.device} {d.name} ({', '.join(f.parts)}): {_gib(d.free)} free of "
                 f"{_gib(d.total)}, needs {_gib(need)} = (weights {_gib(f.weights)} + "
                 f"{self.max_sessions} x {_mib(f.per_session)} per session + "
                 f"{self.tts_max_streams if f.per_stream else 0} x {_mib(f.per_stream)} per "

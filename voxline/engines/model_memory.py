@@ -68,8 +68,10 @@ def llm_footprint(checkpoint_dir: Path, dtype: str) -> tuple[Footprint, int]:
     config = json.loads((checkpoint_dir / "config.json").read_text())
     nbytes = BF16 if dtype == "bfloat16" else FLOAT32
     params = llama_params(config)
-    slot = llama_kv_slot_bytes(config, llm_positions(config), nbytes)
-    return Footprint(weights=params * nbytes, scratch=slot, per_session=slot, parts=("LLM",)), params
+    positions = llm_positions(config)
+    slot = llama_kv_slot_bytes(config, positions, nbytes)
+    return Footprint(weights=params * nbytes, scratch=slot, per_session=slot,
+                     parts=(f"LLM {positions} positions",)), params
 
 
 def _numel(module: torch.nn.Module | None) -> int:
@@ -100,7 +102,7 @@ def qwen3_tts_footprint(model_dir: Path) -> tuple[Footprint, int]:
     footprint = Footprint(weights=talker_params * BF16 + codec_params * FLOAT32,
                           scratch=talker_slot + codec_slot,
                           per_stream=talker_slot + CODE2WAV_SLOTS_PER_STREAM * codec_slot,
-                          parts=("TTS",))
+                          parts=(f"TTS {TTS_POSITIONS} positions",))
     return footprint, talker_params + codec_params
 
 

@@ -443,27 +443,28 @@ def run_open_loop(model: Qwen3TTSModel, tok: Qwen3TextTokenizer, args: argparse.
     t0 = time.perf_counter()
     stage = build_open_loop_stage(model, tok, args, buckets)
     report["load_s"] = {"open_loop": round(time.perf_counter() - t0, 2)}
+    report["overlap_codec"] = stage.overlap_codec
+    report["batch_buckets"] = getattr(stage.generator, "batch_buckets", None)
     print(f"open-loop stage ready in {report['load_s']['open_loop']:.1f} s", flush=True)
     tts = TTSStage(stage)
     warm_up(tts, min(8, args.max_streams))
-    rates = [float(x) for x in args.arrivals.split(",")]
+    # Each rate under every schedule (a run cut by the deadline still has pairs), then extras.
+    runs = [(name, float(rate)) for rate in args.arrivals.split(",") for name in args.schedules.split(",")]
+    runs += [(name, float(rate)) for name, rate in (x.split("@") for x in args.extra.split(",") if x)]
     rows = report.setdefault("open_loop", [])
-    reply_s = args.frames * FRAME_S
-    for rate in rates:  # each rate under every schedule, so a cut run still has pairs
-        for name in args.schedules.split(","):
-            if args.deadline and time.perf_counter() - t_start > args.deadline:
-                report["cut_by_deadline"] = True
-                print(f"deadline: skipping {name} at {rate} jobs/s", flush=True)
-                continue
-            ramp, policy = SCHEDULES[name]
-            stage.chunks.ramp = ramp
-            stage.scheduler = sched.StepScheduler(policy)
-            run = open_loop(tts, rate, window=args.window, drain=args.drain, seed=args.seed)
-            row = summarize(rate, name, run, reply_s)
-            rows.append(row)
-            print(row, flush=True)
-            save(report, args.out)
-    print_open_loop(rows)
+    for name, rate in runs:
+        if args.deadline and time.perf_counter() - t_start > args.deadline:
+            report.setdefault("cut_by_deadline", []).append(f"{name}@{rate:g}")
+            print(f"deadline: skipping {name} at {rate:g} jobs/s", flush=True)
+            continue
+        ramp, policy = SCHEDULES[name]
+        stage.chunks.ramp = ramp
+        stage.scheduler = sched.StepScheduler(policy)
+        run = open_loop(tts, rate, window=args.window, drain=args.drain, seed=args.seed)
+        rows.append(summarize(rate, name, run, args.frames * FRAME_S))
+        print(rows[-1], flush=True)
+        save(report, args.out)
+    print_open_loop(sorted(rows, key=lambda r: (r["rate_jobs_per_s"], r["schedule"])))
 
 
 def print_open_loop(rows: list[dict]) -> None:
@@ -516,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="a toy-width model (CPU runs; timings mean nothing)")
     ap.add_argument("--arrivals", help="open loop: Poisson arrival rates in jobs/s, e.g. 4,8,12,16,24")
     ap.add_argument("--schedules", default="fifo,playout", help=f"open loop: of {', '.join(SCHEDULES)}")
+    ap.add_argument("--extra", default="", help="open loop: more runs after those, as "
+                    "SCHEDULE@RATE,... (e.g. ramp@16)")
     ap.add_argument("--window", type=float, default=8.0, help="open loop: seconds of arrivals per run")
     ap.add_argument("--drain", type=float, default=6.0,
                     help="open loop: seconds after the window before running jobs are cut")
@@ -527,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     if args.frames is None:
         args.frames = 200 if args.arrivals else 50
-    for name in (args.schedules.split(",") if args.arrivals else []):
+    extra = [x.split("@")[0] for x in args.extra.split(",") if x]
+    for name in (args.schedules.split(",") + extra if args.arrivals else []):
         if name not in SCHEDULES:
             ap.error(f"--schedules: unknown schedule {name!r} (known: {', '.join(SCHEDULES)})")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
@@ -566,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
                       max_len=args.max_len, window_s=args.window, drain_s=args.drain, seed=args.seed,
                       text=TEXT, compiled=torch.device(args.device).type == "cuda" and "compiled" in args.modes,
                       schedules={n: dict(ramp=SCHEDULES[n][0], **dataclasses.asdict(SCHEDULES[n][1]))
-                                 for n in args.schedules.split(",")})
+                                 for n in args.schedules.split(",") + extra})
         for key in ("results", "breakdown", "predictor_top_k_cap", "qwen_tts_reference"):
             report.pop(key)
         run_open_loop(model, tok, args, buckets, report, t_start)

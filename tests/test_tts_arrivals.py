@@ -58,8 +58,10 @@ def test_fit_to_bucket_trims_only_an_overflow_that_is_far_enough_ahead():
     # ...unless a stream beyond bucket 4 is itself short of audio.
     assert fit_to_bucket([near, near, near, near, near], [2, 4, 8], 1.0) == [0, 1, 2, 3, 4]
     assert fit_to_bucket([far, 0.5, near, near, near, near], [4, 8], 1.0) == [0, 1, 2, 3, 4, 5]
-    # Never emptier than the next smaller bucket, even when everyone is far ahead.
-    assert len(fit_to_bucket([far] * 7, [2, 4, 8], 1.0)) == 4
+    # Never emptier than the next smaller bucket, even when everyone is far ahead...
+    assert fit_to_bucket([far] * 6, [4, 8], 1.0) == [0, 1, 2, 3]
+    # ...and only while the overflow is smaller than the bigger bucket's padding.
+    assert fit_to_bucket([far] * 7, [4, 8], 1.0) == [0, 1, 2, 3, 4, 5, 6]
     # Past the largest bucket: the largest bucket's worth, if the rest can wait.
     assert fit_to_bucket([far, near, far, near, near], [4], 1.0) == [0, 1, 3, 4]
     # Below the smallest bucket nothing can be trimmed.

@@ -12,11 +12,12 @@ every step, every free slot prefilled at once: the stage's behaviour before this
 - ``max_prefills``: at most this many queued jobs start a talker stream (their prompt
   prefill) in one step; 0 = every free slot.
 - ``fit_ahead_s``: when the streams that would step just overflow a graph batch bucket
-  (:func:`fit_to_bucket`), the overflow waits a step, provided every waiting stream is at
-  least this far ahead: the batch replays the bucket below instead of paying for the
-  bigger one on behalf of streams that need no frame yet. It only ever trims the batch
-  to the next smaller bucket (never emptier), so the stage never idles and a stream
-  waits only while it is among the furthest ahead.
+  (:func:`fit_to_bucket`: fewer rows over the bucket below than the bigger bucket would
+  pad), the overflow waits a step, provided every waiting stream is at least this far
+  ahead: the batch replays the bucket below instead of paying for the bigger one on
+  behalf of streams that need no frame yet. It only ever trims the batch to the next
+  smaller bucket (never emptier), so the stage never idles, the batch stays the larger
+  part of what it was, and a stream waits only while it is among the furthest ahead.
 - ``flush_below_s``: a stream whose buffer is below this has its pending frames decoded
   now rather than when its chunk is full (the chunk size adapts to a slow step).
 - ``first_frame_with_prefill``: a new stream's first frame is made in its prefill step
@@ -67,17 +68,19 @@ def fit_to_bucket(aheads: Sequence[float], buckets: Sequence[int] | None,
                   min_ahead: float) -> list[int]:
     """Indices (ascending) of the streams to step, given each one's playout buffer.
 
-    All of them, unless their count overflows a bucket (the largest bucket below it exists)
-    and every stream beyond that bucket's size, taking the furthest ahead, is at least
-    ``min_ahead`` seconds ahead: then only the bucket's worth of least-ahead streams."""
+    All of them, unless their count just overflows a bucket (by no more rows than the next
+    bucket up would pad, or past the largest bucket) and every stream beyond that bucket's
+    size, taking the furthest ahead, is at least ``min_ahead`` seconds ahead: then only
+    the bucket's worth of least-ahead streams."""
     n = len(aheads)
     everyone = list(range(n))
-    if not buckets or min_ahead <= 0 or bucket_for(n, buckets) == n:
-        return everyone
-    below = [b for b in buckets if b < n]
-    if not below:
+    up = bucket_for(n, buckets) if buckets else None
+    below = [b for b in buckets or () if b < n]
+    if min_ahead <= 0 or not below or up == n:
         return everyone
     keep = max(below)
+    if up is not None and n - keep > up - n:
+        return everyone  # mostly full: the bigger bucket pays for itself
     order = sorted(everyone, key=lambda i: (aheads[i], i))
     if any(aheads[i] < min_ahead for i in order[keep:]):
         return everyone

@@ -144,3 +144,31 @@ def test_playout_simulation_counts_gaps_over_100_ms() -> None:
     assert simulate_playout(steady) == (0, 0.0)
     count, total = simulate_playout([(0.0, 0.2), (0.25, 0.1), (0.6, 0.1)])  # 50 ms, 250 ms late
     assert count == 1 and total == pytest.approx(0.25)
+
+
+def test_ramp_spreads_the_closed_loop_starts_and_is_validated(monkeypatch, capsys) -> None:
+    import argparse
+    import asyncio
+    import time
+
+    from voxline import bench
+
+    starts: list[float] = []
+
+    async def fake_speech(base: str, text: str, opts: argparse.Namespace) -> bench.RequestResult:
+        starts.append(time.perf_counter())
+        await asyncio.sleep(0.5)  # busy until every worker has taken its request
+        return bench.RequestResult(ok=True)
+
+    monkeypatch.setattr(bench, "speech_request", fake_speech)
+    opts = argparse.Namespace(mode="speech", requests=4, max_seconds=60.0, quiet=True,
+                              ramp=0.4)
+    t0 = time.perf_counter()
+    level = asyncio.run(bench.run_level("http://127.0.0.1:1", opts, [], 4, None))
+    assert level["ok"] == 4
+    # worker k sleeps k * ramp / c first (asyncio may wake a timer up to its clock
+    # resolution early: hence 0.095)
+    offsets = [s - t0 for s in sorted(starts)]
+    assert [o >= 0.095 * k for k, o in enumerate(offsets)] == [True] * 4, offsets
+    assert run_bench("--url", "http://127.0.0.1:1", "--mode", "speech", "--ramp", "-1") == 2
+    assert "--ramp must be >= 0" in capsys.readouterr().err

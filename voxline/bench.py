@@ -329,13 +329,17 @@ async def run_level(base: str, opts: argparse.Namespace, questions: list[np.ndar
     if concurrency is not None:
         counter = iter(range(opts.requests))
 
-        async def worker() -> None:
+        workers = min(concurrency, opts.requests)
+        ramp = getattr(opts, "ramp", 0.0)
+
+        async def worker(k: int) -> None:
+            await asyncio.sleep(ramp * k / workers)  # --ramp: starts spread, turns out of step
             for i in counter:  # shared iterator: each request index is taken once
                 if time.perf_counter() > deadline:
                     return
                 await one(i)
 
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, opts.requests))))
+        await asyncio.gather(*(worker(k) for k in range(workers)))
     else:
         assert rate is not None
         rng, tasks = random.Random(opts.seed), []
@@ -503,6 +507,8 @@ def plot(report: dict[str, Any], path: str) -> bool:
 
 
 def _levels(opts: argparse.Namespace) -> list[tuple[int | None, float | None]]:
+    if getattr(opts, "ramp", 0.0) < 0:
+        raise BenchError("--ramp must be >= 0 seconds")
     if opts.rate is not None:
         if opts.rate <= 0:
             raise BenchError("--rate must be > 0")
@@ -525,7 +531,7 @@ async def bench(opts: argparse.Namespace) -> dict[str, Any]:
     return {"version": 1, "mode": opts.mode, "url": base, "turn_detection": opts.turn_detection,
             "input": getattr(opts, "input", "audio"),
             "requests_per_level": opts.requests, "timeout_s": opts.timeout,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "levels": levels,
+            "ramp_s": getattr(opts, "ramp", 0.0), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "levels": levels,
             "sessions_held": sessions_held(levels)}
 
 

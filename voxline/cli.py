@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="open-loop Poisson arrivals per second instead of the sweep")
     bench.add_argument("--requests", type=int, default=4,
                        help="requests per level (default: %(default)s)")
+    bench.add_argument("--ramp", type=float, default=0.0,
+                       help="closed loop: the c sessions start spread evenly over this many "
+                            "seconds instead of all at once, so their turns are not in step "
+                            "(default: %(default)s, a burst)")
     bench.add_argument("--timeout", type=float, default=60.0,
                        help="seconds per request before it counts as a timeout (default: %(default)s)")
     bench.add_argument("--max-seconds", type=float, default=600.0,

@@ -242,13 +242,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         ready_s = wait_ready(url, server, args.ready_timeout, out / "server.log")
         print(f"== ready after {ready_s:.1f} s", flush=True)
-        common = ["--max-output-tokens", str(args.max_output_tokens), "--timeout", "120"]
+        common = ["--max-output-tokens", str(args.max_output_tokens), "--timeout", "120",
+                  "--ramp", str(args.ramp)]
         rc = 0
         for sweep in args.sweeps.split(";"):
             inp, _, levels = sweep.partition("=")
             for c in (int(x) for x in levels.split(",")):
                 extra = [*common, "--input", inp, "--concurrency", str(c),
-                         "--requests", str(max(args.min_requests, c))]
+                         "--requests", str(max(args.min_requests, args.rounds * c))]
                 if inp == "audio" and args.audio_dir:
                     extra += ["--audio-dir", args.audio_dir]
                 rc |= run_bench(url, f"{inp}_c{c}", out, extra, args.bench_timeout)
@@ -297,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--min-requests", type=int, default=4,
                    help="requests per level: max(this, concurrency)")
     r.add_argument("--max-output-tokens", type=int, default=12)
+    r.add_argument("--ramp", type=float, default=0.0, help="voxline bench --ramp: sessions "
+                   "start spread over this many seconds (0: all at once)")
+    r.add_argument("--rounds", type=int, default=1, help="requests per level: this many per "
+                   "session slot (with --min-requests as the floor)")
     r.add_argument("--tts-max-frames", type=int, default=75)
     r.add_argument("--ready-timeout", type=float, default=300)
     r.add_argument("--bench-timeout", type=float, default=240)

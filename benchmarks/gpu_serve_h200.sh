@@ -42,7 +42,7 @@ a)
   python3 -c "import av, aiortc, fastapi, uvicorn, zmq, msgspec, soxr, voxline.realtime.server, \
 voxline.engines.factory; print('imports ok')" || exit 1
   python3 benchmarks/bench_gpu_serve.py build /tmp/ckpt && du -sh /tmp/ckpt/* || exit 1
-  python3 benchmarks/bench_gpu_serve.py check /tmp/ckpt "$@" 2>&1 | tail -40
+  [ -n "${SKIP_CHECK:-}" ] || python3 benchmarks/bench_gpu_serve.py check /tmp/ckpt "$@" 2>&1 | tail -40
   ;;
 b)
   [ -d /tmp/ckpt/llm ] || { echo "fresh machine: phase a's files are gone"; exit 3; }
@@ -50,6 +50,7 @@ b)
     [ -f "$w" ] && [ "${w#.devcarry/a/}" = "$w" ] && python3 -m pip install -q --no-index \
       --no-deps --no-compile --no-cache-dir --target $site "$w"
   done
+  [ -f .devcarry/s/pipecat_stub.tgz ] && tar xzf .devcarry/s/pipecat_stub.tgz -C $site
   [ -f .devcarry/b/enc.ort.gz ] && gunzip -c .devcarry/b/enc.ort.gz > $base/encoder_model.ort
   [ -f .devcarry/b/dec.ort.gz ] && gunzip -c .devcarry/b/dec.ort.gz > $base/decoder_model_merged.ort
   python3 benchmarks/bench_gpu_serve.py run /tmp/ckpt --out "$OUT" --audio-dir /tmp/q "$@"

@@ -20,7 +20,7 @@ back with the official ``from_pretrained`` as its README does (``dtype``, ``devi
 sdpa attention; the speech tokenizer gets the same ``dtype``), and times greedy
 ``generate`` on ``input_ids`` plus ``speech_tokenizer.decode`` of its codes: one warm-up,
 then ``runs`` timed runs of one job and ``batch_runs`` of ``batch`` identical jobs in one
-call, while the timed part stays within ``budget_s``. Every job makes exactly ``frames``
+call; no run (warm-ups too) starts after ``budget_s`` of this part. Every job makes exactly ``frames``
 frames: codec EOS is masked for every draw (``min_new_tokens`` = ``max_new_tokens`` =
 ``frames + 1``; the reference completes all but the last drawn first code). Writes
 DIR/result.json (timings, greedy codes, package versions).
@@ -167,9 +167,9 @@ def main() -> None:
     print(f"[qwen-tts] loaded {meta['load_s']} s ({meta['talker_dtype']} talker, "
           f"{meta['codec_dtype']} codec)", flush=True)
 
-    speak(model, job, 1)  # warm-up (allocator, cuBLAS, lazy kernels)
     meta["runs"] = {}
     start = time.perf_counter()
+    speak(model, job, 1)  # warm-up (allocator, cuBLAS, lazy kernels)
     plan = [(1, r) for r in range(int(job["runs"]))]
     if int(job.get("batch", 0)) > 1:
         plan += [(int(job["batch"]), -1)] + [(int(job["batch"]), r) for r in range(int(job["batch_runs"]))]
@@ -185,6 +185,7 @@ def main() -> None:
         key = f"codes_c{c}"
         if key not in meta:
             meta[key] = [x.tolist() for x in codes]
+        (out / "result.json").write_text(json.dumps(meta))  # partial results survive a timeout
     (out / "result.json").write_text(json.dumps(meta))
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from qwen_ref.harness import TINY_CODEC, TINY_MODEL
 
 from voxline.cli import build_parser
@@ -80,7 +82,7 @@ def test_working_memory_scales_the_whole_static_footprint():
     # usable 30 GiB / (1 + 0.5) = 20 GiB for (1 + 2 S) GiB: 9 sessions
     assert _plan([_gpu(30, SPEECH)], w=0.5).memory_sessions == 9
     device = _gpu(30, SPEECH)
-    assert device.need(9, 9, 0.5) == int(1.5 * 19 * GIB) <= device.usable < device.need(10, 10, 0.5)
+    assert device.need(9, 9, 0.5) == 1.5 * 19 * GIB <= device.usable < device.need(10, 10, 0.5)
 
 
 def test_explicit_values_win_and_are_reported_above_the_cap():
@@ -319,3 +321,23 @@ def test_a_gpu_that_is_not_there_is_named(monkeypatch, checkpoints):
     settings = _serve_settings("--tts", f"qwen3:{tts}", "--tts-device", "cuda:1")
     with pytest.raises(VoxlineError, match=r"tts_device=cuda:1, but this machine has 1 CUDA GPU"):
         factory.sized_for_device(settings)
+
+
+@settings(max_examples=200, deadline=None)
+@given(free_mib=st.integers(1, 200_000), weights_mib=st.integers(0, 50_000),
+       session_kib=st.integers(1, 1 << 20), stream_kib=st.integers(0, 1 << 20),
+       w=st.sampled_from([0.0, 0.25, 0.5]), cap=st.integers(1, 4096))
+def test_a_sized_plan_fits_and_is_either_capped_or_one_session_short_of_full(
+        free_mib, weights_mib, session_kib, stream_kib, w, cap):
+    footprint = Footprint(weights=weights_mib * MIB, per_session=session_kib << 10,
+                          per_stream=stream_kib << 10, scratch=(session_kib + stream_kib) << 10)
+    device = DeviceBudget("cuda:0", "G", free_mib * MIB + GIB, free_mib * MIB + GIB, footprint)
+    try:
+        plan = _plan([device], latency=LatencyRow("G", cap), w=w)
+    except VoxlineError as exc:  # only when not even one session fits
+        assert device.need(1, 1 if stream_kib else 0, w) > device.usable, exc
+        return
+    streams = plan.tts_max_streams if stream_kib else 0
+    assert device.need(plan.max_sessions, streams, w) <= device.usable * (1 + 1e-9)
+    assert plan.max_sessions == cap or (
+        device.need(plan.max_sessions + 1, streams + bool(stream_kib), w) > device.usable)

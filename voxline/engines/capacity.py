@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,7 @@ ENGINE_CONTEXT_BYTES = 1 * GIB  # the engine's CUDA context + cuBLAS workspaces 
 DEFAULT_WORKING_FRACTION = 0.5  # used when the table does not say (see the module docstring)
 CAPACITY_FIELDS = ("max_sessions", "max_responses", "tts_max_streams")
 TABLE_PATH = Path(__file__).with_name("capacity_table.json")
+UNBOUNDED = 1 << 20  # a count no device bounds (nothing on it costs per session)
 
 
 @dataclass(frozen=True)
@@ -97,10 +98,10 @@ class DeviceBudget:
     def usable(self) -> int:
         return self.free - ENGINE_CONTEXT_BYTES
 
-    def need(self, sessions: int, streams: int, working_fraction: float) -> int:
+    def need(self, sessions: int, streams: int, working_fraction: float) -> float:
         f = self.footprint
         static = f.weights + f.scratch + sessions * f.per_session + streams * f.per_stream
-        return math.ceil((1 + working_fraction) * static)
+        return (1 + working_fraction) * static
 
     def room(self, working_fraction: float) -> float:
         """Bytes left for slots once the fixed part is in (before working memory)."""
@@ -160,15 +161,17 @@ class Capacity:
         return f"capacity: {chosen}; {devices}; explicit: {explicit}{notes}"
 
     def _session_source(self) -> str:
+        fits = (f"memory fits {self.memory_sessions}" if self.memory_sessions < UNBOUNDED
+                else "memory does not bound them")
         if "max_sessions" in self.explicit:
-            return f"explicit; memory fits {self.memory_sessions}"
+            return f"explicit; {fits}"
         if self.latency is not None:
             cap = (f"{self.latency.gpu} held {self.latency.sessions} at the latency bar "
                    f"({self.latency.source or 'capacity table'})")
         else:
             cap = (f"GPU not in the latency table for these models: capped at "
                    f"{self.fallback_cap}, the default")
-        return f"{cap}; memory fits {self.memory_sessions}"
+        return f"{cap}; {fits}"
 
     def _device_text(self, d: DeviceBudget) -> str:
         f = d.footprint
@@ -242,16 +245,16 @@ def plan_capacity(devices: Sequence[DeviceBudget], *, explicit: Mapping[str, int
                     tuple(devices), w, speech, tuple(notes))
 
 
-def _fit(devices: Sequence[DeviceBudget], w: float, per: Any) -> int:
+def _fit(devices: Sequence[DeviceBudget], w: float, per: Callable[[Footprint], int]) -> int:
     """The most slots of `per(footprint)` bytes every device holds (huge if none costs)."""
     counts = [math.floor(d.room(w) / per(d.footprint)) for d in devices if per(d.footprint) > 0]
-    return min(counts, default=1 << 20)
+    return min(counts, default=UNBOUNDED)
 
 
 def _streams_beside(devices: Sequence[DeviceBudget], sessions: int, w: float) -> int:
     counts = [math.floor((d.room(w) - sessions * d.footprint.per_session) / d.footprint.per_stream)
               for d in devices if d.footprint.per_stream > 0]
-    return min(counts, default=1 << 20)
+    return min(counts, default=UNBOUNDED)
 
 
 def _check(devices: Sequence[DeviceBudget], sessions: int, streams: int,
@@ -266,7 +269,7 @@ def _check(devices: Sequence[DeviceBudget], sessions: int, streams: int,
                            f"({'; '.join(_room_text(d, w) for d in devices)})")
     for d in devices:
         need = d.need(sessions, streams, w)
-        if need <= d.usable:
+        if need <= d.usable * (1 + 1e-9):  # the counts were floored from the same quotient
             continue
         f = d.footprint
         named = _named(explicit, CAPACITY_FIELDS) or "the default capacity"

@@ -226,16 +226,17 @@ def entries(state: dict[str, Any], kind: str) -> list[dict[str, str]]:
 
 
 @contextmanager
-def voice_chat(tmp_path: Path, *phrases: tuple[str, float],
-               transport: str = "websocket") -> Iterator[DevTools]:
-    """The real server and a headless Chromium on `/?autostart=1&transport=...` whose
-    microphone says each phrase, then stays silent for its number of seconds."""
+def voice_chat(tmp_path: Path, *phrases: tuple[str, float], transport: str = "websocket",
+               query: str = "", **server: object) -> Iterator[DevTools]:
+    """The real server (`server`: settings overrides) and a headless Chromium on
+    `/?autostart=1&transport=...` plus `query`, whose microphone says each phrase, then
+    stays silent for its number of seconds."""
     chromium_path()
     wav = fake_microphone_wav(tmp_path / "microphone.wav", phrases)
     from live_server import live_server
 
-    with live_server(ice_hosts="127.0.0.1") as base, headless_chromium(wav) as page:
-        page.navigate(f"{base}/?autostart=1&transport={transport}")
+    with live_server(ice_hosts="127.0.0.1", **server) as base, headless_chromium(wav) as page:
+        page.navigate(f"{base}/?autostart=1&transport={transport}{query}")
         yield page
 
 

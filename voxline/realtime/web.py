@@ -1,15 +1,19 @@
-"""The browser voice-chat page: `GET /` and its script, served from `voxline.web_demo`.
+"""The browser voice-chat page: `GET /` and its scripts, served from `voxline.web_demo`.
 
 The page is static (no build step). It calls `POST /v1/realtime/calls` (WebRTC) on the
 same origin by default, and `WS /v1/realtime` when switched to the WebSocket.
+`GET /web/features.json` tells it what this server makes beyond voice (``video``: a video
+model is loaded, so the page offers a video track and shows its video panel).
 """
 
 from __future__ import annotations
 
 from importlib.resources import files
 
-from fastapi import APIRouter
-from fastapi.responses import Response
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from voxline.realtime.state import get_state
 
 router = APIRouter()
 
@@ -32,3 +36,14 @@ async def index() -> Response:
 async def app_js() -> Response:
     return Response(_asset("app.js"), media_type="text/javascript; charset=utf-8",
                     headers=_HEADERS)
+
+
+@router.api_route("/web/video.js", methods=["GET", "HEAD"], include_in_schema=False)
+async def video_js() -> Response:
+    return Response(_asset("video.js"), media_type="text/javascript; charset=utf-8",
+                    headers=_HEADERS)
+
+
+@router.get("/web/features.json", include_in_schema=False)
+async def features(request: Request) -> JSONResponse:
+    return JSONResponse({"video": bool(get_state(request).settings.video)}, headers=_HEADERS)

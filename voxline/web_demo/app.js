@@ -31,6 +31,7 @@
   const logEl = $("log");
   const keyInput = $("apikey");
   const remoteAudio = $("remote");
+  const videoPanel = window.voxlineVideo;  // the call's video (video.js)
 
   // Read-only counters for tests and the curious (window.voxlineStats in the console).
   const stats = {
@@ -47,7 +48,7 @@
   };
   Object.defineProperty(window, "voxlineStats", {
     get: () => Object.freeze({ ...stats, latenciesMs: [...stats.latenciesMs],
-      afterStoppedMs: [...stats.afterStoppedMs] }), enumerable: true,
+      afterStoppedMs: [...stats.afterStoppedMs], video: videoPanel.stats() }), enumerable: true,
   });
 
   // Audio-thread code. "voxline-capture": mono float mic at the context's rate -> PCM16 at
@@ -408,7 +409,9 @@ registerProcessor("voxline-meter", VoxlineMeter);
     c.pc = pc;
     const [track] = c.stream.getAudioTracks();
     pc.addTransceiver(track, { direction: "sendrecv", streams: [c.stream] });
-    pc.ontrack = (e) => listenToReply(c, e.streams[0] || new MediaStream([e.track]));
+    await videoPanel.offer(pc);  // a recvonly video section when the server makes video
+    pc.ontrack = (e) => (e.track.kind === "video" ? videoPanel.showTrack(e.track)
+      : listenToReply(c, e.streams[0] || new MediaStream([e.track])));
     pc.onconnectionstatechange = () => {
       stats.iceState = pc.connectionState;
       if (c !== call || c.stopping) return;
@@ -501,7 +504,9 @@ registerProcessor("voxline-meter", VoxlineMeter);
       if (!audible) return;
       stats.audibleFrames += 1;
       replyAudible(c, performance.now());
-      if (stats.state === "thinking" || stats.state === "listening") {
+      // (the track's tail, still in the browser's jitter buffer after output_audio_buffer
+      // .stopped, is not a new reply)
+      if (stats.state === "thinking" || (stats.state === "listening" && c.outputPlaying)) {
         setStatus("speaking", "speaking — talk to interrupt");
       }
     };
@@ -551,10 +556,12 @@ registerProcessor("voxline-meter", VoxlineMeter);
 
   function onEvent(c, event) {
     stats.eventsReceived += 1;
+    videoPanel.onEvent(event);
     switch (event.type) {
       case "session.created":
         c.live = true;
         c.retries = 0;
+        videoPanel.callReady(c.transport, (e) => send(c, e), addEntry);
         listening();
         break;
       case "session.updated":
@@ -752,6 +759,7 @@ registerProcessor("voxline-meter", VoxlineMeter);
       c.ctx.close().catch(() => {});
     }
     if (remoteAudio.srcObject === c.remoteStream) remoteAudio.srcObject = null;
+    videoPanel.callEnded();
     if (call === c) call = null;
     holdButton.classList.remove("active");
     setButton(false);

@@ -1,0 +1,137 @@
+"""The page's video panel (voxline/web_demo/video.js): served, and in a real headless
+Chromium on a real WebRTC call (slow).
+
+The browser test uses test_web_demo's fixture: the real server with the shipped voice
+models plus the tiny Helios checkpoint (tests/tiny_helios.py) loaded through the real
+`video=helios:DIR` setting, and Debian's `chromium` with a silent fake microphone
+(press-to-talk, so no turn starts). Through the page's own controls it asks for a video:
+the <video> element must reach the playing state at the requested size with frames
+advancing, play to the end, and stop when "Stop video" cancels a longer one. Like the
+page's WebRTC voice test, it runs in a network namespace whose only interface is
+loopback.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TIME_FACTOR
+from starlette.testclient import TestClient
+from test_web_demo import ECHO, IN_LOOPBACK_NAMESPACE, DevTools, voice_chat, wait_for
+
+from voxline.config import load_settings
+from voxline.engines.client import InProcessEngineClient
+from voxline.realtime.app import create_app
+
+SCREENSHOT = Path(tempfile.gettempdir()) / "voxline_web_video.png"
+WIDTH, HEIGHT, FPS = 48, 32, 16
+# tiny sizes and steps keep a chunk well under its 2 s of playback on these CPUs
+QUERY = (f"&mode=push&video_width={WIDTH}&video_height={HEIGHT}&video_fps={FPS}"
+         "&video_frames=65&video_steps=2&video_guidance=1")
+LONG_FRAMES = 657  # 20 chunks
+
+
+@pytest.mark.parametrize(("video", "available"), [("", False), ("helios:/some/checkpoint", True)])
+def test_the_video_script_and_the_servers_features_are_served(video, available):
+    app = create_app(load_settings(video=video), InProcessEngineClient(ECHO))
+    with TestClient(app) as client:
+        page = client.get("/").text
+        assert page.index('src="web/video.js"') < page.index('src="web/app.js"')
+        assert '<video id="video"' in page and 'id="video-state"' in page
+        script = client.get("/web/video.js")
+        assert script.headers["content-type"] == "text/javascript; charset=utf-8"
+        assert "response.output_video.started" in script.text and "recvonly" in script.text
+        assert client.get("/web/features.json").json() == {"video": available}
+
+
+def video_stats(state: dict[str, Any]) -> dict[str, Any]:
+    return (state.get("stats") or {}).get("video") or {}
+
+
+def click(page: DevTools, button: str) -> None:
+    page.evaluate(f"document.getElementById({button!r}).click()")
+
+
+def set_input(page: DevTools, input_id: str, value: str) -> None:
+    page.evaluate(f"document.getElementById({input_id!r}).value = {value!r}")
+
+
+@pytest.mark.slow
+def test_browser_shows_a_generated_video_over_webrtc():
+    """Runs the page test in a network namespace of its own whose only interface is
+    loopback (as test_web_demo's WebRTC turn does)."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.fail("the WebRTC browser test needs unshare and ip (util-linux, iproute2)")
+    test = f"{Path(__file__).resolve()}::test_video_call_in_loopback_namespace"
+    run = subprocess.run(
+        ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
+         sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", test],
+        env={**os.environ, IN_LOOPBACK_NAMESPACE: "1"}, capture_output=True, text=True,
+        timeout=600 * TIME_FACTOR)
+    print(run.stdout[-3000:])
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "1 passed" in run.stdout
+
+
+@pytest.mark.slow
+def test_video_call_in_loopback_namespace(tmp_path: Path):
+    if os.environ.get(IN_LOOPBACK_NAMESPACE) != "1":
+        pytest.skip("run by test_browser_shows_a_generated_video_over_webrtc in its own "
+                    "network namespace")
+    pytest.importorskip("diffusers")
+    from tiny_helios import save_tiny_helios
+
+    video_dir = save_tiny_helios(tmp_path / "helios")
+    with voice_chat(tmp_path, transport="webrtc", query=QUERY,
+                    video=f"helios:{video_dir}") as page:
+        wait_for(page, lambda s: video_stats(s).get("available") and s["stats"]["state"]
+                 == "listening" and s["stats"]["iceState"] == "connected", "a live call")
+        set_input(page, "video-prompt", "a train crossing the mountains at sunset")
+        click(page, "video-show")
+        playing = wait_for(page, lambda s: video_stats(s).get("state") == "playing"
+                           and video_stats(s)["framesThisVideo"] >= 10, "the video playing")
+        first = video_stats(playing)
+        assert (first["videoWidth"], first["videoHeight"]) == (WIDTH, HEIGHT)
+        assert not first["paused"] and first["videosStarted"] == 1
+        later = video_stats(wait_for(
+            page, lambda s: video_stats(s)["framesShown"] >= first["framesShown"] + 10,
+            "more frames"))
+        assert later["currentTime"] > first["currentTime"]  # the element's clock runs too
+        shot = page.call("Page.captureScreenshot", format="png")
+        SCREENSHOT.write_bytes(base64.b64decode(shot["data"]))
+        ended = video_stats(wait_for(page, lambda s: video_stats(s)["state"] == "stopped",
+                                     "the video played to its end"))
+        assert ended["lastStatus"] == "completed" and ended["chunks"] == 2
+        assert ended["framesThisVideo"] >= 60  # 65 frames, less what the browser skipped
+
+        # a 20-chunk video (41 s) at twice the steps, stopped with the page's button while
+        # it plays and the model is still making it
+        set_input(page, "video-frames", str(LONG_FRAMES))
+        set_input(page, "video-steps", "4")
+        click(page, "video-show")
+        wait_for(page, lambda s: video_stats(s)["videosStarted"] == 2
+                 and video_stats(s)["state"] == "playing", "the second video playing")
+        click(page, "video-stop")
+        stopped = video_stats(wait_for(
+            page, lambda s: video_stats(s)["state"] == "stopped", "the video stopped"))
+        assert stopped["lastStatus"] == "cancelled"
+        last: list[int] = []
+
+        def frames_settled(state: dict[str, Any]) -> bool:
+            last.append(video_stats(state)["framesShown"])
+            return len(last) >= 8 and len(set(last[-8:])) == 1  # none for 8 polls (2 s)
+
+        settled = video_stats(wait_for(page, frames_settled, "the frames to stop"))
+    late = settled["framesShown"] - stopped["framesAtStop"]
+    print(f"page video: {first['videoWidth']}x{first['videoHeight']}, "
+          f"{ended['framesThisVideo']} frames of the first video shown, {late} after the stop")
+    assert late < 33  # not another chunk's worth: the track stopped with the cancel
+    assert settled["framesThisVideo"] < LONG_FRAMES

@@ -341,3 +341,26 @@ def test_a_sized_plan_fits_and_is_either_capped_or_one_session_short_of_full(
     assert device.need(plan.max_sessions, streams, w) <= device.usable * (1 + 1e-9)
     assert plan.max_sessions == cap or (
         device.need(plan.max_sessions + 1, streams + bool(stream_kib), w) > device.usable)
+
+
+def test_the_benchmark_records_its_row_where_start_up_finds_it(monkeypatch, checkpoints, tmp_path):
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "record_capacity.py"
+    spec = importlib.util.spec_from_file_location("record_capacity", path)
+    record = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(record)
+    tts, llm = checkpoints
+    bench = tmp_path / "audio.json"
+    bench.write_text(json.dumps({"levels": [], "sessions_held": 24}))
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"working_memory_fraction": 0.5, "rows": []}))
+    monkeypatch.setattr(sys, "argv", ["record_capacity.py", str(bench), "--tts", str(tts),
+                                      "--llm", str(llm), "--gpu", "Tiny GPU", "--table", str(table)])
+    assert record.main() == 0
+    FakeCuda(monkeypatch, free=100 * GIB, total=141 * GIB, name="Tiny GPU")
+    monkeypatch.setattr(factory, "load_table", lambda: load_table(table))
+    sized = factory.sized_for_device(_serve_settings(
+        "--device", "cuda", "--tts", f"qwen3:{tts}", "--llm-checkpoint", str(llm)))
+    assert sized.max_sessions == 24

@@ -6,7 +6,10 @@ The Settings travel whole: `make_engine` hands the client
 factory rebuilds them where the core lives (engine thread or child process). No
 setting is picked out by name on the way, so a new field reaches the models untouched.
 The SDK and `voxline serve` both start their engine here; neither this module nor
-anything it imports loads the HTTP server.
+anything it imports loads the HTTP server. Before that, both pass their Settings through
+`sized_for_device`: on a GPU the capacity fields the user left unset are sized to it
+(:mod:`voxline.engines.capacity`) in the API process, so that the session host admits
+what the engine holds; on the CPU the Settings come back unchanged.
 """
 
 from __future__ import annotations

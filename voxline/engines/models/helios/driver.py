@@ -117,14 +117,25 @@ class HeliosChunkDriver:
 
     @torch.no_grad()
     def render_chunk(self, render: HeliosRender) -> np.ndarray:
-        """`render`'s next chunk as the pipeline's float frames in [0, 1], (F, H, W, 3)."""
+        """`render`'s next chunk as the pipeline's float frames in [0, 1], (F, H, W, 3):
+        `start_chunk`, `denoise_chunk`, `finish_chunk` (a benchmark times them apart)."""
+        self.start_chunk(render)
+        return self.finish_chunk(render, self.denoise_chunk(render))
+
+    def start_chunk(self, render: HeliosRender) -> None:
+        """Refuse a finished render; encode the prompt before the first chunk."""
         if render.finished:
             raise RuntimeError(f"video: all {render.total_chunks} chunks are already made")
-        spec = render.spec
         if render.embeds is None:
-            render.embeds = self.encode(spec)
-            render.history = self._empty_history(spec)
-        latents = self._denoise_cached(render)
+            render.embeds = self.encode(render.spec)
+            render.history = self._empty_history(render.spec)
+
+    def denoise_chunk(self, render: HeliosRender) -> torch.Tensor:
+        """The chunk's denoising loop (under the request's step cache); its latents."""
+        return self._denoise_cached(render)
+
+    def finish_chunk(self, render: HeliosRender, latents: torch.Tensor) -> np.ndarray:
+        """Decode the chunk's latents to frames and count it made."""
         video = self._decode(render, latents)
         frames = self.pipe.video_processor.postprocess_video(video, output_type="np")[0]
         keep = render.frame_counts[render.chunks_done]

@@ -42,6 +42,9 @@ class PromptCache:
         self._entries.move_to_end(key)
         return value
 
+    def clear(self) -> None:
+        self._entries.clear()
+
     def put(self, key: PromptKey, value: Any) -> None:
         if self.capacity == 0:
             return

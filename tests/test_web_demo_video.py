@@ -131,7 +131,8 @@ def test_video_call_in_loopback_namespace(tmp_path: Path):
 
         settled = video_stats(wait_for(page, frames_settled, "the frames to stop"))
     late = settled["framesShown"] - stopped["framesAtStop"]
-    print(f"page video: {first['videoWidth']}x{first['videoHeight']}, "
-          f"{ended['framesThisVideo']} frames of the first video shown, {late} after the stop")
+    print(f"page video: {first['videoWidth']}x{first['videoHeight']}, Show -> first frame "
+          f"{settled['firstFrameMs']} ms, {ended['framesThisVideo']} frames of the first video "
+          f"shown, {late} after the stop")
     assert late < 33  # not another chunk's worth: the track stopped with the cancel
     assert settled["framesThisVideo"] < LONG_FRAMES

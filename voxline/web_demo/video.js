@@ -34,6 +34,7 @@ window.voxlineVideo = (() => {
   const stats = {
     available: false, state: "stopped", videosStarted: 0, chunks: 0, framesShown: 0,
     framesThisVideo: 0, framesAtStop: 0, lastStatus: "", videoId: null, lastError: "",
+    firstFrameMs: [],  // per video: "Show" (or started, for the model's show_video) -> first frame
   };
   let hooks = null;  // { send, addEntry } of the live call, while its session is up
   let transport = "";
@@ -41,6 +42,7 @@ window.voxlineVideo = (() => {
   let pendingRequest = null;  // a request waiting for the reply in progress to end
   let responses = new Set();  // responses in progress on the call
   let quietTimer = null;
+  let requestedAt = null;  // when the page last asked for a video
 
   const params = new URLSearchParams(location.search);
   for (const [name, input] of Object.entries(fields)) {
@@ -81,7 +83,12 @@ window.voxlineVideo = (() => {
     stats.framesShown += 1;
     if (!active) return;
     stats.framesThisVideo += 1;
-    if (stats.state === "rendering") setState("playing", `playing ${el.videoWidth}×${el.videoHeight}`);
+    if (stats.framesThisVideo === 1) {
+      stats.firstFrameMs.push(Math.round(performance.now() - active.since));
+    }
+    if (stats.state === "rendering") {
+      setState("playing", `playing ${el.videoWidth}×${el.videoHeight}`);
+    }
     if (active.ending) {
       clearTimeout(quietTimer);
       if (stats.framesThisVideo >= active.frames) stopped("completed");
@@ -116,6 +123,7 @@ window.voxlineVideo = (() => {
   }
 
   function sendRequest(request) {
+    requestedAt = performance.now();
     hooks.addEntry("user", `Show me ${request.prompt}`, "you");
     hooks.send({ type: "conversation.item.create", item: { type: "message", role: "user",
       content: [{ type: "input_text", text: `Show me ${request.prompt}.` }] } });
@@ -183,7 +191,9 @@ window.voxlineVideo = (() => {
         break;
       case "response.output_video.started":
         clearTimeout(quietTimer);
-        active = { videoId: event.video_id, frames: event.num_frames, ending: false };
+        active = { videoId: event.video_id, frames: event.num_frames, ending: false,
+          since: requestedAt ?? performance.now() };
+        requestedAt = null;
         stats.videosStarted += 1;
         stats.videoId = event.video_id;
         stats.chunks = 0;
@@ -222,7 +232,7 @@ window.voxlineVideo = (() => {
 
   return {
     offer, showTrack, callReady, callEnded, onEvent,
-    stats: () => ({ ...stats, videoWidth: el.videoWidth, videoHeight: el.videoHeight,
-      currentTime: el.currentTime, paused: el.paused }),
+    stats: () => ({ ...stats, firstFrameMs: [...stats.firstFrameMs], videoWidth: el.videoWidth,
+      videoHeight: el.videoHeight, currentTime: el.currentTime, paused: el.paused }),
   };
 })();

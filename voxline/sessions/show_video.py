@@ -40,7 +40,7 @@ from voxline.sessions.settings import SessionSettings
 from voxline.sessions.video_responses import VideoResponses
 
 TOOL_NAME = "show_video"
-SIZE_MULTIPLE = 16  # Helios: the VAE's 8x and the transformer's 2x2 patches (the engine refuses others)
+SIZE_MULTIPLE = 16  # Helios: VAE 8x and 2x2 patches (the engine refuses other sizes)
 MAX_SIDE = 1280
 MAX_SECONDS = 20.0
 MAX_PROMPT = 4096  # as response.video's prompt

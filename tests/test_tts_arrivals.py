@@ -165,6 +165,22 @@ def test_far_ahead_streams_wait_rather_than_push_the_batch_into_a_bigger_bucket(
         assert len(audio(of(outs, job_id))) == 24 * stage.samples_per_frame
 
 
+def test_nobody_waits_a_step_while_a_job_waits_for_a_talker_slot(model_dir):
+    """Trimming holds slots longer: with a job queued for a slot every stream steps."""
+    def calls(n_jobs: int) -> list[list[int]]:
+        stage = _stage(model_dir, StepPolicy(fit_ahead_s=1e-4), FakeClock(), max_frames=24,
+                       max_streams=3, batch_buckets=[1, 2])
+        calls = _spy_steps(stage)
+        run(stage, {0: [SpeechJob(i, TEXTS[1]) for i in range(1, n_jobs + 1)]})
+        return calls
+
+    alone = calls(3)
+    assert any(len(c) == 2 for c in alone[2:]), "no job waiting: bucket 2 replays"
+    queued = calls(4)
+    admitted = queued.index(next(c for c in queued if 4 in c))
+    assert admitted > 3 and all(len(c) == 3 for c in queued[2:admitted]), "job 4 waited: no trims"
+
+
 def test_a_stream_low_on_audio_has_its_frames_decoded_at_once(model_dir):
     stage = _stage(model_dir, StepPolicy(flush_below_s=1e3), FakeClock())  # always low
     got = of(run(stage, {0: [SpeechJob(1, TEXTS[1])]}), 1)

@@ -18,6 +18,8 @@ every step, every free slot prefilled at once: the stage's behaviour before this
   behalf of streams that need no frame yet. It only ever trims the batch to the next
   smaller bucket (never emptier), so the stage never idles, the batch stays the larger
   part of what it was, and a stream waits only while it is among the furthest ahead.
+  A waiting stream holds its talker slot longer, so the speech model trims nothing while
+  a job waits for a slot.
 - ``flush_below_s``: a stream whose buffer is below this has its pending frames decoded
   now rather than when its chunk is full (the chunk size adapts to a slow step).
 - ``first_frame_with_prefill``: a new stream's first frame is made in its prefill step

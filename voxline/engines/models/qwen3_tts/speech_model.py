@@ -375,8 +375,9 @@ class Qwen3SpeechModel:
 
     def _batch(self, live: list[Job]) -> list[Job]:
         """The live streams this step serves: new ones (their prefill) always; the others
-        as the schedule fits them to the generator's batch buckets."""
-        if self.scheduler.policy.fit_ahead_s <= 0:
+        as the schedule fits them to the generator's batch buckets, unless a job waits for
+        a talker slot (then every stream steps, so that slots free up soonest)."""
+        if self.scheduler.policy.fit_ahead_s <= 0 or any(j.unfed > 0 for j in self._queue):
             return live
         new = [j for j in live if j.stream.hidden is None]  # type: ignore[union-attr]
         running = [j for j in live if j.stream.hidden is not None]  # type: ignore[union-attr]

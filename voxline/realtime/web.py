@@ -32,18 +32,17 @@ async def index() -> Response:
                     headers=_HEADERS)
 
 
-@router.api_route("/web/app.js", methods=["GET", "HEAD"], include_in_schema=False)
-async def app_js() -> Response:
-    return Response(_asset("app.js"), media_type="text/javascript; charset=utf-8",
-                    headers=_HEADERS)
-
-
-@router.api_route("/web/video.js", methods=["GET", "HEAD"], include_in_schema=False)
-async def video_js() -> Response:
-    return Response(_asset("video.js"), media_type="text/javascript; charset=utf-8",
-                    headers=_HEADERS)
-
-
 @router.get("/web/features.json", include_in_schema=False)
 async def features(request: Request) -> JSONResponse:
     return JSONResponse({"video": bool(get_state(request).settings.video)}, headers=_HEADERS)
+
+
+SCRIPTS = ("app.js", "video.js", "worklets.js")  # worklets.js: the AudioWorklet processors
+
+
+@router.api_route("/web/{name}", methods=["GET", "HEAD"], include_in_schema=False)
+async def script(name: str) -> Response:
+    if name not in SCRIPTS:
+        return Response(status_code=404)
+    return Response(_asset(name), media_type="text/javascript; charset=utf-8",
+                    headers=_HEADERS)

@@ -51,73 +51,6 @@
       afterStoppedMs: [...stats.afterStoppedMs], video: videoPanel.stats() }), enumerable: true,
   });
 
-  // Audio-thread code. "voxline-capture": mono float mic at the context's rate -> PCM16 at
-  // 24 kHz (linear interpolation), posted in chunks. "voxline-meter": the peak of every
-  // 20 ms block of the remote track, so the page knows when the reply becomes audible.
-  const WORKLETS = `
-class VoxlineCapture extends AudioWorkletProcessor {
-  constructor(options) {
-    super();
-    const o = options.processorOptions;
-    this.step = sampleRate / o.rate;
-    this.chunk = o.chunk;
-    this.t = 0;
-    this.prev = 0;
-    this.out = new Int16Array(this.chunk);
-    this.n = 0;
-  }
-  emit(v) {
-    v = v < -1 ? -1 : v > 1 ? 1 : v;
-    this.out[this.n++] = v < 0 ? v * 32768 : v * 32767;
-    if (this.n === this.chunk) {
-      this.port.postMessage(this.out.buffer, [this.out.buffer]);
-      this.out = new Int16Array(this.chunk);
-      this.n = 0;
-    }
-  }
-  process(inputs) {
-    const x = inputs[0] && inputs[0][0];
-    if (!x) return true;
-    const n = x.length;
-    let t = this.t;
-    while (t <= n - 1) {
-      const i = Math.floor(t), f = t - i;
-      const a = i < 0 ? this.prev : x[i];
-      const b = i + 1 < n ? x[i + 1] : a;
-      this.emit(a + (b - a) * f);
-      t += this.step;
-    }
-    this.t = t - n;
-    this.prev = x[n - 1];
-    return true;
-  }
-}
-registerProcessor("voxline-capture", VoxlineCapture);
-
-class VoxlineMeter extends AudioWorkletProcessor {
-  constructor() {
-    super();
-    this.block = Math.round(sampleRate / 50);
-    this.n = 0;
-    this.peak = 0;
-  }
-  process(inputs) {
-    const x = inputs[0] && inputs[0][0];
-    if (!x) return true;
-    for (let i = 0; i < x.length; i++) {
-      const v = Math.abs(x[i]);
-      if (v > this.peak) this.peak = v;
-      if (++this.n === this.block) {
-        this.port.postMessage(this.peak);
-        this.n = 0;
-        this.peak = 0;
-      }
-    }
-    return true;
-  }
-}
-registerProcessor("voxline-meter", VoxlineMeter);
-`;
 
   let call = null;  // the one live conversation, or null
   let reconnectTimer = null;
@@ -278,12 +211,8 @@ registerProcessor("voxline-meter", VoxlineMeter);
     }
     stats.captureRate = c.ctx.sampleRate;
     await c.ctx.resume();
-    const url = URL.createObjectURL(new Blob([WORKLETS], { type: "text/javascript" }));
-    try {
-      await c.ctx.audioWorklet.addModule(url);
-    } finally {
-      URL.revokeObjectURL(url);
-    }
+    // the processors: "voxline-capture" (mic -> PCM16 24 kHz chunks), "voxline-meter" (peaks)
+    await c.ctx.audioWorklet.addModule(new URL("web/worklets.js", location.href));
     c.nodes = [c.micSource];
     const level = new AudioWorkletNode(c.ctx, "voxline-meter", { numberOfOutputs: 0 });
     level.port.onmessage = (e) => { if (c === call && e.data > VOICED_PEAK && micOn(c)) voiceHeard(c); };

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from test_qwen3_tts_stage import TEXTS, audio, make_stage, of, run, write_test_checkpoint
 
+from voxline.engines.models.qwen3_tts import TalkerSampling
 from voxline.engines.models.qwen3_tts.scheduling import (
     FIFO,
     PLAYOUT,
@@ -131,6 +132,22 @@ def _spy_steps(stage) -> list[list[int]]:
     return calls
 
 
+def _record_codes(stage) -> dict[int, list[list[int]]]:
+    """Every frame's codes per job, as the generator makes them."""
+    codes: dict[int, list[list[int]]] = {}
+    step = stage.generator.step
+
+    def recorded(streams):
+        results = step(streams)
+        for r in results:
+            if r.frame is not None:
+                codes.setdefault(r.stream.stream_id, []).append(r.frame.tolist())
+        return results
+
+    stage.generator.step = recorded
+    return codes
+
+
 def _first_steps(outs) -> dict[int, int]:
     first: dict[int, int] = {}
     for i, o in outs:
@@ -220,17 +237,7 @@ def test_scheduling_never_changes_what_a_job_says(model_dir, sampled):
     ):
         stage = _stage(model_dir, policy, clock, ramp=ramp, **kw)
         calls = _spy_steps(stage)
-        codes: dict[int, list[list[int]]] = {}
-        step = stage.generator.step
-
-        def recorded(streams, step=step, codes=codes):
-            results = step(streams)
-            for r in results:
-                if r.frame is not None:
-                    codes.setdefault(r.stream.stream_id, []).append(r.frame.tolist())
-            return results
-
-        stage.generator.step = recorded
+        codes = _record_codes(stage)
         outs = run(stage, jobs)
         runs[name] = (codes, outs, calls, stage)
     (fifo_codes, fifo_outs, fifo_calls, _), (codes, outs, calls, stage) = runs["fifo"], runs["all"]
@@ -243,6 +250,40 @@ def test_scheduling_never_changes_what_a_job_says(model_dir, sampled):
     sizes = {tuple(len(o.audio) for o in of(o_, 1)) for o_ in (outs, fifo_outs)}
     assert len(sizes) == 2 and fifo_calls != calls
     assert not stage.has_work() and stage.scheduler._until == {}
+
+
+def test_streamed_text_says_the_same_under_the_playout_schedule(model_dir):
+    """One reply fed clause by clause (its stream waits for text between them), beside a
+    plain job: the same codes and audio under every knob as under FIFO."""
+    feeds = {2: "the quick brown fox", 6: "jumps over the lazy dog.", 9: None}
+    results = []
+    for policy, clock, ramp in ((FIFO, FakeClock(), False),
+                                (StepPolicy(max_prefills=1, fit_ahead_s=2e-4, flush_below_s=5e-4,
+                                            first_frame_with_prefill=True), _StepClock(1e-4), True)):
+        stage = _stage(model_dir, policy, clock, ramp=ramp, max_frames=120, max_len=512,
+                       sampling=TalkerSampling.greedy(min_frames=30))
+        codes = _record_codes(stage)
+        stage.start(SpeechJob(1, "Hello there,", more_text=True))
+        stage.start(SpeechJob(2, TEXTS[3]))
+        outs = []
+        for i in range(400):
+            text = feeds.get(i, "")
+            if text is None:
+                stage.end_text(1)
+            elif text:
+                stage.append_text(1, text)
+            if i > max(feeds) and not stage.has_work():
+                break
+            if stage.has_work():
+                outs += [(i, o) for o in stage.step()]
+        results.append((codes, outs))
+    (a, outs_a), (b, outs_b) = results
+    assert a == b and set(a) == {1, 2}
+    for job_id in (1, 2):
+        np.testing.assert_allclose(audio(of(outs_b, job_id)), audio(of(outs_a, job_id)), atol=1e-4)
+        assert of(outs_b, job_id)[-1].finished
+        assert " ".join(o.text for o in of(outs_b, job_id) if o.text) == \
+            " ".join(o.text for o in of(outs_a, job_id) if o.text)
 
 
 def test_the_engine_stage_runs_the_schedule_its_setting_names(model_dir):

@@ -9,6 +9,13 @@ work: :mod:`.jobs` a job's text and frame bookkeeping (tokens, talker-stream run
 frame limits, text spans), :mod:`.codec_chunks` the codec-chunk scheduling (the due rule,
 the decoder state per job, batched code2wav, the PCM's copy to the host).
 
+Arrivals (``schedule``, :mod:`.scheduling`; the engine runs ``PLAYOUT``, the class
+defaults to ``FIFO``): from each job's playout buffer (audio sent minus what a listener
+has played since its first chunk, on ``clock``) a step may cap its new prefills, leave a
+far-ahead stream out rather than replay a bigger batch bucket (never while a job waits for
+a talker slot), decode a stream short of audio at once, and make a new stream's first
+frame in its prefill step. It changes when frames are made and decoded, never which.
+
 Overlap (``overlap_codec``, default on when the decoder is on CUDA): chunks that are
 due from frames of earlier steps (every chunk but a stream's first) are decoded at the
 start of the next step, on a CUDA stream of their own, while the talker and code

@@ -161,15 +161,18 @@ def _client_audio(speculate: bool, resume: bool = False, tts=None) -> tuple[byte
     if tts is not None:
         h.core.tts.speech = tts
     h.send(p.OpenStream("s1", p.StreamConfig(auto_response=SEEDED)))
-    feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.25)]))
-    if resume:
+
+    def first_words_held() -> None:  # spoken inside the silence window, and held
         if speculate:
-            h.run_until(has(p.Speculation, outcome="started"))
+            h.run_until(lambda _: (run := speculating(h)) is not None and bool(run.spans)
+                        and run.tts_job is None)
+            assert not h.of(p.AudioChunk) and not h.of(p.VoiceStopped)
+
+    feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.25)]))
+    first_words_held()
+    if resume:  # the user goes on: that held audio is dropped, the next pause speaks again
         feed(h, np.concatenate([tone(0.4), silence(0.25)]))
-    if speculate:  # the first words' audio is ready inside the silence window, and held
-        h.run_until(lambda _: (run := speculating(h)) is not None and bool(run.spans)
-                    and run.tts_job is None)
-        assert not h.of(p.AudioChunk) and not h.of(p.VoiceStopped)
+        first_words_held()
     feed(h, silence(0.4))
     h.run_until(has(p.TranscriptFinal))
     h.send(p.CreateResponse("s1", "r1", "a1", SEEDED))

@@ -158,3 +158,34 @@ def test_stage_steps_split_evenly_from_the_first_stage():
     assert stage_steps(60, 3) == [20, 20, 20]
     assert stage_steps(50, 3) == [17, 17, 16]
     assert stage_steps(4, 1) == [4]
+
+
+# ------------------------------------------------------------------ video_compile
+
+
+def test_video_compile_compiles_the_blocks_and_refuses_first_block_cache(checkpoints,
+                                                                         tmp_path):
+    from voxline.config import Settings
+    from voxline.engines.factory import load_video
+
+    model = load_video(Settings(video=f"helios:{checkpoints['distilled']}", cache=tmp_path,
+                                video_compile=True))  # a fresh pipeline: compiling mutates it
+    assert model.compiled
+    assert all(block._compiled_call_impl is not None for block in model.pipe.transformer.blocks)
+    with pytest.raises(ValueError, match="CreateVideo.cache_backend: first_block_cache does "
+                                         "not run with video_compile"):
+        model.begin(spec(cache_backend="first_block_cache"))
+    with pytest.raises(ValueError, match="video_cache_backend: first_block_cache"):
+        load_video(Settings(video=f"helios:{checkpoints['distilled']}", cache=tmp_path,
+                            video_compile=True, video_cache_backend="first_block_cache"))
+
+
+@pytest.mark.slow
+def test_a_compiled_chunk_is_close_to_the_eager_one(checkpoints):
+    # allclose, not bitwise: inductor fuses the blocks' ops and rounds differently
+    eager = driver(load_helios(checkpoints["distilled"]))
+    compiled = driver(load_helios(checkpoints["distilled"]), compile=True)
+    s = spec(num_frames=33)
+    a = eager.render_chunk(eager.begin(s))
+    b = compiled.render_chunk(compiled.begin(s))
+    assert np.allclose(a, b, atol=2e-3)

@@ -184,6 +184,11 @@ class Settings(BaseSettings):
                                                 "step cache's threshold (higher skips more); "
                                                 "empty: the backend's default (0.05 first "
                                                 "block, 0.06 MagCache)")
+    video_compile: bool = Field(default=False, description="torch.compile the video "
+                                "transformer's blocks (one graph for all; each new frame size "
+                                "compiles on its first chunk, ~12 s on an H200, where a "
+                                "chunk's denoise took ~25% less); first_block_cache is then "
+                                "refused (its hooks recompile the blocks, twice as slow)")
     llm_timeout: float = Field(default=30.0, gt=0, description="remote server: seconds to "
                                "connect and to wait for each streamed chunk")
     llm_retries: int = Field(default=2, ge=0, description="remote server: retries of a request "

@@ -214,7 +214,7 @@ def load_video(settings: Settings) -> VideoModel | None:
     logger.info("Helios %s loaded in %.2f s", model_dir, time.perf_counter() - t0)
     caches = step_caches_for(pipe.transformer, model_dir, settings.cache,
                              settings.video_cache_backend, settings.video_cache_threshold)
-    return driver_for(pipe, step_caches=caches)
+    return driver_for(pipe, step_caches=caches, compile=settings.video_compile)
 
 
 # --------------------------------------------------------------------------- capacity

@@ -34,9 +34,12 @@ from voxline.engines.protocol import CreateVideo
 
 from .chunks import LATENT_FRAMES_PER_CHUNK, VideoSpec, chunk_frame_counts, validate_spec
 from .prompt_cache import PromptCache, PromptKey
-from .step_cache import CacheChoice, ResidualRecorder, StepCaches, parse_choice
+from .step_cache import CacheBackend, CacheChoice, ResidualRecorder, StepCaches, parse_choice
 
 HISTORY_SIZES = (16, 2, 1)  # long, mid, 1x: latent frames of history each chunk reads
+FBC_UNDER_COMPILE = ("first_block_cache does not run with video_compile (its hooks make "
+                     "torch.compile recompile the blocks: on an H200 a chunk took twice as "
+                     "long as eager); use none or mag_cache, or turn video_compile off")
 
 
 class HeliosRender:
@@ -80,10 +83,16 @@ class HeliosChunkDriver:
     """The chunk loop over `pipe`'s components; `begin` one `HeliosRender` per request."""
 
     def __init__(self, pipe: HeliosPipeline, prompt_cache: PromptCache | None = None,
-                 max_sequence_length: int = 512, step_caches: StepCaches | None = None) -> None:
+                 max_sequence_length: int = 512, step_caches: StepCaches | None = None,
+                 compile: bool = False) -> None:
         self.pipe = pipe
         self.step_caches = (step_caches if step_caches is not None
                             else StepCaches(pipe.transformer, CacheChoice()))
+        self.compiled = compile
+        if compile:
+            if self.step_caches.default.backend == CacheBackend.FIRST_BLOCK_CACHE:
+                raise ValueError(f"video_cache_backend: {FBC_UNDER_COMPILE}")
+            compile_blocks(pipe.transformer)
         self._recorder: ResidualRecorder | None = None  # set while MagCache calibrates
         self.max_sequence_length = max_sequence_length  # prompt padding of `begin_video`
         self.prompt_cache = prompt_cache if prompt_cache is not None else PromptCache()
@@ -102,7 +111,10 @@ class HeliosChunkDriver:
         """A new request's state (no model call: the prompt is encoded with chunk 0)."""
         validate_spec(spec)
         seed = spec.seed if spec.seed is not None else random.randrange(2**63)
-        return HeliosRender(self, spec, seed)
+        render = HeliosRender(self, spec, seed)
+        if self.compiled and render.cache.backend == CacheBackend.FIRST_BLOCK_CACHE:
+            raise ValueError(f"CreateVideo.cache_backend: {FBC_UNDER_COMPILE}")
+        return render
 
     def begin_video(self, msg: CreateVideo) -> HeliosRender:
         """`begin` for the engine's request (the video stage's model interface)."""
@@ -259,6 +271,18 @@ class HeliosChunkDriver:
         current = history[:, :, -LATENT_FRAMES_PER_CHUNK:].to(vae.dtype) / self.latents_std
         current = current + self.latents_mean
         return vae.decode(current, return_dict=False)[0]
+
+
+def compile_blocks(transformer: torch.nn.Module) -> None:
+    """torch.compile the transformer's repeated blocks (regional: one graph serves all 40;
+    each new chunk shape compiles on its first call, ~12 s on an H200, where it saved about
+    a quarter of a chunk's denoise: benchmarks/README.md, bench_gpu_video.py)."""
+    import torch._dynamo
+
+    for name in ("cache_size_limit", "recompile_limit"):  # a pyramid has 3 shapes a size
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
+    transformer.compile_repeated_blocks()
 
 
 def _history_indices() -> dict[str, torch.Tensor]:

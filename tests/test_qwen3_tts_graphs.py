@@ -23,7 +23,13 @@ from voxline.engines.models.qwen3_tts.talker_steps import layer_args
 from voxline.engines.speech_model import SpeechJob
 from voxline.kernels.attention import position_mask
 from voxline.kernels.compiled import maybe_compile
-from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, pow2_buckets
+from voxline.kernels.cuda_graphs import (
+    BucketedSteps,
+    StaticStep,
+    bucket_for,
+    ladder_buckets,
+    pow2_buckets,
+)
 from voxline.kernels.decoder_step import attn_mlp, attn_prep
 from voxline.kernels.sampling import bits_to_unit, counter_uniform, sample_rows
 
@@ -41,6 +47,9 @@ def model_dir(tmp_path_factory) -> Path:
 def test_buckets():
     assert pow2_buckets(1, 24) == [1, 2, 4, 8, 16, 24]
     assert pow2_buckets(64, 64) == [64]
+    # the default TTS ladder on CUDA: fewer compiled buckets to capture at start-up
+    assert ladder_buckets(64) == [1, 4, 16, 64] and ladder_buckets(96) == [1, 4, 16, 64, 96]
+    assert ladder_buckets(8) == [1, 4, 8] and ladder_buckets(1) == [1]
     assert bucket_for(3, [1, 2, 4, 8]) == 4
     assert bucket_for(8, [8, 1]) == 8
     assert bucket_for(9, [1, 2, 4, 8]) is None

@@ -144,7 +144,9 @@ class Settings(BaseSettings):
                                    json_schema_extra={"metavar": "N,N,..."},
                                    description="Qwen3-TTS on CUDA: comma-separated batch sizes its "
                                                "CUDA graphs are captured for, each <= tts_max_streams "
-                                               "(empty: powers of two)")
+                                               "(empty: 1, 4, 16, ... up to tts_max_streams; "
+                                               "each bucket's compiled code predictor takes "
+                                               "~20 s to start on an H200)")
     tts_schedule: str = Field(default="playout", pattern=r"^(playout|fifo)$",
                               description="Qwen3-TTS steps under arriving replies: 'playout' (chunks "
                                           "ramp up from the first; a reply short of unplayed audio "
@@ -241,7 +243,7 @@ class Settings(BaseSettings):
         return [u.strip() for u in self.ice_servers.split(",") if u.strip()]
 
     def tts_bucket_list(self) -> list[int] | None:
-        """``tts_batch_buckets`` as sizes (None: the default powers of two)."""
+        """``tts_batch_buckets`` as sizes (None: the default ladder, `ladder_buckets`)."""
         if not self.tts_batch_buckets:
             return None
         sizes = [int(b) for b in self.tts_batch_buckets.split(",")]

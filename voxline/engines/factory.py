@@ -47,7 +47,7 @@ from voxline.engines.remote_llm import RemoteChat, RemoteLLMConfig, parse_llm_sp
 from voxline.engines.speech_model import SentenceSpeechModel, SpeechModel
 from voxline.engines.video_stage import VideoModel
 from voxline.errors import VoxlineError
-from voxline.kernels.cuda_graphs import pow2_buckets
+from voxline.kernels.cuda_graphs import ladder_buckets, pow2_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +180,8 @@ def load_tts(settings: Settings) -> SpeechModel:
         buckets = settings.tts_bucket_list()
         if buckets is not None and not cuda:
             raise ValueError("tts_batch_buckets needs tts_device=cuda (CUDA graphs)")
+        if buckets is None and cuda:
+            buckets = ladder_buckets(settings.tts_max_streams)
         stage = Qwen3SpeechModel(model_dir, device=settings.tts_device,
                                  dtype=torch.bfloat16 if cuda else torch.float32,
                                  speaker=settings.tts_speaker, language=settings.tts_language,
@@ -249,7 +251,7 @@ def sized_for_device(settings: Settings) -> Settings:
     except ValueError as exc:
         raise VoxlineError(str(exc)) from None
     buckets = (f"LLM {_csv(pow2_buckets(1, sized.max_sessions))}, TTS "
-               f"{_csv(tts_buckets or pow2_buckets(1, sized.tts_max_streams))}")
+               f"{_csv(tts_buckets or ladder_buckets(sized.tts_max_streams))}")
     logger.info("%s; CUDA-graph batch buckets: %s", capacity.log_line(), buckets)
     return sized
 

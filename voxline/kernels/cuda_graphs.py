@@ -24,7 +24,7 @@ from typing import Generic, TypeVar
 import torch
 from torch import Tensor
 
-__all__ = ["BucketedSteps", "StaticStep", "bucket_for", "pow2_buckets"]
+__all__ = ["BucketedSteps", "StaticStep", "bucket_for", "ladder_buckets", "pow2_buckets"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,16 @@ def pow2_buckets(lo: int, hi: int) -> list[int]:
     while b < hi:
         out.append(b)
         b *= 2
+    return [*out, hi]
+
+
+def ladder_buckets(hi: int, factor: int = 4) -> list[int]:
+    """1, factor, factor**2, ... below ``hi``, then ``hi``: fewer buckets than powers of two
+    where each one is costly to capture (a compiled step per bucket) and padding is cheap."""
+    out, b = [], 1
+    while b < hi:
+        out.append(b)
+        b *= factor
     return [*out, hi]
 
 

@@ -191,6 +191,11 @@ class Settings(BaseSettings):
                                 "compiles on its first chunk, ~12 s on an H200, where a "
                                 "chunk's denoise took ~25% less); first_block_cache is then "
                                 "refused (its hooks recompile the blocks, twice as slow)")
+    video_attention: str = Field(default="native", pattern=r"^[a-z0-9_]+$",
+                                 description="attention backend of the video transformer, by "
+                                 "diffusers' name (native: PyTorch SDPA; e.g. flash, "
+                                 "_native_cudnn, sage, xformers when their package is "
+                                 "installed); refused at start-up when diffusers cannot run it")
     llm_timeout: float = Field(default=30.0, gt=0, description="remote server: seconds to "
                                "connect and to wait for each streamed chunk")
     llm_retries: int = Field(default=2, ge=0, description="remote server: retries of a request "

@@ -205,7 +205,12 @@ def load_video(settings: Settings) -> VideoModel | None:
     None when unset."""
     if not settings.video:
         return None
-    from voxline.engines.models.helios import driver_for, load_helios, parse_video_setting
+    from voxline.engines.models.helios import (
+        driver_for,
+        load_helios,
+        parse_video_setting,
+        set_attention_backend,
+    )
     from voxline.engines.models.helios.step_cache import step_caches_for
 
     sampler, model_dir = parse_video_setting(settings.video)
@@ -214,6 +219,7 @@ def load_video(settings: Settings) -> VideoModel | None:
     pipe = load_helios(model_dir, device="cuda" if cuda else "cpu",
                        dtype=torch.bfloat16 if cuda else None, sampler=sampler)
     logger.info("Helios %s loaded in %.2f s", model_dir, time.perf_counter() - t0)
+    set_attention_backend(pipe.transformer, settings.video_attention)
     caches = step_caches_for(pipe.transformer, model_dir, settings.cache,
                              settings.video_cache_backend, settings.video_cache_threshold)
     return driver_for(pipe, step_caches=caches, compile=settings.video_compile)

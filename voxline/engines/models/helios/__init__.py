@@ -10,7 +10,7 @@ picks the one for the loaded pipeline): `begin(spec)` makes a `HeliosRender`
 package imports torch and diffusers; `import voxline` never does.
 """
 
-from .checkpoint import load_helios, parse_video_setting
+from .checkpoint import load_helios, parse_video_setting, set_attention_backend
 from .chunks import CHUNK_FRAMES, VideoSpec, chunk_count, output_frames, validate_spec
 from .driver import HeliosChunkDriver, HeliosRender
 from .prompt_cache import PromptCache, PromptKey
@@ -29,6 +29,7 @@ __all__ = [
     "load_helios",
     "output_frames",
     "parse_video_setting",
+    "set_attention_backend",
     "stage_steps",
     "validate_spec",
 ]

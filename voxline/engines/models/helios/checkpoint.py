@@ -58,3 +58,21 @@ def parse_video_setting(value: str) -> tuple[str, str]:
     if not sep or not rest or kind not in samplers:
         raise ValueError(f"video: {value!r} is not helios:DIR or helios-pyramid:DIR")
     return samplers[kind], rest
+
+
+def set_attention_backend(transformer: torch.nn.Module, name: str) -> None:
+    """Run `transformer`'s attention through diffusers' backend `name` (`video_attention`);
+    a ValueError naming the setting when diffusers does not know it or cannot run it here
+    (its package missing, or the wrong device)."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    known = [b.value for b in AttentionBackendName]
+    if name not in known:
+        raise ValueError(f"video_attention={name!r} is not a diffusers attention backend "
+                         f"(one of: {', '.join(known)})")
+    if name == "native":
+        return  # diffusers' default: nothing to switch
+    try:
+        transformer.set_attention_backend(name)
+    except Exception as exc:  # diffusers checks the backend's package and version here
+        raise ValueError(f"video_attention={name!r} cannot run here: {exc}") from exc

@@ -150,6 +150,13 @@ def test_an_unwanted_take_is_dropped_unrun_a_promoted_one_goes_first_and_a_take_
     assert stage.drop_partials(0) and not stage.drop_partials(0)
     assert [j.stream_id for j in [*stage.schedule(), *stage.schedule()]] == [0, 1]
     assert stage.model.calls == 0  # (nothing was executed: schedule only plans)
+    stage.add(ASRJob(2, "k", audio, final=False))
+    running, = stage.schedule()  # (on the worker now)
+    assert not running.stopped.is_set()
+    stage.drop_partials(3)  # another stream's take: this partial goes on
+    assert not running.stopped.is_set()
+    stage.drop_partials(2)  # a take of its own turn: the running partial stops early
+    assert running.stopped.is_set()
 
 
 # ------------------------------------------------------------------ held first words
@@ -249,3 +256,7 @@ def test_moonshine_final_is_a_plain_transcription_of_the_audio_it_covers():
     assert start + len(take) < speech_end + 0.16 * 16000  # taken before any pause is
     asr.model._drafts.clear()
     assert final.text and final.text == asr.model.transcribe(take)
+    asked = iter(range(100))  # a superseded partial stops after three decoding steps
+    asr.model._drafts.clear()
+    cut = asr.model.transcribe(take, stop=lambda: next(asked) >= 3)
+    assert cut and len(cut) < len(final.text) and final.text.startswith(cut)

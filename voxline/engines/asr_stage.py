@@ -15,6 +15,7 @@ outcomes to per-job callbacks (the stage table's route and fail rows).
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -61,6 +62,9 @@ class ASRJob:
     # An early take of the turn's pause transcript (see `turns`): asked when the job's
     # turn comes whether it is still wanted (False: dropped unrun). None: any other job.
     early: Callable[[], bool] | None = None
+    # Set: a running partial a newer take superseded; a model that `stops_early` ends it
+    # between decoding steps with the text so far.
+    stopped: threading.Event = field(default_factory=threading.Event)
 
     @property
     def urgent(self) -> bool:
@@ -76,6 +80,7 @@ class ASRStage:
     def __init__(self, model: ASRModel) -> None:
         self.model = model
         self._jobs: deque[ASRJob] = deque()
+        self._running: ASRPlan = []  # the last plan scheduled (it may have landed since)
 
     def add(self, job: ASRJob) -> None:
         """Urgent jobs (finals, pauses) go ahead of the partials, in arrival order: when many
@@ -88,18 +93,23 @@ class ASRStage:
 
     def promote(self, job: ASRJob) -> None:
         """`job` (now urgent: it became a pause transcript) moves ahead of the partials,
-        if it is still queued."""
+        after the urgent jobs before it, if it is still queued."""
         for i, queued in enumerate(self._jobs):
             if queued is job:
                 del self._jobs[i]
-                self._jobs.appendleft(job)
+                self.add(job)
                 return
 
     def drop_partials(self, stream_id: StreamId) -> bool:
-        """Forget the stream's queued partials (a longer take of its turn is queued);
-        True if there were any."""
-        kept = deque(j for j in self._jobs if j.stream_id != stream_id or j.urgent
-                     or j.early is not None)
+        """Forget the stream's queued partials and stop its running one early (a longer
+        take of its turn is queued); True if any was queued."""
+        def partial(job: ASRJob) -> bool:
+            return job.stream_id == stream_id and not job.urgent and job.early is None
+
+        for job in self._running:
+            if partial(job):
+                job.stopped.set()
+        kept = deque(j for j in self._jobs if not partial(j))
         dropped = len(kept) < len(self._jobs)
         self._jobs = kept
         return dropped
@@ -126,11 +136,15 @@ class ASRStage:
             (plan if job.urgent == first.urgent else rest).append(job)
         rest.extend(self._jobs)
         self._jobs = rest
+        self._running = plan
         return plan
 
     def execute(self, plan: ASRPlan) -> list[str]:
         if isinstance(self.model, BatchASRModel):
             return self.model.transcribe_many([j.audio for j in plan], [j.options for j in plan])
+        if getattr(self.model, "stops_early", False):
+            return [self.model.transcribe(job.audio, stop=job.stopped.is_set)  # type: ignore[call-arg]
+                    for job in plan]
         return [self.model.transcribe(job.audio) for job in plan]
 
     def update(self, plan: ASRPlan, texts: list[str]) -> list[str]:

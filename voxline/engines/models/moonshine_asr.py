@@ -34,7 +34,7 @@ import math
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -197,6 +197,7 @@ class MoonshineASR:
     MAX_SAMPLES = 64 * SAMPLE_RATE  # Moonshine's limit for one call
     TOKENS_PER_SECOND = 6.5  # decode budget: this many tokens per audio second ...
     EXTRA_TOKENS = 6  # ... plus this margin for short clips
+    stops_early = True  # `transcribe` takes `stop` (the ASR stage's superseded partials)
 
     def __init__(
         self,
@@ -301,14 +302,16 @@ class MoonshineASR:
         (hidden,) = self.encoder.run(["last_hidden_state"], {"input_values": audio[None]})
         return hidden
 
-    def decode(self, hidden: np.ndarray, max_tokens: int, draft: Sequence[int] = ()) -> list[int]:
+    def decode(self, hidden: np.ndarray, max_tokens: int, draft: Sequence[int] = (),
+               stop: Callable[[], bool] | None = None) -> list[int]:
         """Greedy token ids (without <s> and </s>) for encoder states of one clip.
 
         `draft`: the tokens the clip is expected to start with (the transcript of an
         earlier, shorter take of the same utterance). They are checked in one decoder
         pass and kept as far as greedy decoding agrees with them, so the result is the
         same as without a draft, only the agreeing tokens cost one pass instead of a step
-        each.
+        each. `stop`: asked before each later step; True ends decoding there (the tokens
+        so far, a prefix of the full result).
         """
         draft = list(draft)[:max_tokens]
         empty = np.zeros((1, self._heads, 0, self._head_dim), np.float32)
@@ -335,7 +338,7 @@ class MoonshineASR:
             outputs[present] = outputs[present][:, :, :len(ids) + 1]
         while True:
             token = int(outputs["logits"][0, -1].argmax())
-            if token == EOS_ID or len(ids) >= max_tokens:
+            if token == EOS_ID or len(ids) >= max_tokens or (stop is not None and stop()):
                 return ids
             ids.append(token)
             feed["input_ids"] = np.array([[token]], np.int64)
@@ -345,10 +348,12 @@ class MoonshineASR:
                 zip(self._step_outputs, self.decoder.run(self._step_outputs, feed), strict=True)
             )
 
-    def transcribe(self, audio: np.ndarray) -> str:
+    def transcribe(self, audio: np.ndarray, stop: Callable[[], bool] | None = None) -> str:
         """Text of one 16 kHz mono float32 clip; "" for clips under 0.1 s.
 
-        Raises ValueError for non-1-D input or clips over 64 s.
+        `stop` (see `decode`): True ends it early with the text so far (a partial that a
+        longer take of the same turn superseded). Raises ValueError for non-1-D input or
+        clips over 64 s.
         """
         audio = self._check(audio)
         if len(audio) < self.MIN_SAMPLES:
@@ -358,7 +363,7 @@ class MoonshineASR:
         key = audio[:DRAFT_KEY_SAMPLES].tobytes()
         with self._drafts_lock:  # clips may be transcribed side by side (`asr_pool`)
             draft = self._drafts.pop(key, ())
-        ids = self.decode(self.encode(audio), self.max_tokens(len(audio)), draft)
+        ids = self.decode(self.encode(audio), self.max_tokens(len(audio)), draft, stop)
         with self._drafts_lock:
             self._drafts[key] = ids
             while len(self._drafts) > MAX_DRAFTS:

@@ -16,8 +16,8 @@ also goes to the end-of-turn model when one is loaded (`end_of_turn_stage`), who
 verdict joins the words' in the stream's `TurnDetector`; a stale or failed one is
 ignored (the words decide alone).
 
-The pause transcript is taken early: at the frame where the turn's speech falls silent
-(`SpeechEnded`), `pause_ms` before a pause can be reported, the turn so far goes to ASR
+The pause transcript is taken early: where the turn's speech falls silent (`SpeechEnded`,
+64 ms into the silence), before a pause can be reported, the turn so far goes to ASR
 as an *early take* (`EarlyTake`). When the pause comes with no voice since that frame
 (the detector's last voice unchanged), the take is the pause transcript: already in, the
 pause needs no ASR at all; still running, the pause waits for it (moved ahead of the
@@ -26,8 +26,8 @@ stands. Either way the pause transcript is exactly a plain transcription of the 
 job held (the utterance through the take's frame, or through the pause's), and it is the
 turn's final transcript when no speech follows. Moonshine's encoder is not incremental:
 a take is the whole utterance so far, only started earlier. A take replaces the turn's
-queued partials (it covers them); made stale by voice, it is dropped unrun if still
-queued (`ASRJob.early`), and reports as a partial if it ran.
+queued partials and stops a running one early (it covers them); made stale by voice, it
+is dropped unrun if still queued (`ASRJob.early`), and reports as a partial if it ran.
 """
 
 from __future__ import annotations

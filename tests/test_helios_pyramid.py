@@ -189,3 +189,21 @@ def test_a_compiled_chunk_is_close_to_the_eager_one(checkpoints):
     a = eager.render_chunk(eager.begin(s))
     b = compiled.render_chunk(compiled.begin(s))
     assert np.allclose(a, b, atol=2e-3)
+
+
+def test_a_request_naming_no_steps_or_guidance_runs_the_checkpoints_recommended(pipes,
+                                                                                tmp_path):
+    from voxline.config import Settings
+    from voxline.engines.factory import load_video
+
+    plain = load_video(Settings(video=f"helios:{save_tiny_helios(tmp_path / 'plain')}",
+                                cache=tmp_path))
+    for d, want in ((driver(pipes["distilled"]), (6, 1.0)), (driver(pipes["base"]), (60, 5.0)),
+                    (plain, (50, 5.0))):
+        render = d.begin_video(p.CreateVideo("s", "v", "dance monkey", width=64, height=64,
+                                             num_frames=33, seed=3))
+        assert (render.spec.num_inference_steps, render.spec.guidance_scale) == want
+    named = driver(pipes["distilled"]).begin_video(p.CreateVideo(
+        "s", "v", "x", width=64, height=64, num_frames=33, num_inference_steps=3,
+        guidance_scale=2.0, seed=3))
+    assert (named.spec.num_inference_steps, named.spec.guidance_scale) == (3, 2.0)

@@ -252,7 +252,8 @@ class CreateVideo(msgspec.Struct, tag=True, frozen=True):
     `VideoChunk` per chunk as each is made, then `VideoDone`. Refused (a `StreamError`
     naming the field, then `VideoDone` failed) for a size or frame count the model cannot
     make exactly, a `video_id` already running on the stream, or no video model loaded.
-    `seed` None: a fresh random seed; the same seed gives the same frames on one build."""
+    `seed` None: a fresh random seed; the same seed gives the same frames on one build.
+    `num_inference_steps` / `guidance_scale` None: the checkpoint's recommended setting."""
 
     stream_id: str
     video_id: str
@@ -260,8 +261,10 @@ class CreateVideo(msgspec.Struct, tag=True, frozen=True):
     width: int = 640
     height: int = 384
     num_frames: int = 33
-    num_inference_steps: int = 50
-    guidance_scale: float = 5.0
+    # None: the model's own setting (`recommended`: Helios 50 steps at guidance 5.0, a
+    # distilled pyramid checkpoint 2 steps a stage at 1.0)
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
     negative_prompt: str = ""
     seed: int | None = None
     cache_backend: str = ""  # step cache: "" the server's video_cache_backend, or by name

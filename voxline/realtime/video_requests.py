@@ -45,8 +45,9 @@ class VideoRequest(BaseModel):
     height: Annotated[int, Field(ge=SIZE_MULTIPLE, le=MAX_SIDE)] | None = None
     fps: Annotated[int, Field(ge=1, le=60)] = 24
     num_frames: Annotated[int, Field(ge=1, le=10_000)] = 33
-    num_inference_steps: Annotated[int, Field(ge=1, le=200)] = 50
-    guidance_scale: Annotated[float, Field(ge=0, le=100)] = 5.0
+    # None: the video model's recommended setting (Helios: 50 steps, guidance 5.0)
+    num_inference_steps: Annotated[int, Field(ge=1, le=200)] | None = None
+    guidance_scale: Annotated[float, Field(ge=0, le=100)] | None = None
     negative_prompt: str = ""
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
     # voxline's step cache (diffusers' hooks); None: the server's video_cache_backend

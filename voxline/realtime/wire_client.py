@@ -207,8 +207,9 @@ class ResponseVideoParams(WireModel):
     height: VideoSide = 384
     fps: Annotated[int, Field(ge=1, le=60)] = 24
     num_frames: Annotated[int, Field(ge=1, le=10_000)] = 33
-    num_inference_steps: Annotated[int, Field(ge=1, le=200)] = 50
-    guidance_scale: Annotated[float, Field(ge=0, le=100)] = 5.0
+    # None: the video model's recommended setting (Helios: 50 steps, guidance 5.0)
+    num_inference_steps: Annotated[int, Field(ge=1, le=200)] | None = None
+    guidance_scale: Annotated[float, Field(ge=0, le=100)] | None = None
     negative_prompt: str = ""
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
 

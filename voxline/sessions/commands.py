@@ -89,8 +89,8 @@ class VideoParams:
     height: int = 384
     fps: int = 24
     num_frames: int = 33
-    num_inference_steps: int = 50
-    guidance_scale: float = 5.0
+    num_inference_steps: int | None = None  # None: the video model's recommended setting
+    guidance_scale: float | None = None
     negative_prompt: str = ""
     seed: int | None = None
 

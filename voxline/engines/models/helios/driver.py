@@ -116,11 +116,21 @@ class HeliosChunkDriver:
             raise ValueError(f"CreateVideo.cache_backend: {FBC_UNDER_COMPILE}")
         return render
 
+    @property
+    def recommended(self) -> dict[str, float | int]:
+        """The settings a request that names none runs: HeliosPipeline's defaults."""
+        return {"num_inference_steps": 50, "guidance_scale": 5.0}
+
     def begin_video(self, msg: CreateVideo) -> HeliosRender:
         """`begin` for the engine's request (the video stage's model interface)."""
+        recommended = self.recommended
+        steps, guidance = msg.num_inference_steps, msg.guidance_scale
         return self.begin(VideoSpec(
             prompt=msg.prompt, width=msg.width, height=msg.height, num_frames=msg.num_frames,
-            num_inference_steps=msg.num_inference_steps, guidance_scale=msg.guidance_scale,
+            num_inference_steps=(int(recommended["num_inference_steps"]) if steps is None
+                                 else steps),
+            guidance_scale=(float(recommended["guidance_scale"]) if guidance is None
+                            else guidance),
             negative_prompt=msg.negative_prompt, seed=msg.seed,
             max_sequence_length=self.max_sequence_length, cache_backend=msg.cache_backend,
             cache_threshold=msg.cache_threshold))

@@ -260,3 +260,14 @@ def test_moonshine_final_is_a_plain_transcription_of_the_audio_it_covers():
     asr.model._drafts.clear()
     cut = asr.model.transcribe(take, stop=lambda: next(asked) >= 3)
     assert cut and len(cut) < len(final.text) and final.text.startswith(cut)
+
+
+def test_the_early_pause_transcript_setting_reaches_the_engine(monkeypatch):
+    from voxline.engines import factory
+
+    seen: dict = {}
+    monkeypatch.setattr(factory, "load_models", lambda *a, **k: None)
+    monkeypatch.setattr(factory, "EngineCore", lambda models, wake, **kw: seen.update(kw))
+    for value in (False, True):
+        factory.make_engine_core(lambda: None, {"early_pause_transcript": value})
+        assert seen["early_pause_transcript"] is value

@@ -76,6 +76,11 @@ class Settings(BaseSettings):
                                "transcript prefills the reply's prompt (embedded LLM, idle "
                                "cycles only), so at the end of the turn only the last words "
                                "are new")
+    early_pause_transcript: bool = Field(default=True, description="64 ms into a silence the "
+                                         "turn so far is transcribed, and that take is the "
+                                         "pause (and final) transcript when no voice followed: "
+                                         "the transcript is ready when the silence window "
+                                         "closes (costs one or two extra ASR runs a turn)")
     max_session_seconds: float = Field(default=1800.0, gt=0, description="session time "
                                        "limit, seconds")
     shutdown_grace: float = Field(default=5.0, ge=0, description="on SIGTERM/SIGINT: seconds "

@@ -332,6 +332,7 @@ def make_engine_core(wake: Callable[[], None], settings: Mapping[str, Any] | Non
                       max_responses=resolved.max_responses,
                       speculate_after_ms=resolved.speculate_after_ms,
                       warm_prefill=resolved.warm_prefill,
+                      early_pause_transcript=resolved.early_pause_transcript,
                       generation_lead_ms=resolved.generation_lead_s * 1000 or None)
 
 

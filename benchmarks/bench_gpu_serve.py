@@ -303,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--rounds", type=int, default=1, help="requests per level: this many per "
                    "session slot (with --min-requests as the floor)")
     r.add_argument("--tts-max-frames", type=int, default=75)
-    r.add_argument("--ready-timeout", type=float, default=300)
+    r.add_argument("--ready-timeout", type=float, default=480,
+                   help="seconds to wait for /health (a cold compile of every bucket is slow)")
     r.add_argument("--bench-timeout", type=float, default=240)
     r.add_argument("--profile", metavar="PY_SPY", help="record the server under this py-spy "
                    "binary (raw collapsed stacks per thread, to OUT/pyspy.txt)")

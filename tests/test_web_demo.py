@@ -280,14 +280,11 @@ def assert_latency_counts_from_the_end_of_speech(state: dict[str, Any]) -> None:
 IN_LOOPBACK_NAMESPACE = "VOXLINE_TEST_LOOPBACK_NETNS"
 
 
-@pytest.mark.slow
-def test_browser_voice_chat_over_webrtc():
-    """The WebRTC turn runs in a network namespace of its own whose only interface is
-    loopback, so browser and server can use nothing but 127.0.0.1 (Chromium would otherwise
-    send from this machine's interface address)."""
+def run_in_loopback_namespace(test: str) -> None:
+    """Run the pytest node `test` in a network namespace of its own whose only interface
+    is loopback (`IN_LOOPBACK_NAMESPACE` set), and assert it passed."""
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         pytest.fail("the WebRTC browser test needs unshare and ip (util-linux, iproute2)")
-    test = f"{Path(__file__).resolve()}::test_webrtc_turn_in_loopback_namespace"
     run = subprocess.run(
         ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
          sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", test],
@@ -296,6 +293,14 @@ def test_browser_voice_chat_over_webrtc():
     print(run.stdout[-3000:])
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "1 passed" in run.stdout
+
+
+@pytest.mark.slow
+def test_browser_voice_chat_over_webrtc():
+    """The WebRTC turn runs in a network namespace of its own whose only interface is
+    loopback, so browser and server can use nothing but 127.0.0.1 (Chromium would otherwise
+    send from this machine's interface address)."""
+    run_in_loopback_namespace(f"{Path(__file__).resolve()}::test_webrtc_turn_in_loopback_namespace")
 
 
 @pytest.mark.slow

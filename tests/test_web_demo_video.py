@@ -15,17 +15,20 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TIME_FACTOR
 from starlette.testclient import TestClient
-from test_web_demo import ECHO, IN_LOOPBACK_NAMESPACE, DevTools, voice_chat, wait_for
+from test_web_demo import (
+    ECHO,
+    IN_LOOPBACK_NAMESPACE,
+    DevTools,
+    run_in_loopback_namespace,
+    voice_chat,
+    wait_for,
+)
 
 from voxline.config import load_settings
 from voxline.engines.client import InProcessEngineClient
@@ -68,17 +71,7 @@ def set_input(page: DevTools, input_id: str, value: str) -> None:
 def test_browser_shows_a_generated_video_over_webrtc():
     """Runs the page test in a network namespace of its own whose only interface is
     loopback (as test_web_demo's WebRTC turn does)."""
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        pytest.fail("the WebRTC browser test needs unshare and ip (util-linux, iproute2)")
-    test = f"{Path(__file__).resolve()}::test_video_call_in_loopback_namespace"
-    run = subprocess.run(
-        ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
-         sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", test],
-        env={**os.environ, IN_LOOPBACK_NAMESPACE: "1"}, capture_output=True, text=True,
-        timeout=600 * TIME_FACTOR)
-    print(run.stdout[-3000:])
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "1 passed" in run.stdout
+    run_in_loopback_namespace(f"{Path(__file__).resolve()}::test_video_call_in_loopback_namespace")
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ off). Calls to MCP tools go to `sessions.mcp` instead; the client runs these.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from voxline.engines import protocol as ep
@@ -30,6 +31,22 @@ class CallHost(Protocol):
     def _previous(self, item_id: str) -> str | None: ...
 
 
+def output_call_item(host: CallHost, r: ActiveResponse, item_id: str,
+                     make: Callable[[], it.ConversationItem]) -> tuple[ItemRecord, int]:
+    """The call item `item_id` of reply `r` (a function or MCP call) and its output index:
+    on first sight `make()` is added to the conversation and announced
+    (`response.output_item.added`, `conversation.item.added`)."""
+    if item_id not in r.calls:
+        item = make()
+        previous = host.order[-1] if host.order else None
+        host._add_record(ItemRecord(item))
+        r.calls.append(item_id)
+        host._emit(ev.OutputItemAdded(response_id=r.response.id, output_index=len(r.calls),
+                                      item=item))
+        host._emit(ev.ItemAdded(item=item, previous_item_id=previous))
+    return host.items[item_id], r.calls.index(item_id) + 1
+
+
 class FunctionCalls:
     def __init__(self, actor: CallHost) -> None:
         self._actor = actor
@@ -38,17 +55,9 @@ class FunctionCalls:
                 ) -> tuple[ItemRecord, int]:
         """The function_call item `out` adds to (made, and announced, on first sight) and its
         output index."""
-        actor = self._actor
-        if out.item_id not in r.calls:
-            item = it.FunctionCallItem(id=out.item_id, call_id=out.call_id, name=out.name,
-                                       arguments="", status="in_progress")
-            previous = actor.order[-1] if actor.order else None
-            actor._add_record(ItemRecord(item))
-            r.calls.append(out.item_id)
-            actor._emit(ev.OutputItemAdded(response_id=r.response.id, output_index=len(r.calls),
-                                           item=item))
-            actor._emit(ev.ItemAdded(item=item, previous_item_id=previous))
-        return actor.items[out.item_id], r.calls.index(out.item_id) + 1
+        return output_call_item(self._actor, r, out.item_id, lambda: it.FunctionCallItem(
+            id=out.item_id, call_id=out.call_id, name=out.name, arguments="",
+            status="in_progress"))
 
     def delta(self, r: ActiveResponse | None, out: ep.FunctionCallDelta) -> None:
         """A piece of a call of the active reply `r` (None: not the active reply's)."""

@@ -32,6 +32,7 @@ from voxline.engines.remote_llm import function_output_text
 from voxline.errors import ProtocolError
 from voxline.sessions import events as ev
 from voxline.sessions import items as it
+from voxline.sessions.function_calls import output_call_item
 from voxline.sessions.ids import new_id
 from voxline.sessions.mcp_servers import (
     TOOL_NAME,
@@ -189,17 +190,8 @@ class McpTools:
     def _call_record(self, r: ActiveResponse, out: ep.FunctionCallDelta | ep.FunctionCallDone,
                      server: McpServer, item: it.ConversationItem | None = None
                      ) -> tuple[ItemRecord, int]:
-        a = self.actor
-        if out.item_id not in r.calls:
-            item = item or it.McpCallItem(id=out.item_id, server_label=server.label,
-                                          name=out.name)
-            previous = a.order[-1] if a.order else None
-            a._add_record(ItemRecord(item))
-            r.calls.append(out.item_id)
-            a._emit(ev.OutputItemAdded(response_id=r.response.id, output_index=len(r.calls),
-                                       item=item))
-            a._emit(ev.ItemAdded(item=item, previous_item_id=previous))
-        return a.items[out.item_id], r.calls.index(out.item_id) + 1
+        return output_call_item(self.actor, r, out.item_id, lambda: item or it.McpCallItem(
+            id=out.item_id, server_label=server.label, name=out.name))
 
     def _run(self, item_id: str, server: McpServer, name: str, arguments: str, index: int,
              response_id: str | None) -> None:

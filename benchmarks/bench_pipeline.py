@@ -140,7 +140,7 @@ class Variant:
 
     @property
     def server_default(self) -> bool:
-        """What `voxline serve` runs (it has no settings for `speech` and `early_pause`)."""
+        """What the ws servers run (they are started with `speech` and `early_pause` on)."""
         return self.speech and self.early_pause
 
 
@@ -154,14 +154,13 @@ LADDER = {
 
 
 def bench_core(wake: Callable[[], None], settings: dict | None = None, *,
-               early_pause_transcript: bool = True, speculate_speech: bool = True,
-               **fields: object) -> object:
-    """The engine's own core (`make_engine_core`) with the two ladder steps that have no
-    setting switched as asked (core spec ``bench_pipeline:bench_core``)."""
+               speculate_speech: bool = True, **fields: object) -> object:
+    """The engine's own core (`make_engine_core`, settings such as `early_pause_transcript`
+    in `fields`) with the one ladder step that has no setting, held first-words audio,
+    switched as asked (core spec ``bench_pipeline:bench_core``)."""
     from voxline.engines.factory import make_engine_core
 
     core = make_engine_core(wake, settings, **fields)
-    core.turns.early_pause = early_pause_transcript
     core.responses.speculate_speech = speculate_speech
     return core
 

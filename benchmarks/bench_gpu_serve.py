@@ -27,6 +27,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -190,6 +191,67 @@ def wait_ready(url: str, server: subprocess.Popen, limit_s: float,
     raise RuntimeError(f"voxline serve not ready after {limit_s:.0f} s")
 
 
+class CpuSampler(threading.Thread):
+    """Machine-wide CPU busy fraction (all cores, from /proc/stat) once a second, so each
+    bench level can report the CPU it cost next to the GPU's utilisation."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[tuple[float, float]] = []  # (monotonic time, busy 0..1)
+        self._stop = threading.Event()
+
+    @staticmethod
+    def _times() -> tuple[int, int]:
+        vals = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = vals[3] + vals[4]  # idle + iowait
+        return sum(vals) - idle, sum(vals)
+
+    def run(self) -> None:
+        busy0, total0 = self._times()
+        while not self._stop.wait(1.0):
+            busy, total = self._times()
+            if total > total0:
+                self.samples.append((time.monotonic(), (busy - busy0) / (total - total0)))
+            busy0, total0 = busy, total
+
+    def mean(self, t0: float, t1: float) -> float | None:
+        window = [b for t, b in self.samples if t0 <= t <= t1]
+        return round(100 * sum(window) / len(window), 1) if window else None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def gpu_util_mean(csv: Path, t0_wall: float, t1_wall: float) -> float | None:
+    """Mean utilization.gpu over [t0, t1] (wall clock) from nvidia-smi's 1 s CSV."""
+    from datetime import datetime
+    vals = []
+    for line in csv.read_text(errors="replace").splitlines()[1:]:
+        parts = [x.strip() for x in line.split(",")]
+        try:
+            ts = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            if t0_wall <= ts <= t1_wall:
+                vals.append(float(parts[1].split()[0]))
+        except (ValueError, IndexError):
+            continue
+    return round(sum(vals) / len(vals), 1) if vals else None
+
+
+def annotate_utilisation(report: Path, cpu: CpuSampler, gpu_csv: Path,
+                         mono: tuple[float, float], wall: tuple[float, float]) -> None:
+    """Add the level's mean CPU busy % (all cores) and GPU utilisation % to its bench JSON."""
+    if not report.exists():
+        return
+    data = json.loads(report.read_text())
+    extra = {"cpu_busy_pct": cpu.mean(*mono), "gpu_util_pct": gpu_util_mean(gpu_csv, *wall),
+             "cpu_cores": os.cpu_count()}
+    for level in data.get("levels", []):
+        level.update(extra)
+    report.write_text(json.dumps(data, indent=1))
+    print(f"   utilisation: CPU {extra['cpu_busy_pct']}% of {extra['cpu_cores']} cores, "
+          f"GPU {extra['gpu_util_pct']}%", flush=True)
+
+
 def run_bench(url: str, name: str, out: Path, extra: list[str], timeout_s: float) -> int:
     cmd = [sys.executable, "-m", "voxline.cli", "bench", "--url", url, "--quiet",
            "--json", str(out / f"{name}.json"), *extra]
@@ -238,6 +300,8 @@ def run(args: argparse.Namespace) -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     server = subprocess.Popen(serve, stdout=open(out / "server.log", "w"), stderr=subprocess.STDOUT,
                               env=env, start_new_session=True)
+    cpu = CpuSampler()
+    cpu.start()
     rc = 1
     try:
         ready_s = wait_ready(url, server, args.ready_timeout, out / "server.log")
@@ -252,7 +316,10 @@ def run(args: argparse.Namespace) -> int:
                          "--requests", str(max(args.min_requests, args.rounds * c))]
                 if inp == "audio" and args.audio_dir:
                     extra += ["--audio-dir", args.audio_dir]
+                mono0, wall0 = time.monotonic(), time.time()
                 rc |= run_bench(url, f"{inp}_c{c}", out, extra, args.bench_timeout)
+                annotate_utilisation(out / f"{inp}_c{c}.json", cpu, out / "gpu.csv",
+                                     (mono0, time.monotonic()), (wall0, time.time()))
         merge(out, args.sweeps)
     except RuntimeError as exc:
         print(f"== {exc}", flush=True)
@@ -265,6 +332,7 @@ def run(args: argparse.Namespace) -> int:
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
         gpu.terminate()
+        cpu.stop()
         log = (out / "server.log").read_text(errors="replace").splitlines()
         print("== server log (capacity, errors, last lines):")
         keep = [ln for ln in log if any(k in ln.lower() for k in

@@ -312,8 +312,9 @@ def run(args: argparse.Namespace) -> int:
         for sweep in args.sweeps.split(";"):
             inp, _, levels = sweep.partition("=")
             for c in (int(x) for x in levels.split(",")):
-                extra = [*common, "--input", inp, "--concurrency", str(c),
-                         "--requests", str(max(args.min_requests, args.rounds * c))]
+                sessions = max(args.min_requests, args.rounds * c)
+                extra = [*common, "--input", inp, "--concurrency", str(c), "--turns",
+                         str(args.turns), "--requests", str(sessions * args.turns)]
                 if inp == "audio" and args.audio_dir:
                     extra += ["--audio-dir", args.audio_dir]
                 mono0, wall0 = time.monotonic(), time.time()
@@ -370,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
                    "start spread over this many seconds (0: all at once)")
     r.add_argument("--rounds", type=int, default=1, help="requests per level: this many per "
                    "session slot (with --min-requests as the floor)")
+    r.add_argument("--turns", type=int, default=1, help="voxline bench --turns: questions per "
+                   "session (a conversation), the next once the reply has played out")
     r.add_argument("--tts-max-frames", type=int, default=75)
     r.add_argument("--ready-timeout", type=float, default=480,
                    help="seconds to wait for /health (a cold compile of every bucket is slow)")

@@ -56,3 +56,7 @@ b)
   python3 benchmarks/bench_gpu_serve.py run /tmp/ckpt --out "$OUT" --audio-dir /tmp/q "$@"
   ;;
 esac
+# the device returns a bounded number of files: the run's files travel as one archive
+if [ -n "${OUT:-}" ] && [ "$phase" != a ] && [ -n "$(ls -A "$OUT")" ]; then
+  tar czf /tmp/run.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/run.tgz "$OUT/"
+fi

@@ -172,3 +172,50 @@ def test_ramp_spreads_the_closed_loop_starts_and_is_validated(monkeypatch, capsy
     assert [o >= 0.095 * k for k, o in enumerate(offsets)] == [True] * 4, offsets
     assert run_bench("--url", "http://127.0.0.1:1", "--mode", "speech", "--ramp", "-1") == 2
     assert "--ramp must be >= 0" in capsys.readouterr().err
+
+
+def _sessions_opened(url: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("voxline_sessions_total "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def test_turns_are_asked_in_one_session_each(bench_url: str, questions: Path,
+                                             tmp_path: Path, capsys) -> None:
+    out = tmp_path / "turns.json"
+    before = _sessions_opened(bench_url)
+    # 5 turns of 2 per conversation: three sessions (2 + 2 + 1 turns), text and spoken
+    assert run_bench("--url", bench_url, "--mode", "realtime", "--input", "text",
+                     "--concurrency", "2", "--requests", "5", "--turns", "2",
+                     "--timeout", "15", "--json", str(out)) == 0
+    report = json.loads(out.read_text())
+    check_levels(report, ["c=2"])
+    assert report["turns_per_session"] == 2 and report["levels"][0]["requests"] == 5
+    assert _sessions_opened(bench_url) - before == 3
+    assert run_bench("--url", bench_url, "--mode", "realtime", "--audio-dir", str(questions),
+                     "--requests", "2", "--turns", "2", "--timeout", "15",
+                     "--json", str(out)) == 0
+    lv = json.loads(out.read_text())["levels"][0]
+    check_levels({"levels": [lv]}, ["c=1"])
+    assert lv["metrics"]["eos_to_first_audio_s"]["n"] == 2  # each turn has its own stop
+    assert _sessions_opened(bench_url) - before == 4
+
+    capsys.readouterr()
+    assert run_bench("--url", bench_url, "--turns", "0") == 2
+    assert "--turns must be >= 1" in capsys.readouterr().err
+    assert run_bench("--url", bench_url, "--mode", "speech", "--turns", "2") == 2
+    assert "--turns applies to --mode realtime" in capsys.readouterr().err
+
+
+def test_a_broken_conversation_fails_its_remaining_turns() -> None:
+    from voxline.bench import RequestResult, _fail_from
+
+    results = [RequestResult(ok=True), RequestResult(), RequestResult()]
+    _fail_from(results, 1, "closed_1011", 0.0)
+    assert [(r.ok, r.error) for r in results] == [(True, None), (False, "closed_1011"),
+                                                  (False, "closed_1011")]
+    assert results[1].wall_s > 0

@@ -184,90 +184,150 @@ async def realtime_request(base: str, audio: np.ndarray | None, opts: argparse.N
                            text: str | None = None) -> RequestResult:
     """One turn over /v1/realtime: `audio` streamed at real time, or (``audio`` None) `text`
     as a user message item and ``response.create``, timed from that send."""
+    return (await realtime_conversation(base, [(audio, text)], opts))[0]
+
+
+Turn = tuple["np.ndarray | None", "str | None"]  # (spoken question, or None and its text)
+
+
+async def realtime_conversation(base: str, turns: list[Turn], opts: argparse.Namespace
+                                ) -> list[RequestResult]:
+    """`turns` one after another in ONE /v1/realtime session, a result per turn.
+
+    Like a person, the client starts its next question only once the previous reply has
+    played out at real time (the simulated player of `simulate_playout`) and THINK_S more,
+    so a turn never barges in on the one before. A turn's clock starts at its first send.
+    If the session breaks, the turns not yet finished carry that error."""
     import websockets
 
-    res = RequestResult()
-    start = time.perf_counter()
+    results = [RequestResult() for _ in turns]
     url = "ws" + base[len("http"):] + "/v1/realtime"
-    eos: float | None = None
-    sender: asyncio.Task[None] | None = None
     turn_detection: dict[str, Any] | None = (
         {"type": "server_vad"} if opts.turn_detection == "server_vad" else None)
+    current = 0
+    started = time.perf_counter()
     try:
-        async with asyncio.timeout(opts.timeout), websockets.connect(
+        async with asyncio.timeout(opts.timeout * len(turns)), websockets.connect(
                 url, additional_headers=_headers(opts.api_key), max_size=None) as ws:
             first = json.loads(await ws.recv())
             if first.get("type") != "session.created":
-                res.error = f"unexpected_{first.get('type')}"
-                return res
+                raise _TurnFailed(f"unexpected_{first.get('type')}")
             await ws.send(json.dumps({"type": "session.update", "session": session_config(
                 turn_detection, getattr(opts, "max_output_tokens", None))}))
-
-            async def send_audio() -> None:
-                nonlocal eos
-                pcm = np.concatenate([audio, np.zeros(int(TRAILING_SILENCE_S * WIRE_RATE),
-                                                      np.float32)])
-                step = WIRE_RATE * CHUNK_MS // 1000
-                t0 = time.perf_counter()
-                for n, i in enumerate(range(0, len(pcm), step)):
-                    piece = base64.b64encode(float_to_pcm16(pcm[i:i + step])).decode()
-                    await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                              "audio": piece}))
-                    # pace against the clock, not per sleep, so drift does not accumulate
-                    await asyncio.sleep(max(0.0, t0 + (n + 1) * CHUNK_MS / 1000
+            for current, (audio, text) in enumerate(turns):
+                res = results[current]
+                started = time.perf_counter()
+                try:
+                    async with asyncio.timeout(opts.timeout):
+                        await _one_turn(ws, res, audio, text, turn_detection)
+                except TimeoutError:
+                    raise _TurnFailed("timeout") from None
+                finally:
+                    res.wall_s = time.perf_counter() - started
+                if current + 1 < len(turns):  # wait for the reply to play, then think
+                    await asyncio.sleep(max(0.0, playout_end(res.arrivals) + THINK_S
                                             - time.perf_counter()))
-                if turn_detection is None:
-                    await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-                    eos = time.perf_counter()
-                    await ws.send(json.dumps({"type": "response.create"}))
-
-            async def send_text() -> None:
-                nonlocal eos
-                await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-                    "type": "message", "role": "user",
-                    "content": [{"type": "input_text", "text": text}]}}))
-                eos = time.perf_counter()
-                await ws.send(json.dumps({"type": "response.create"}))
-
-            sender = asyncio.create_task(send_audio() if audio is not None else send_text())
-            async for raw in ws:
-                now = time.perf_counter()
-                event = json.loads(raw)
-                kind = event.get("type")
-                if kind == "input_audio_buffer.speech_stopped" and eos is None:
-                    eos = now
-                elif kind in ("response.output_audio.delta", "response.audio.delta"):
-                    n_bytes = len(base64.b64decode(event.get("delta", "")))
-                    if n_bytes:
-                        if res.ttfa_s is None:
-                            res.ttfa_s = now - start
-                            if eos is not None:
-                                res.eos_to_first_audio_s = now - eos
-                        res.arrivals.append((now, n_bytes / 2 / WIRE_RATE))
-                elif kind == "error":
-                    res.error = f"server_{event.get('error', {}).get('code') or 'error'}"
-                    break
-                elif kind == "response.done":
-                    response = event.get("response", {})
-                    status = response.get("status")
-                    if status != "completed" and not capped(response):
-                        res.error = f"response_{status}"
-                    elif not res.arrivals:
-                        res.error = "no_audio"
-                    break
-        res.ok = res.error is None and bool(res.arrivals)
+    except _TurnFailed as exc:
+        _fail_from(results, current, exc.error, started)
     except TimeoutError:
-        res.error = "timeout"
+        _fail_from(results, current, "timeout", started)
     except websockets.ConnectionClosed as exc:
-        res.error = f"closed_{exc.rcvd.code if exc.rcvd else 'abnormal'}"
+        _fail_from(results, current, f"closed_{exc.rcvd.code if exc.rcvd else 'abnormal'}", started)
     except (OSError, websockets.InvalidHandshake) as exc:
-        res.error = f"connect_{type(exc).__name__}"
+        _fail_from(results, current, f"connect_{type(exc).__name__}", started)
+    return results
+
+
+THINK_S = 0.5  # a multi-turn client's pause between a reply's end and its next question
+
+
+class _TurnFailed(Exception):
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _fail_from(results: list[RequestResult], current: int, error: str, started: float) -> None:
+    """Turn `current` (and every later one) failed with `error`; earlier turns stand."""
+    for res in results[current:]:
+        res.ok, res.error = False, res.error or error
+    if not results[current].wall_s:
+        results[current].wall_s = time.perf_counter() - started
+
+
+async def _one_turn(ws: Any, res: RequestResult, audio: np.ndarray | None, text: str | None,
+                    turn_detection: dict[str, Any] | None) -> None:
+    """Send one question on `ws` and read events until its reply's response.done."""
+    start = time.perf_counter()
+    eos: float | None = None
+
+    async def send_audio() -> None:
+        nonlocal eos
+        assert audio is not None
+        pcm = np.concatenate([audio, np.zeros(int(TRAILING_SILENCE_S * WIRE_RATE), np.float32)])
+        step = WIRE_RATE * CHUNK_MS // 1000
+        t0 = time.perf_counter()
+        for n, i in enumerate(range(0, len(pcm), step)):
+            piece = base64.b64encode(float_to_pcm16(pcm[i:i + step])).decode()
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": piece}))
+            # pace against the clock, not per sleep, so drift does not accumulate
+            await asyncio.sleep(max(0.0, t0 + (n + 1) * CHUNK_MS / 1000 - time.perf_counter()))
+        if turn_detection is None:
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            eos = time.perf_counter()
+            await ws.send(json.dumps({"type": "response.create"}))
+
+    async def send_text() -> None:
+        nonlocal eos
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": text}]}}))
+        eos = time.perf_counter()
+        await ws.send(json.dumps({"type": "response.create"}))
+
+    sender = asyncio.create_task(send_audio() if audio is not None else send_text())
+    try:
+        async for raw in ws:
+            now = time.perf_counter()
+            event = json.loads(raw)
+            kind = event.get("type")
+            if kind == "input_audio_buffer.speech_stopped" and eos is None:
+                eos = now
+            elif kind in ("response.output_audio.delta", "response.audio.delta"):
+                n_bytes = len(base64.b64decode(event.get("delta", "")))
+                if n_bytes:
+                    if res.ttfa_s is None:
+                        res.ttfa_s = now - start
+                        if eos is not None:
+                            res.eos_to_first_audio_s = now - eos
+                    res.arrivals.append((now, n_bytes / 2 / WIRE_RATE))
+            elif kind == "error":
+                res.error = f"server_{event.get('error', {}).get('code') or 'error'}"
+                break
+            elif kind == "response.done":
+                response = event.get("response", {})
+                status = response.get("status")
+                if status != "completed" and not capped(response):
+                    res.error = f"response_{status}"
+                elif not res.arrivals:
+                    res.error = "no_audio"
+                break
+        else:
+            raise _TurnFailed("closed_before_reply")
+        res.ok = res.error is None and bool(res.arrivals)
     finally:
-        if sender is not None:
-            sender.cancel()
-        res.wall_s = time.perf_counter() - start
+        sender.cancel()
         res.finish_audio(eos)
-    return res
+    if res.error is not None:
+        raise _TurnFailed(res.error)
+
+
+def playout_end(arrivals: list[tuple[float, float]]) -> float:
+    """When a real-time player that starts at the first piece finishes the last one."""
+    playhead = arrivals[0][0] if arrivals else time.perf_counter()
+    for at, seconds in arrivals:
+        playhead = max(playhead, at) + seconds
+    return playhead
 
 
 def capped(response: dict[str, Any]) -> bool:
@@ -315,38 +375,46 @@ async def run_level(base: str, opts: argparse.Namespace, questions: list[np.ndar
     deadline = time.perf_counter() + opts.max_seconds
     results: list[RequestResult] = []
 
-    async def one(i: int) -> None:
+    async def one(indices: list[int]) -> None:
+        """A request (speech mode), or a conversation of len(indices) turns."""
         if opts.mode == "speech":
-            res = await speech_request(base, QUESTIONS[i % len(QUESTIONS)], opts)
+            got = [await speech_request(base, QUESTIONS[indices[0] % len(QUESTIONS)], opts)]
         elif getattr(opts, "input", "audio") == "text":
-            res = await realtime_request(base, None, opts, text=QUESTIONS[i % len(QUESTIONS)])
+            got = await realtime_conversation(
+                base, [(None, QUESTIONS[i % len(QUESTIONS)]) for i in indices], opts)
         else:
-            res = await realtime_request(base, questions[i % len(questions)], opts)
-        results.append(res)
-        progress.update(res)
+            got = await realtime_conversation(
+                base, [(questions[i % len(questions)], None) for i in indices], opts)
+        for res in got:
+            results.append(res)
+            progress.update(res)
+
+    turns = getattr(opts, "turns", 1)
+    batches = [list(range(i, min(i + turns, opts.requests)))
+               for i in range(0, opts.requests, turns)]
 
     start = time.perf_counter()
     if concurrency is not None:
-        counter = iter(range(opts.requests))
+        counter = iter(batches)
 
-        workers = min(concurrency, opts.requests)
+        workers = min(concurrency, len(batches))
         ramp = getattr(opts, "ramp", 0.0)
 
         async def worker(k: int) -> None:
             await asyncio.sleep(ramp * k / workers)  # --ramp: starts spread, turns out of step
-            for i in counter:  # shared iterator: each request index is taken once
+            for batch in counter:  # shared iterator: each conversation is taken once
                 if time.perf_counter() > deadline:
                     return
-                await one(i)
+                await one(batch)
 
         await asyncio.gather(*(worker(k) for k in range(workers)))
     else:
         assert rate is not None
         rng, tasks = random.Random(opts.seed), []
-        for i in range(opts.requests):
+        for batch in batches:
             if time.perf_counter() > deadline:
                 break
-            tasks.append(asyncio.create_task(one(i)))
+            tasks.append(asyncio.create_task(one(batch)))
             await asyncio.sleep(rng.expovariate(rate))  # Poisson arrivals: exponential gaps
         await asyncio.gather(*tasks)
     wall = time.perf_counter() - start
@@ -509,6 +577,11 @@ def plot(report: dict[str, Any], path: str) -> bool:
 def _levels(opts: argparse.Namespace) -> list[tuple[int | None, float | None]]:
     if getattr(opts, "ramp", 0.0) < 0:
         raise BenchError("--ramp must be >= 0 seconds")
+    turns = getattr(opts, "turns", 1)
+    if turns < 1:
+        raise BenchError(f"--turns must be >= 1, got {turns}")
+    if turns > 1 and opts.mode != "realtime":
+        raise BenchError("--turns applies to --mode realtime (a speech request has one turn)")
     if opts.rate is not None:
         if opts.rate <= 0:
             raise BenchError("--rate must be > 0")
@@ -531,7 +604,8 @@ async def bench(opts: argparse.Namespace) -> dict[str, Any]:
     return {"version": 1, "mode": opts.mode, "url": base, "turn_detection": opts.turn_detection,
             "input": getattr(opts, "input", "audio"),
             "requests_per_level": opts.requests, "timeout_s": opts.timeout,
-            "ramp_s": getattr(opts, "ramp", 0.0), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "levels": levels,
+            "ramp_s": getattr(opts, "ramp", 0.0), "turns_per_session": getattr(opts, "turns", 1),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "levels": levels,
             "sessions_held": sessions_held(levels)}
 
 

@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="closed loop: the c sessions start spread evenly over this many "
                             "seconds instead of all at once, so their turns are not in step "
                             "(default: %(default)s, a burst)")
+    bench.add_argument("--turns", type=int, default=1,
+                       help="realtime: turns per session; each session (a conversation) asks "
+                            "this many questions in a row, the next once the reply has played "
+                            "out, and --requests counts turns (default: %(default)s)")
     bench.add_argument("--timeout", type=float, default=60.0,
                        help="seconds per request before it counts as a timeout (default: %(default)s)")
     bench.add_argument("--max-seconds", type=float, default=600.0,

@@ -252,6 +252,47 @@ def annotate_utilisation(report: Path, cpu: CpuSampler, gpu_csv: Path,
           f"GPU {extra['gpu_util_pct']}%", flush=True)
 
 
+PROFILE_RATE = 50  # py-spy samples per second
+
+
+def summarize_profile(raw: Path, out: Path, rate: float, top: int = 30) -> None:
+    """py-spy's raw stacks (``--subprocesses --threads``) as a short text: per process and
+    thread, its samples (as cores busy: samples / rate / seconds) and its heaviest frames,
+    inclusive and own; the raw file is too big to bring back from the device."""
+    import re
+    from collections import Counter, defaultdict
+
+    records, pending = [], ""
+    for line in raw.read_text(errors="replace").splitlines():
+        pending = f"{pending}\\n{line}" if pending else line
+        if (m := re.search(r" (\d+)$", pending)) is not None:
+            records.append((pending[:m.start()], int(m.group(1))))
+            pending = ""
+    groups: dict[str, tuple[Counter, Counter]] = defaultdict(lambda: (Counter(), Counter()))
+    totals: Counter = Counter()
+    for stack, n in records:
+        frames = stack.split(";")
+        procs = [f for f in frames if f.startswith("process ")]
+        thread = next((f for f in frames if f.startswith("thread ")), "thread ?")
+        code = [f for f in frames if not f.startswith(("process ", "thread "))]
+        pid = procs[-1].split(":", 1)[0] if procs else "process ?"
+        key = f"{pid} {re.sub(r'[(][0-9]+[)]', '', thread).strip()}"
+        totals[key] += n
+        incl, own = groups[key]
+        for f in set(code):
+            incl[f] += n
+        if code:
+            own[code[-1]] += n
+    lines = [f"py-spy at {rate:g} Hz, {sum(totals.values())} samples"]
+    for key, n in totals.most_common():
+        incl, own = groups[key]
+        lines.append(f"\n## {key}: {n} samples ({n / rate:.1f} s on CPU)")
+        lines += [f"  {100 * c / n:5.1f}%  {f[:160]}" for f, c in incl.most_common(top)]
+        lines.append("  -- own:")
+        lines += [f"  {100 * c / n:5.1f}%  {f[:160]}" for f, c in own.most_common(top // 2)]
+    out.write_text("\n".join(lines) + "\n")
+
+
 def run_bench(url: str, name: str, out: Path, extra: list[str], timeout_s: float) -> int:
     cmd = [sys.executable, "-m", "voxline.cli", "bench", "--url", url, "--quiet",
            "--json", str(out / f"{name}.json"), *extra]
@@ -293,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
     print("== serve:", " ".join(serve[3:]), flush=True)
     if args.profile:  # py-spy samples the server and its engine child (as its descendants)
         serve = [args.profile, "record", "--subprocesses", "--threads", "--nonblocking",
-                 "--rate", "50", "--format", "raw", "-o", str(out / "pyspy.txt"), "--", *serve]
+                 "--rate", str(PROFILE_RATE), "--format", "raw", "-o", str(out / "pyspy.raw"), "--", *serve]
     gpu = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,utilization.gpu,memory.used,"
                             "memory.total", "--format=csv", "-l", "1"],
                            stdout=open(out / "gpu.csv", "w"), stderr=subprocess.DEVNULL)
@@ -334,6 +375,10 @@ def run(args: argparse.Namespace) -> int:
             os.killpg(server.pid, signal.SIGKILL)
         gpu.terminate()
         cpu.stop()
+        if args.profile and (out / "pyspy.raw").exists():
+            time.sleep(2.0)  # py-spy writes its file as it exits
+            summarize_profile(out / "pyspy.raw", out / "pyspy_summary.txt", PROFILE_RATE)
+            (out / "pyspy.raw").unlink()
         log = (out / "server.log").read_text(errors="replace").splitlines()
         print("== server log (capacity, errors, last lines):")
         keep = [ln for ln in log if any(k in ln.lower() for k in
@@ -378,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds to wait for /health (a cold compile of every bucket is slow)")
     r.add_argument("--bench-timeout", type=float, default=240)
     r.add_argument("--profile", metavar="PY_SPY", help="record the server under this py-spy "
-                   "binary (raw collapsed stacks per thread, to OUT/pyspy.txt)")
+                   "binary; OUT/pyspy_summary.txt has each process and thread's CPU and heaviest frames")
     args = parser.parse_args(argv)
     if args.cmd == "build":
         t0 = time.perf_counter()

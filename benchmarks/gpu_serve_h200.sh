@@ -18,6 +18,12 @@ install_a() {
     --target $site .devcarry/a/whl/*.whl || exit 1
   cp -r .devcarry/a/stub/* $site/ && cp -r .devcarry/a/q /tmp/q
 }
+profiler() {  # "--profile PY_SPY" when a py-spy wheel travels in .devcarry/p (and not NO_PROFILE)
+  [ -z "${NO_PROFILE:-}" ] && ls .devcarry/p/py_spy-*.whl >/dev/null 2>&1 || return 0
+  [ -x /tmp/spy/bin/py-spy ] || python3 -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --target /tmp/spy .devcarry/p/py_spy-*.whl >&2 || return 0
+  echo "--profile /tmp/spy/bin/py-spy"
+}
 case $phase in
 w)
   # One call, GPU ASR: .devcarry/a, plus .devcarry/s/pipecat_stub.tgz (Smart Turn's ONNX
@@ -25,11 +31,7 @@ w)
   # .devcarry/p; Moonshine's files are not needed (ASR is Whisper on the GPU).
   install_a
   tar xzf .devcarry/s/pipecat_stub.tgz -C $site || exit 1
-  spy=""
-  if ls .devcarry/p/py_spy-*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/spy \
-      .devcarry/p/py_spy-*.whl && spy="--profile /tmp/spy/bin/py-spy"
-  fi
+  spy=$(profiler)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 benchmarks/bench_gpu_serve.py build /tmp/ckpt --asr && du -sh /tmp/ckpt/* || exit 1
   python3 benchmarks/bench_gpu_serve.py run /tmp/ckpt --out "$OUT" --audio-dir /tmp/q $spy "$@"
@@ -53,7 +55,7 @@ b)
   [ -f .devcarry/s/pipecat_stub.tgz ] && tar xzf .devcarry/s/pipecat_stub.tgz -C $site
   [ -f .devcarry/b/enc.ort.gz ] && gunzip -c .devcarry/b/enc.ort.gz > $base/encoder_model.ort
   [ -f .devcarry/b/dec.ort.gz ] && gunzip -c .devcarry/b/dec.ort.gz > $base/decoder_model_merged.ort
-  python3 benchmarks/bench_gpu_serve.py run /tmp/ckpt --out "$OUT" --audio-dir /tmp/q "$@"
+  python3 benchmarks/bench_gpu_serve.py run /tmp/ckpt --out "$OUT" --audio-dir /tmp/q $(profiler) "$@"
   ;;
 esac
 # the device returns a bounded number of files: the run's files travel as one archive

@@ -45,9 +45,11 @@ def _alive(pid: int) -> bool:
 
 
 @contextmanager
-def serve_subprocess() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def serve_subprocess(env: dict[str, str] | None = None
+                     ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", SERVE.format(tests=str(TESTS)), str(port)])
+    proc = subprocess.Popen([sys.executable, "-c", SERVE.format(tests=str(TESTS)), str(port)],
+                            env={**os.environ, **(env or {})})
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60 * TIME_FACTOR
@@ -125,3 +127,14 @@ async def test_sigterm_to_the_server_drains_the_reply_then_closes_1001_and_exits
         while _alive(engine_pid):  # the engine child goes with it (a zombie at most)
             assert time.monotonic() < deadline, "engine process outlived the server"
             await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("setting, deflate", [(None, False), ("true", True)])
+async def test_websocket_compression_is_negotiated_only_when_enabled(setting, deflate):
+    # the websockets client offers permessage-deflate; the server takes it only when asked
+    env = {"VOXLINE_WS_COMPRESSION": setting} if setting else {}
+    with serve_subprocess(env) as (_, base):
+        async with connect(base.replace("http", "ws") + "/v1/realtime") as ws:
+            assert (await _recv(ws))["type"] == "session.created"
+            names = [type(ext).__name__ for ext in ws.protocol.extensions]
+            assert ("PerMessageDeflate" in names) is deflate, names

@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     send_buffer_kb: int = Field(default=1024, ge=16, description="KiB of events queued for a "
                                 "client that stopped reading before its connection is "
                                 "dropped; other sessions are unaffected")
+    ws_compression: bool = Field(default=False, description="permessage-deflate on WebSockets "
+                                 "when the client offers it; off because base64 audio barely "
+                                 "compresses and deflating every audio delta was the server "
+                                 "process's largest cost at 64 sessions (py-spy, one H200)")
     speculate_after_ms: float = Field(default=160.0, ge=0, description="a pause this long in "
                                       "a server-VAD turn starts its transcript and reply "
                                       "speculatively, so the reply is ready when the turn "

@@ -68,6 +68,7 @@ def serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop",
                             ws="websockets-sansio", log_level="info",
                             ws_max_size=settings.max_event_bytes + 1024,
+                            ws_per_message_deflate=settings.ws_compression,
                             timeout_graceful_shutdown=5)
     server = DrainingServer(config, open_sessions(app), settings.shutdown_grace)
     server.run()

@@ -643,6 +643,65 @@ def markdown_table(results: dict[str, list[TurnTiming]]) -> None:
                   f"{sum(t.false_cut for t in turns)} |")
 
 
+TRACE_STEPS = ("asr_start", "asr_landed", "speculation_started", "first_delta",
+               "first_segment", "turn_stopped", "commit", "first_audio")
+
+
+class TraceRecords(logging.Handler):
+    """Collects the engine's ``voxline.trace`` milestones (see voxline.engines.trace)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def trace_timeline(lines: Sequence[str]) -> str:
+    """Median milestones of the turns that spoke, in ms after the engine saw the speech
+    fall silent (``speech_ended``, 64 ms into the silence), plus the LLM's work by the
+    reply's first text and first segment."""
+    import re
+
+    pattern = re.compile(r"t=([\d.]+) stream=(\S+) (\S+)(.*)")
+    turns: list[dict[str, float]] = []
+    current: dict[str, dict[str, float]] = {}
+    for line in lines:
+        m = pattern.match(line)
+        if m is None:
+            continue
+        t, stream, event, rest = float(m.group(1)), m.group(2), m.group(3), m.group(4)
+        fields = dict(f.split("=", 1) for f in rest.split() if "=" in f)
+        if event == "speech_ended":
+            current[stream] = {"t0": t}
+            continue
+        turn = current.get(stream)
+        if turn is None:
+            continue
+        if event.startswith("asr_") and fields.get("kind") not in ("take", "pause", "final"):
+            continue  # partials
+        turn.setdefault(event, t - turn["t0"])
+        for key in ("prompt", "cached", "tokens", "llm_ms"):
+            if key in fields and fields[key] != "None":
+                turn.setdefault(f"{event}.{key}", float(fields[key]))
+        if event == "first_audio" and "turn_stopped" in turn:
+            turns.append(current.pop(stream))
+    if not turns:
+        return "trace: no turn reached its first audio"
+    out = [f"trace: median of {len(turns)} turns, ms after speech_ended (64 ms into the silence)"]
+    for step in TRACE_STEPS:
+        vals = [tr[step] for tr in turns if step in tr]
+        if vals:
+            out.append(f"  {step:<20} {pct(vals, 50):6.0f}   (p95 {pct(vals, 95):.0f}, n={len(vals)})")
+    for key in ("first_delta.prompt", "first_delta.cached", "first_delta.llm_ms",
+                "first_segment.tokens", "first_segment.llm_ms"):
+        vals = [tr[key] for tr in turns if key in tr]
+        if vals:
+            out.append(f"  {key:<20} {pct(vals, 50):6.0f}")
+    return "\n".join(out)
+
+
 def median_ms(turns: Sequence[TurnTiming], part: Callable[[TurnTiming], float | None]) -> str:
     vals = [v for v in (part(t) for t in turns) if v is not None]
     return f"{pct(vals, 50):5.0f}" if vals else "    -"
@@ -679,6 +738,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured turns per mode first")
     ap.add_argument("--threads", type=int, default=0,
                     help="engine threads (core setting `threads`; 0 = VOXLINE_THREADS, else half the CPUs)")
+    ap.add_argument("--trace", action="store_true",
+                    help="also print the median timeline of the engine's turn milestones "
+                         "(pause transcript, speculation, first token, first segment, first "
+                         "audio); one variant, --mode inprocess")
     args = ap.parse_args(argv)
     args.modes = [m.strip() for m in args.mode.split(",") if m.strip()]
     if not args.modes or any(m not in MODES for m in args.modes):
@@ -699,6 +762,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--variants spec-text and held need --mode inprocess or process: the "
                  "server has no settings for them")
     args.variants = {n: LADDER[n] for n in names}
+    if args.trace and (args.modes != ["inprocess"] or len(variant_grid(args)) != 1):
+        ap.error("--trace needs --mode inprocess and one variant (the milestones of "
+                 "interleaved engines would mix)")
     return args
 
 
@@ -728,6 +794,11 @@ async def amain(args: argparse.Namespace) -> int:
           f"{'run to the end' if args.full_replies else 'cancelled after their first audio chunk'}")
 
     variants: dict[str, EngineClient | WsServer] = {}
+    traced = TraceRecords()
+    if args.trace:
+        trace_logger = logging.getLogger("voxline.trace")
+        trace_logger.setLevel(logging.DEBUG)
+        trace_logger.addHandler(traced)
     try:
         for mode in args.modes:
             for name, v in variant_grid(args).items():
@@ -787,6 +858,8 @@ async def amain(args: argparse.Namespace) -> int:
                 print_turn(i, t, clip)
         summarize(results)
         markdown_table(results)
+        if args.trace:
+            print(trace_timeline(traced.lines))
         print(f"machine at end: {load_note()}")
     finally:
         for target in variants.values():

@@ -271,3 +271,21 @@ def test_the_early_pause_transcript_setting_reaches_the_engine(monkeypatch):
     for value in (False, True):
         factory.make_engine_core(lambda: None, {"early_pause_transcript": value})
         assert seen["early_pause_transcript"] is value
+
+
+def test_a_speculated_turn_logs_its_milestones_in_order(caplog):
+    """`voxline.trace` (DEBUG): what bench_pipeline --trace lines up, in causal order."""
+    import re
+
+    with caplog.at_level("DEBUG", logger="voxline.trace"):
+        _client_audio(True)
+    lines = [r.getMessage() for r in caplog.records if r.name == "voxline.trace"]
+    events = [(float(m.group(1)), m.group(2), m.group(3)) for line in lines
+              if (m := re.match(r"t=([\d.]+) stream=(\S+) (\S+)", line))]
+    names = [e for _, _, e in events]
+    assert len({s for _, s, _ in events}) == 1  # one stream's turn
+    assert [t for t, _, _ in events] == sorted(t for t, _, _ in events)
+    order = ["speech_ended", "asr_start", "asr_landed", "speculation_started", "first_delta",
+             "first_segment", "first_audio", "turn_stopped", "commit"]
+    assert [names.index(n) for n in order] == sorted(names.index(n) for n in order), names
+    assert lines[names.index("first_audio")].endswith("held=True")

@@ -26,6 +26,7 @@ import numpy as np
 from voxline.engines.input_audio import Utterance
 from voxline.engines.models.whisper_asr import TranscriptionOptions
 from voxline.engines.stage import StreamId
+from voxline.engines.trace import trace
 
 __all__ = ["ASRJob", "ASRModel", "ASRStage", "BatchASRModel", "TranscriptionOptions"]
 
@@ -137,6 +138,10 @@ class ASRStage:
         rest.extend(self._jobs)
         self._jobs = rest
         self._running = plan
+        for job in plan:
+            trace(job.stream_id, "asr_start", kind="pause" if job.pause is not None else
+                  "final" if job.final else "take" if job.early is not None else "partial",
+                  audio_ms=round(len(job.audio) / 16))
         return plan
 
     def execute(self, plan: ASRPlan) -> list[str]:

@@ -57,6 +57,7 @@ from voxline.engines.speech_model import SpeechOut
 from voxline.engines.stage import StreamId
 from voxline.engines.streams import StreamState
 from voxline.engines.text_chunker import TextChunker
+from voxline.engines.trace import trace
 from voxline.engines.tts_stage import SpeechOwner, TTSPlan, TTSStage
 from voxline.engines.warm_prefill import WarmPrefills
 
@@ -338,6 +339,7 @@ class Responses:
         self._runs[sid] = run
         assert run.request is not None
         self.llm.add(run.request)
+        trace(stream.internal_id, "speculation_started")
         self._emit(p.Speculation(stream.external_id, p.SpeculationOutcome.STARTED))
 
     def turn_ended(self, stream: StreamState, item_id: str) -> None:
@@ -351,6 +353,7 @@ class Responses:
         spec = run.speculative
         assert spec is not None
         run.speculative = None
+        trace(stream.internal_id, "commit", held=len(spec.held))
         run.response_id, run.item_id = msg.response_id, msg.item_id
         self._emit(p.Speculation(stream.external_id, p.SpeculationOutcome.COMMITTED))
         for out in spec.held:
@@ -438,6 +441,10 @@ class Responses:
                 and text.startswith(response.emitted)):  # else a tokenizer merge rewrote the tail
             delta = text[len(response.emitted):]
             if delta:
+                if not response.emitted:
+                    trace(stream.internal_id, "first_delta", prompt=req.prompt_tokens,
+                          cached=req.cached_tokens, tokens=len(req.generated),
+                          llm_ms=round(response.llm_ms))
                 response.emitted = text
                 self._send(response, p.ReplyTextDelta(stream.external_id, response.response_id, delta))
                 if response.config.audio:
@@ -476,6 +483,10 @@ class Responses:
             if not run.speech_ready:
                 continue
             if run.tts_job is None:
+                if not run.segments:
+                    trace(sid, "first_segment", text=repr(run.tts_queue[0]),
+                          tokens=len(run.request.generated) if run.request else None,
+                          llm_ms=round(run.llm_ms))
                 run.segments += 1
                 run.tts_job = self.tts.add(SpeechOwner(sid, run.key),
                                            run.tts_queue.popleft(), run.speed, run.config.seed,
@@ -500,6 +511,8 @@ class Responses:
         if out.text and not len(out.audio) and response.spans:  # its audio was in earlier chunks
             response.spans[-1].text = f"{response.spans[-1].text} {out.text}"
         if len(out.audio):
+            if not response.audio_ms:
+                trace(stream.internal_id, "first_audio", held=response.speculative is not None)
             audio = np.asarray(out.audio, dtype=np.float32)
             ms = len(audio) * 1000 / out.sample_rate
             if out.text or not response.spans:

@@ -53,6 +53,7 @@ from voxline.engines.input_audio import (
 from voxline.engines.responses import Responses
 from voxline.engines.stage import StreamId
 from voxline.engines.streams import StreamRegistry, StreamState
+from voxline.engines.trace import trace
 from voxline.engines.vad_stage import VADFrame, VADPlan, VADStage
 from voxline.engines.warm_prefill import WarmPrefills
 
@@ -180,6 +181,7 @@ class Turns:
                 self.responses.discard_speculation(stream)  # (a lingering one: never asked for)
                 self._emit(p.VoiceStarted(sid, int(turn.audio_start_ms), turn.utterance.item_id))
             case TurnStopped():
+                trace(stream.internal_id, "turn_stopped")
                 utt = turn.utterance
                 self._takes.pop(stream.internal_id, None)  # (one in flight knows its pause)
                 self._emit(p.VoiceStopped(sid, int(turn.audio_end_ms), utt.item_id))
@@ -191,8 +193,10 @@ class Turns:
                 else:
                     self._queue_final(stream, utt.item_id, utt.audio())
             case SpeechEnded() if self.early_pause:
+                trace(stream.internal_id, "speech_ended")
                 self._take_early(stream, turn.utterance)
             case TurnPaused():
+                trace(stream.internal_id, "paused")
                 self._paused(stream, turn.utterance)
             case TurnResumed():
                 self.responses.discard_speculation(stream)
@@ -264,6 +268,9 @@ class Turns:
         stream = self.registry.live(job.stream_id)
         if stream is None:
             return  # closed meanwhile
+        trace(stream.internal_id, "asr_landed", model_ms=round(seconds * 1000),
+              kind="pause" if job.pause is not None else "final" if job.final
+              else "take" if job.early is not None else "partial")
         if job.pause is not None:
             self._pause_transcribed(stream, job, text, seconds)
         elif job.final:

@@ -198,3 +198,17 @@ async def test_a_client_that_stops_reading_is_dropped_and_the_others_keep_talkin
             assert stalled.close_code not in (1000, 1001)
         print(f"healthy session's turns while a neighbour stalled: "
               f"{', '.join(f'{1000 * t:.0f}' for t in turns)} ms")
+
+
+def test_engine_streams_follow_max_sessions(monkeypatch):
+    # they were fixed at 64: with --max-sessions 100 the 65th session's stream was refused
+    from voxline.engines import factory
+
+    seen: dict = {}
+    monkeypatch.setattr(factory, "load_models", lambda *a, **k: None)
+    monkeypatch.setattr(factory, "EngineCore", lambda models, wake, **kw: seen.update(kw))
+    for sessions in (8, 100):
+        factory.make_engine_core(lambda: None, {"max_sessions": sessions})
+        assert seen["max_streams"] == sessions + factory.REQUEST_STREAMS
+    factory.make_engine_core(lambda: None, {"max_sessions": 8}, max_streams=3)
+    assert seen["max_streams"] == 3

@@ -316,18 +316,26 @@ def probe_device(device: str, footprint: Footprint) -> DeviceBudget:
 
 
 
+# Engine streams beside the sessions': /v1/audio/speech, transcription, voice and video
+# requests each hold one while they run.
+REQUEST_STREAMS = 64
+
+
 def make_engine_core(wake: Callable[[], None], settings: Mapping[str, Any] | None = None, *,
-                     llm_path: str | None = None, max_streams: int = 64,
+                     llm_path: str | None = None, max_streams: int | None = None,
                      **fields: object) -> EngineCore:
     """Core factory for engine clients (`DEFAULT_CORE`): models and core from Settings.
 
     `settings` is a ``Settings.model_dump(mode="json")`` (what `make_engine` sends); without
-    it the environment is read. `fields` override Settings fields by name (tests and
+    it the environment is read. `max_streams` (engine streams open at once) defaults to
+    ``max_sessions`` plus `REQUEST_STREAMS`. `fields` override Settings fields by name (tests and
     benchmarks: ``{"speculate_after_ms": 0}``); an unknown name is an error.
     """
     resolved = settings_from_dump(settings, **fields)
     # one KV-cache slot per conversation: the server admits at most max_sessions of them
     models = load_models(resolved, llm_path=llm_path, max_slots=resolved.max_sessions)
+    if max_streams is None:  # every admitted session, and the HTTP requests beside them
+        max_streams = resolved.max_sessions + REQUEST_STREAMS
     return EngineCore(models, wake, max_streams=max_streams,
                       max_responses=resolved.max_responses,
                       speculate_after_ms=resolved.speculate_after_ms,

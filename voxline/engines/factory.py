@@ -61,6 +61,17 @@ def model_threads(settings: Settings) -> int:
     return settings.threads or max(1, (os.cpu_count() or 2) // 2)
 
 
+def persistent_compile_cache(settings: Settings) -> str:
+    """Point torch.compile's cache (Inductor's, ``TORCHINDUCTOR_CACHE_DIR``) into the
+    voxline cache unless the environment already names one; returns the directory.
+
+    Inductor's default is under /tmp, which a reboot or a fresh container empties: on an
+    H200 a cold start compiles every bucket again (~290 s), a warm one took 94 s."""
+    path = os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(settings.cache / "inductor"))
+    logger.info("torch.compile cache: %s", path)
+    return path
+
+
 def load_models(settings: Settings | None = None, *, llm_path: str | None = None,
                 max_slots: int = 8, max_len: int = LLM_POSITIONS) -> Models:
     """Load VAD, ASR, LLM, TTS and the end-of-turn model (shipped weights unless `llm_path`
@@ -71,6 +82,7 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     settings = settings or load_settings()
     threads = model_threads(settings)
     torch.set_num_threads(threads)
+    persistent_compile_cache(settings)
     t0 = time.perf_counter()
     vad = SileroVAD.load(threads=1)
     asr = load_asr(settings, threads)

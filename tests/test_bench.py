@@ -217,5 +217,5 @@ def test_a_broken_conversation_fails_its_remaining_turns() -> None:
     results = [RequestResult(ok=True), RequestResult(), RequestResult()]
     _fail_from(results, 1, "closed_1011", 0.0)
     assert [(r.ok, r.error) for r in results] == [(True, None), (False, "closed_1011"),
-                                                  (False, "closed_1011")]
+                                                  (False, "after_closed_1011")]
     assert results[1].wall_s > 0

@@ -197,7 +197,7 @@ async def realtime_conversation(base: str, turns: list[Turn], opts: argparse.Nam
     Like a person, the client starts its next question only once the previous reply has
     played out at real time (the simulated player of `simulate_playout`) and THINK_S more,
     so a turn never barges in on the one before. A turn's clock starts at its first send.
-    If the session breaks, the turns not yet finished carry that error."""
+    A failed turn ends the conversation (see `_fail_from`)."""
     import websockets
 
     results = [RequestResult() for _ in turns]
@@ -248,9 +248,13 @@ class _TurnFailed(Exception):
 
 
 def _fail_from(results: list[RequestResult], current: int, error: str, started: float) -> None:
-    """Turn `current` (and every later one) failed with `error`; earlier turns stand."""
-    for res in results[current:]:
-        res.ok, res.error = False, res.error or error
+    """Turn `current` failed with `error` and the conversation ended there: the turns it
+    did not reach count as ``after_<error>`` (told apart from failures of their own);
+    earlier turns stand."""
+    first = results[current]
+    first.ok, first.error = False, first.error or error
+    for res in results[current + 1:]:
+        res.ok, res.error = False, f"after_{first.error}"
     if not results[current].wall_s:
         results[current].wall_s = time.perf_counter() - started
 

@@ -106,3 +106,31 @@ def test_a_deeply_nested_message_is_an_error_and_the_session_lives_on():
             err = ws.receive_json()  # still served: the item does not exist
             assert err["error"]["code"] == "item_retrieve_invalid_item_id"
             assert err["error"]["event_id"] == "after"
+
+
+def test_a_client_that_reconnects_at_once_finds_its_slot_free(monkeypatch):
+    # the engine confirms a stream's close some time after the client left (slow here);
+    # the slot is the client's, so it is free as soon as the client has gone
+    from voxline.engines.client import StreamHandle
+
+    confirmed = []
+    close = StreamHandle.aclose
+
+    async def slow_close(self, *args, **kwargs):
+        import asyncio
+
+        await asyncio.sleep(1.0)
+        await close(self, *args, **kwargs)
+        confirmed.append(self.stream_id)
+
+    monkeypatch.setattr(StreamHandle, "aclose", slow_close)
+    with make_client(max_sessions=1) as client:
+        with client.websocket_connect("/v1/realtime") as first:
+            assert first.receive_json()["type"] == "session.created"
+        with client.websocket_connect("/v1/realtime") as second:
+            assert second.receive_json()["type"] == "session.created"
+            assert not confirmed  # the first stream is still closing in the engine
+            with client.websocket_connect("/v1/realtime") as third:  # the limit still holds
+                with pytest.raises(WebSocketDisconnect) as refused:
+                    third.receive_json()
+            assert refused.value.code == 1013

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -116,10 +116,14 @@ def open_sessions(app: object) -> OpenSessions:
     return sessions
 
 
-async def _client_events(ws: WebSocket, max_bytes: int) -> AsyncIterator[ClientCommand | ProtocolError]:
+async def _client_events(ws: WebSocket, max_bytes: int, left: Callable[[], None]
+                         ) -> AsyncIterator[ClientCommand | ProtocolError]:
+    """The client's events until it disconnects; then `left()` (before the session's
+    clean-up, which waits for the engine to close the stream)."""
     while True:
         message = await ws.receive()
         if message["type"] == "websocket.disconnect":
+            left()
             return
         text = message.get("text")
         if text is None:
@@ -198,7 +202,11 @@ async def _serve(ws: WebSocket, admission: Admission, access: Access,
         code, reason = 1000, ""
         outbox.start()
         try:
-            await sessions.serve(runner, _client_events(ws, settings.max_event_bytes))
+            # the slot is freed once the client has gone, not once the engine confirmed the
+            # stream's close: a client that reconnects at once is not refused at capacity
+            # (the engine keeps streams beyond max_sessions for that overlap)
+            await sessions.serve(runner, _client_events(ws, settings.max_event_bytes,
+                                                        admission.release))
         except (SessionEnded, SlowClient) as end:
             code, reason = end.code, end.reason
         except WebSocketDisconnect:

@@ -180,13 +180,6 @@ async def speech_request(base: str, text: str, opts: argparse.Namespace) -> Requ
     return res
 
 
-async def realtime_request(base: str, audio: np.ndarray | None, opts: argparse.Namespace,
-                           text: str | None = None) -> RequestResult:
-    """One turn over /v1/realtime: `audio` streamed at real time, or (``audio`` None) `text`
-    as a user message item and ``response.create``, timed from that send."""
-    return (await realtime_conversation(base, [(audio, text)], opts))[0]
-
-
 Turn = tuple["np.ndarray | None", "str | None"]  # (spoken question, or None and its text)
 
 

@@ -71,6 +71,13 @@ class ASRJob:
     def urgent(self) -> bool:
         return self.final or self.pause is not None
 
+    @property
+    def kind(self) -> str:
+        """"pause", "final", "take" (an early take) or "partial" (for traces)."""
+        if self.pause is not None:
+            return "pause"
+        return "final" if self.final else "take" if self.early is not None else "partial"
+
 
 ASRPlan = list[ASRJob]
 
@@ -139,9 +146,7 @@ class ASRStage:
         self._jobs = rest
         self._running = plan
         for job in plan:
-            trace(job.stream_id, "asr_start", kind="pause" if job.pause is not None else
-                  "final" if job.final else "take" if job.early is not None else "partial",
-                  audio_ms=round(len(job.audio) / 16))
+            trace(job.stream_id, "asr_start", kind=job.kind, audio_ms=round(len(job.audio) / 16))
         return plan
 
     def execute(self, plan: ASRPlan) -> list[str]:

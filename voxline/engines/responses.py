@@ -484,9 +484,9 @@ class Responses:
                 continue
             if run.tts_job is None:
                 if not run.segments:
-                    trace(sid, "first_segment", text=repr(run.tts_queue[0]),
+                    trace(sid, "first_segment",  # free text last: the fields split on spaces
                           tokens=len(run.request.generated) if run.request else None,
-                          llm_ms=round(run.llm_ms))
+                          llm_ms=round(run.llm_ms), text=repr(run.tts_queue[0]))
                 run.segments += 1
                 run.tts_job = self.tts.add(SpeechOwner(sid, run.key),
                                            run.tts_queue.popleft(), run.speed, run.config.seed,

@@ -268,9 +268,7 @@ class Turns:
         stream = self.registry.live(job.stream_id)
         if stream is None:
             return  # closed meanwhile
-        trace(stream.internal_id, "asr_landed", model_ms=round(seconds * 1000),
-              kind="pause" if job.pause is not None else "final" if job.final
-              else "take" if job.early is not None else "partial")
+        trace(stream.internal_id, "asr_landed", model_ms=round(seconds * 1000), kind=job.kind)
         if job.pause is not None:
             self._pause_transcribed(stream, job, text, seconds)
         elif job.final:

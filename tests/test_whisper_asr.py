@@ -216,6 +216,3 @@ def test_a_whisper_server_accepts_its_languages_and_a_prompt(checkpoint):
     assert caught.value.param == LANGUAGE
 
 
-def test_moonshine_on_a_gpu_is_refused_by_name():
-    with pytest.raises(ValueError, match="asr_device=cuda: Moonshine runs on the CPU"):
-        load_asr(Settings(asr_device="cuda"), threads=1)

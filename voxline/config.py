@@ -111,15 +111,16 @@ class Settings(BaseSettings):
     asr: str = Field(default="moonshine", pattern=r"^(moonshine|whisper:.+)$",
                      json_schema_extra={"metavar": "moonshine|whisper:<checkpoint dir>"},
                      description="speech recognition: 'moonshine' (shipped base-en, "
-                                 "English only, onnxruntime on the CPU) or "
+                                 "English only; onnxruntime on the CPU, torch on a GPU) or "
                                  "'whisper:<checkpoint dir>' (any transformers "
                                  "WhisperForConditionalGeneration checkpoint, e.g. "
                                  "large-v3-turbo; batched across sessions, takes "
                                  "transcription language and prompt)")
     asr_device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$",
                             json_schema_extra={"metavar": "cpu|cuda[:N]"},
-                            description="torch device of a Whisper ASR (bfloat16 on cuda); "
-                                        "Moonshine always runs on the CPU")
+                            description="device of the ASR: on cuda Moonshine runs through "
+                                        "torch (float32) and Whisper in bfloat16, both "
+                                        "batched across sessions")
     asr_workers: int = Field(default=1, ge=1, le=64,
                              description="Moonshine transcriptions run at once, each on "
                                          "threads/asr_workers cores: on a many-core server "

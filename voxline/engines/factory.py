@@ -153,13 +153,23 @@ def llm_device(settings: Settings) -> str:
 
 
 def load_asr(settings: Settings, threads: int) -> ASRModel:
-    """The ASR `settings.asr` names: the shipped Moonshine (onnxruntime, CPU) or a Whisper
-    checkpoint on `asr_device`, batched up to one job per session."""
+    """The ASR `settings.asr` names on `asr_device`: the shipped Moonshine (onnxruntime on
+    the CPU; torch on a GPU) or a Whisper checkpoint; on a GPU batched up to one job per
+    session."""
     checkpoint = settings.whisper_checkpoint
+    gpu = settings.asr_device.startswith("cuda")
+    if gpu and settings.asr_workers != 1:
+        raise ValueError(f"asr_workers={settings.asr_workers} applies to Moonshine on the CPU; "
+                         f"on asr_device={settings.asr_device} the ASR batches every session's "
+                         "jobs (use asr_workers=1)")
+    if gpu and not torch.cuda.is_available():
+        raise ValueError(f"asr_device={settings.asr_device}, but this machine has no CUDA GPU "
+                         f"(torch {torch.__version__}); use asr_device=cpu")
+    if checkpoint is None and gpu:
+        from voxline.engines.models.moonshine_torch import MoonshineTorchASR
+
+        return MoonshineTorchASR.load(settings.asr_device, max_batch=settings.max_sessions)
     if checkpoint is None:
-        if settings.asr_device != "cpu":
-            raise ValueError(f"asr_device={settings.asr_device}: Moonshine runs on the CPU "
-                             "(onnxruntime); a GPU ASR needs asr=whisper:<checkpoint dir>")
         from voxline.engines.models.moonshine_asr import MoonshineASR
 
         workers = settings.asr_workers
@@ -171,9 +181,6 @@ def load_asr(settings: Settings, threads: int) -> ASRModel:
     if settings.asr_workers != 1:
         raise ValueError(f"asr_workers={settings.asr_workers} applies to Moonshine; a Whisper "
                          "ASR batches every session's jobs on its device (use asr_workers=1)")
-    if settings.asr_device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"asr_device={settings.asr_device}, but this machine has no CUDA GPU "
-                         f"(torch {torch.__version__}); use asr_device=cpu")
     from voxline.engines.models.whisper_asr import WhisperASR
 
     return WhisperASR.load(checkpoint, settings.asr_device, max_batch=settings.max_sessions)
@@ -301,6 +308,9 @@ def gpu_footprints(settings: Settings) -> tuple[dict[str, Footprint], dict[str, 
     checkpoint = settings.whisper_checkpoint
     if checkpoint is not None and settings.asr_device.startswith("cuda"):
         add("asr_device", settings.asr_device, bf16_weights_footprint(Path(checkpoint), "ASR"))
+    elif settings.asr_device.startswith("cuda"):
+        add("asr_device", settings.asr_device,
+            Footprint(weights=MOONSHINE_GPU_BYTES, parts=("ASR",)))
     if on and settings.video:  # Helios loads on the default GPU whenever there is one
         add("video", "cuda", bf16_weights_footprint(Path(settings.video.partition(":")[2]),
                                                     "video"))
@@ -331,6 +341,8 @@ def probe_device(device: str, footprint: Footprint) -> DeviceBudget:
 # Engine streams beside the sessions': /v1/audio/speech, transcription, voice and video
 # requests each hold one while they run.
 REQUEST_STREAMS = 64
+# Moonshine base on a GPU: 61.5 M float32 parameters (246 MB) and its decoding batch.
+MOONSHINE_GPU_BYTES = 320 << 20
 
 
 def make_engine_core(wake: Callable[[], None], settings: Mapping[str, Any] | None = None, *,

@@ -57,6 +57,29 @@ BOS_ID = 1  # decoder start token <s>
 EOS_ID = 2  # </s>
 
 
+MAX_SAMPLES = 64 * SAMPLE_RATE  # Moonshine's limit for one call
+TOKENS_PER_SECOND = 6.5  # decode budget: this many tokens per audio second ...
+EXTRA_TOKENS = 6  # ... plus this margin for short clips
+
+
+def token_budget(num_samples: int) -> int:
+    """Most tokens decoded for a clip of `num_samples` (stops runaway repetition)."""
+    return math.ceil(num_samples / SAMPLE_RATE * TOKENS_PER_SECOND) + EXTRA_TOKENS
+
+
+def checked_clip(audio: np.ndarray) -> np.ndarray:
+    """`audio` as contiguous 1-D float32; ValueError for other shapes or over 64 s."""
+    audio = np.asarray(audio, dtype=np.float32)
+    if audio.ndim != 1:
+        raise ValueError(f"audio must be 1-D mono samples, got shape {list(audio.shape)}")
+    if len(audio) > MAX_SAMPLES:
+        raise ValueError(
+            f"audio is {len(audio) / SAMPLE_RATE:.1f} s; {_MODEL} takes at most "
+            f"{MAX_SAMPLES // SAMPLE_RATE} s per call: segment it (e.g. with VAD)"
+        )
+    return np.ascontiguousarray(audio)
+
+
 class MoonshineTokenizer:
     """Token id -> text for Moonshine's `tokenizer.bin` (a SentencePiece vocabulary).
 
@@ -151,6 +174,15 @@ def _name_subgraphs(model_bytes: bytes) -> bytes:
     return model.SerializeToString()
 
 
+def ort_to_onnx(src: Path, dst: Path) -> None:
+    """Write the ORT-format model `src` out as an ONNX model `dst`, unchanged."""
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.optimized_model_filepath = str(dst)
+    opts.add_session_config_entry("session.save_model_format", "ONNX")
+    ort.InferenceSession(str(src), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
 def folded_copy(src: Path, cache_dir: Path) -> Path:
     """Cached ORT-format copy of `src` with its weight-rebuilding nodes constant-folded.
 
@@ -171,11 +203,7 @@ def folded_copy(src: Path, cache_dir: Path) -> Path:
         tempfile.TemporaryDirectory(dir=cache_dir) as tmp,
     ):
         as_onnx = Path(tmp) / "model.onnx"
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        opts.optimized_model_filepath = str(as_onnx)
-        opts.add_session_config_entry("session.save_model_format", "ONNX")
-        ort.InferenceSession(str(src), sess_options=opts, providers=providers)
+        ort_to_onnx(src, as_onnx)
         folded = Path(tmp) / "model.ort"
         opts = ort.SessionOptions()
         # BASIC = constant folding and redundancy elimination: no hardware-specific kernels.
@@ -194,9 +222,7 @@ class MoonshineASR:
 
     SAMPLE_RATE = SAMPLE_RATE
     MIN_SAMPLES = SAMPLE_RATE // 10  # 0.1 s: shorter clips are transcribed as ""
-    MAX_SAMPLES = 64 * SAMPLE_RATE  # Moonshine's limit for one call
-    TOKENS_PER_SECOND = 6.5  # decode budget: this many tokens per audio second ...
-    EXTRA_TOKENS = 6  # ... plus this margin for short clips
+    MAX_SAMPLES = MAX_SAMPLES
     stops_early = True  # `transcribe` takes `stop` (the ASR stage's superseded partials)
 
     def __init__(
@@ -283,19 +309,10 @@ class MoonshineASR:
         return cls(encoder, decoder, tokenizer, directory, folded)
 
     def max_tokens(self, num_samples: int) -> int:
-        """Decode budget for a clip of `num_samples` (stops runaway repetition)."""
-        return math.ceil(num_samples / SAMPLE_RATE * self.TOKENS_PER_SECOND) + self.EXTRA_TOKENS
+        return token_budget(num_samples)
 
     def _check(self, audio: np.ndarray) -> np.ndarray:
-        audio = np.asarray(audio, dtype=np.float32)
-        if audio.ndim != 1:
-            raise ValueError(f"audio must be 1-D mono samples, got shape {list(audio.shape)}")
-        if len(audio) > self.MAX_SAMPLES:
-            raise ValueError(
-                f"audio is {len(audio) / SAMPLE_RATE:.1f} s; {_MODEL} takes at most "
-                f"{self.MAX_SAMPLES // SAMPLE_RATE} s per call: segment it (e.g. with VAD)"
-            )
-        return np.ascontiguousarray(audio)
+        return checked_clip(audio)
 
     def encode(self, audio: np.ndarray) -> np.ndarray:
         """Encoder states [1, frames, 416] for one clip of at least MIN_SAMPLES."""

@@ -1,0 +1,130 @@
+"""Moonshine base-en through torch (the GPU ASR's eager twin, run here on the CPU): the
+shipped weights read out of the ORT files must give onnxruntime's results."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from speech import espeak
+
+from voxline.config import Settings
+from voxline.engines.asr_stage import ASRJob, ASRStage, BatchASRModel
+from voxline.engines.factory import gpu_footprints, load_asr
+from voxline.engines.models.moonshine_asr import BOS_ID, MoonshineASR
+from voxline.engines.models.moonshine_torch import (
+    MoonshineTorchASR,
+    build_model,
+    shipped_state_dict,
+)
+from voxline.engines.models.whisper_asr import TranscriptionOptions
+
+DEFAULT = TranscriptionOptions()
+
+
+@pytest.fixture(scope="module")
+def state() -> dict[str, torch.Tensor]:
+    return shipped_state_dict()
+
+
+@pytest.fixture(scope="module")
+def asr(state: dict[str, torch.Tensor]) -> MoonshineTorchASR:
+    from voxline.engines.models.moonshine_asr import MoonshineTokenizer, shipped_model_dir
+
+    tokenizer = MoonshineTokenizer.from_file(shipped_model_dir() / "tokenizer.bin")
+    return MoonshineTorchASR(build_model(state), tokenizer, max_batch=4)
+
+
+@pytest.fixture(scope="module")
+def reference() -> MoonshineASR:
+    return MoonshineASR.load()
+
+
+@pytest.fixture(scope="module")
+def clips() -> list[np.ndarray]:
+    return [espeak("What is the capital of France?"),
+            espeak("Please set a timer for ten minutes and turn off the kitchen lights."),
+            espeak("Good morning.")]
+
+
+def test_it_is_a_batched_model_for_the_stage(asr: MoonshineTorchASR) -> None:
+    assert isinstance(asr, BatchASRModel) and ASRStage(asr).max_batch() == 4
+
+
+def test_encoder_and_logits_match_onnxruntime(asr: MoonshineTorchASR, reference: MoonshineASR,
+                                              clips: list[np.ndarray]) -> None:
+    """Same encoder states and teacher-forced logits as the ORT graphs, to float rounding."""
+    for clip in clips[:2]:
+        ours = asr.encode(clip)
+        theirs = reference.encode(clip)
+        assert ours.shape == theirs.shape
+        np.testing.assert_allclose(ours.numpy(), theirs, atol=1e-4)
+        ids = [BOS_ID, *reference.decode(theirs, reference.max_tokens(len(clip)))]
+        logits = asr.logits_of(ours, ids).numpy()
+        feed = {"input_ids": np.array([ids], np.int64), "encoder_hidden_states": theirs,
+                "use_cache_branch": np.array([False])}
+        for name in reference._past_names:
+            feed[name] = np.zeros((1, reference._heads, 0, reference._head_dim), np.float32)
+        (ort_logits,) = reference.decoder.run(["logits"], feed)
+        np.testing.assert_allclose(logits, ort_logits[0], atol=2e-3)
+        assert (logits.argmax(-1) == ort_logits[0].argmax(-1)).all()
+
+
+def test_batched_transcripts_are_onnxruntimes(asr: MoonshineTorchASR, reference: MoonshineASR,
+                                              clips: list[np.ndarray]) -> None:
+    """Clips of different lengths decoded in one batch give each clip's own transcript,
+    the ORT model's, in order; a clip under 0.1 s is ""."""
+    batch = [clips[0], np.zeros(400, np.float32), clips[1], clips[2]]
+    texts = asr.transcribe_many(batch, [DEFAULT] * len(batch))
+    assert texts == [reference.transcribe(c) for c in batch]
+    assert "capital" in texts[0].lower() and "kitchen" in texts[2].lower() and texts[1] == ""
+    assert [asr.transcribe(c) for c in batch] == texts
+    assert asr.transcribe_many([], []) == []
+
+
+def test_the_stage_runs_a_plan_through_it(asr: MoonshineTorchASR, clips: list[np.ndarray]) -> None:
+    stage = ASRStage(asr)
+    for i, clip in enumerate(clips):
+        stage.add(ASRJob(stream_id=i, item_id=f"item_{i}", audio=clip, final=True))
+    plan = stage.schedule()
+    assert plan is not None and len(plan) == 3
+    texts = stage.update(plan, stage.execute(plan))
+    assert "france" in texts[0].lower() and "kitchen" in texts[1].lower()
+
+
+def test_options_it_cannot_honour_are_refused(asr: MoonshineTorchASR,
+                                              clips: list[np.ndarray]) -> None:
+    with pytest.raises(ValueError, match="'fr'.*English only"):
+        asr.transcribe_many([clips[2]], [TranscriptionOptions(language="fr")])
+    with pytest.raises(ValueError, match="no transcription prompt"):
+        asr.transcribe_many([clips[2]], [TranscriptionOptions(prompt="hello")])
+    with pytest.raises(ValueError, match="2 clips but 1 options"):
+        asr.transcribe_many(clips[:2], [DEFAULT])
+    with pytest.raises(ValueError, match="1-D"):
+        asr.transcribe(np.zeros((2, 16000), np.float32))
+    assert asr.transcribe_many([clips[2]], [TranscriptionOptions(language="en")]) != [""]
+
+
+def test_every_parameter_is_read_from_the_files(state: dict[str, torch.Tensor]) -> None:
+    assert len(state) > 100 and "model.decoder.layers.7.mlp.fc1.weight" in state
+    assert state["model.decoder.layers.0.self_attn.q_proj.weight"].shape == (416, 416)
+    partial = dict(state)
+    del partial["model.encoder.layers.3.self_attn.o_proj.weight"]
+    with pytest.raises(ValueError, match="missing.*layers.3.self_attn.o_proj"):
+        build_model(partial)
+
+
+def test_a_gpu_asr_without_a_gpu_or_with_workers_is_refused() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="asr_device=cuda, but this machine has no CUDA GPU"):
+        load_asr(Settings(asr_device="cuda"), threads=1)
+    with pytest.raises(ValueError, match="asr_workers=4 applies to Moonshine on the CPU"):
+        load_asr(Settings(asr_device="cuda", asr_workers=4), threads=1)
+
+
+def test_its_memory_is_counted_on_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    on, _ = gpu_footprints(Settings(asr_device="cuda"))
+    assert on["cuda:0"].parts == ("ASR",) and on["cuda:0"].weights > 61_000_000 * 4

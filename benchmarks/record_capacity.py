@@ -28,6 +28,8 @@ def main() -> int:
     ap.add_argument("--llm", type=Path, default=None,
                     help="the embedded Llama checkpoint served (none: remote or CPU)")
     ap.add_argument("--gpu", default=None, help="GPU name (default: torch.cuda's)")
+    ap.add_argument("--asr-device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the served ASR ran (a row counts for servers with the same)")
     ap.add_argument("--models", default="", help="what was measured, in words")
     ap.add_argument("--source", default=None, help="the result file to cite")
     ap.add_argument("--table", type=Path, default=TABLE_PATH)
@@ -44,7 +46,8 @@ def main() -> int:
         gpu = torch.cuda.get_device_name()
     tts = qwen3_tts_footprint(args.tts)[1] if args.tts else 0
     llm = llama_params(json.loads((args.llm / "config.json").read_text())) if args.llm else 0
-    row = LatencyRow(gpu, int(held), tts_params=tts, llm_params=llm, models=args.models,
+    row = LatencyRow(gpu, int(held), tts_params=tts, llm_params=llm, asr_device=args.asr_device,
+                     models=args.models,
                      source=args.source or str(args.bench_json))
     data = json.loads(args.table.read_text()) if args.table.exists() else {}
     args.table.write_text(json.dumps(with_row(data, row), indent=2) + "\n")

@@ -157,17 +157,31 @@ def test_a_row_applies_to_the_same_gpu_and_models_no_larger():
     assert find_latency_row(rows, "NVIDIA A100-SXM4-80GB", tts_params=0, llm_params=0) is None
 
 
+def test_a_row_counts_for_servers_whose_asr_ran_where_its_did():
+    rows = [LatencyRow("NVIDIA H200", 8, tts_params=2000, llm_params=1000),
+            LatencyRow("NVIDIA H200", 32, tts_params=2000, llm_params=1000, asr_device="cuda")]
+    assert find_latency_row(rows, "NVIDIA H200", tts_params=2000, llm_params=1000).sessions == 8
+    assert find_latency_row(rows, "NVIDIA H200", tts_params=2000, llm_params=1000,
+                            asr_device="cuda").sessions == 32
+    assert find_latency_row(rows[:1], "NVIDIA H200", tts_params=0, llm_params=0,
+                            asr_device="cuda") is None
+
+
 def test_the_packaged_table_holds_the_measured_h200_row(tmp_path):
     table = load_table()
     assert table.working_fraction == 0.5
-    h200 = [r for r in table.rows if r.gpu == "NVIDIA H200"]
-    assert h200 and h200[0].sessions == 8 and Path(h200[0].source).name == "serve_h200_sweep.json"
+    h200 = {r.asr_device: r for r in table.rows if r.gpu == "NVIDIA H200"}
+    assert h200["cpu"].sessions == 8 and Path(h200["cpu"].source).name == "serve_h200_sweep.json"
+    assert h200["cuda"].sessions == 32
+    assert Path(h200["cuda"].source).name == "serve_h200_gpu_asr.json"
     assert load_table(tmp_path / "missing.json").rows == ()  # the fallback applies
     data = json.loads(Path(table.path).read_text())
-    newer = with_row(data, LatencyRow("NVIDIA H200", 48, h200[0].tts_params, h200[0].llm_params))
+    cpu = h200["cpu"]
+    newer = with_row(data, LatencyRow("NVIDIA H200", 48, cpu.tts_params, cpu.llm_params))
     path = tmp_path / "table.json"
-    path.write_text(json.dumps(newer))
-    assert [r.sessions for r in load_table(path).rows if r.gpu == "NVIDIA H200"] == [48]
+    path.write_text(json.dumps(newer))  # the CPU-ASR row replaced, the GPU-ASR one kept
+    assert sorted((r.asr_device, r.sessions) for r in load_table(path).rows
+                  if r.gpu == "NVIDIA H200") == [("cpu", 48), ("cuda", 32)]
 
 
 # --------------------------------------------------------------------------- footprints
@@ -282,8 +296,8 @@ def test_on_a_gpu_unset_fields_are_sized_and_logged(monkeypatch, checkpoints, ca
     assert (settings.max_sessions, settings.tts_max_streams) == (8, 8)  # the input is untouched
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capacity:")]
     assert "GPU not in the latency table for these models: capped at 8, the default" in line
-    assert ("cuda:0 Tiny GPU (LLM 2048 positions, TTS 2048 positions): 139.8 GiB free of "
-            "140.4 GiB") in line
+    assert ("cuda:0 Tiny GPU (LLM 2048 positions, TTS 2048 positions, ASR): 139.8 GiB free of "
+            "140.4 GiB") in line  # --device cuda puts the ASR there too
     assert "explicit: max_responses" in line
     assert line.endswith("CUDA-graph batch buckets: LLM 1,2,4,8, TTS 1,4,6")
 
@@ -294,7 +308,8 @@ def test_a_measured_gpu_gets_its_row_and_environment_values_count_as_set(
     FakeCuda(monkeypatch, free=100 * GIB, total=141 * GIB)
     table = tmp_path / "table.json"
     table.write_text(json.dumps({"rows": [{"gpu": "NVIDIA H200", "sessions": 40,
-                                           "tts_params": 10**9, "llm_params": 10**9}]}))
+                                           "tts_params": 10**9, "llm_params": 10**9,
+                                           "asr_device": "cuda"}]}))
     monkeypatch.setattr(factory, "load_table", lambda: load_table(table))
     monkeypatch.setenv("VOXLINE_TTS_MAX_STREAMS", "12")
     sized = factory.sized_for_device(_serve_settings(
@@ -305,12 +320,13 @@ def test_a_measured_gpu_gets_its_row_and_environment_values_count_as_set(
 def test_explicit_settings_that_do_not_fit_stop_the_start(monkeypatch, checkpoints):
     tts, llm = checkpoints
     FakeCuda(monkeypatch, free=2 * GIB, total=4 * GIB)
-    settings = _serve_settings("--device", "cuda", "--tts", f"qwen3:{tts}",
+    settings = _serve_settings("--device", "cuda", "--asr-device", "cpu", "--tts", f"qwen3:{tts}",
                                "--llm-checkpoint", str(llm), "--tts-max-streams", "4000")
     with pytest.raises(VoxlineError, match=r"^tts_max_streams=4000 does not fit cuda:0"):
         factory.sized_for_device(settings)
-    buckets = _serve_settings("--device", "cuda", "--tts", f"qwen3:{tts}", "--llm-checkpoint",
-                              str(llm), "--max-sessions", "2", "--tts-batch-buckets", "1,4")
+    buckets = _serve_settings("--device", "cuda", "--asr-device", "cpu", "--tts", f"qwen3:{tts}",
+                              "--llm-checkpoint", str(llm), "--max-sessions", "2",
+                              "--tts-batch-buckets", "1,4")
     with pytest.raises(VoxlineError, match=r"tts_batch_buckets must lie in 1..tts_max_streams \(2\)"):
         factory.sized_for_device(buckets)
 
@@ -357,7 +373,8 @@ def test_the_benchmark_records_its_row_where_start_up_finds_it(monkeypatch, chec
     table = tmp_path / "table.json"
     table.write_text(json.dumps({"working_memory_fraction": 0.5, "rows": []}))
     monkeypatch.setattr(sys, "argv", ["record_capacity.py", str(bench), "--tts", str(tts),
-                                      "--llm", str(llm), "--gpu", "Tiny GPU", "--table", str(table)])
+                                      "--llm", str(llm), "--gpu", "Tiny GPU", "--table", str(table),
+                                      "--asr-device", "cuda"])
     assert record.main() == 0
     FakeCuda(monkeypatch, free=100 * GIB, total=141 * GIB, name="Tiny GPU")
     monkeypatch.setattr(factory, "load_table", lambda: load_table(table))

@@ -67,7 +67,7 @@ def test_serve_device_flag_puts_llm_and_tts_on_the_device(capsys, server_side):
     args = build_parser().parse_args(["serve", "--device", "cuda"])
     assert args.device == "cuda"
     on_gpu = settings_from_flags(args)
-    assert (on_gpu.llm_device, on_gpu.tts_device) == ("cuda", "cuda")
+    assert (on_gpu.llm_device, on_gpu.tts_device, on_gpu.asr_device) == ("cuda",) * 3
     assert on_gpu.llm_dtype == "bfloat16"  # int8 would be refused on a GPU
     assert settings("--device", "cpu").llm_dtype == "int8" and settings().llm_dtype == "int8"
     assert settings("--device", "cuda", "--llm-dtype", "float32").llm_dtype == "float32"

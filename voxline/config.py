@@ -305,9 +305,9 @@ NOT_FLAGS: dict[str, str] = {
 
 
 def device_fields(device: str) -> dict[str, str]:
-    """``--device``: the embedded LLM and Qwen3-TTS on `device`; on a GPU the LLM in
-    bfloat16 (the CPU default int8 is CPU-only)."""
-    fields = {"llm_device": device, "tts_device": device}
+    """``--device``: the embedded LLM, Qwen3-TTS and the ASR on `device`; on a GPU the LLM
+    in bfloat16 (the CPU default int8 is CPU-only)."""
+    fields = {"llm_device": device, "tts_device": device, "asr_device": device}
     if device.startswith("cuda"):
         fields["llm_dtype"] = "bfloat16"
     return fields
@@ -341,10 +341,11 @@ def one_device(text: str) -> str:
 
 DERIVED_FLAGS: tuple[DerivedFlag, ...] = (
     DerivedFlag("device", ("cpu", "cuda"),
-                "torch device of the embedded LLM and of Qwen3-TTS (Piper always runs on the "
-                "CPU): sets llm_device and tts_device; cuda puts both on the GPU (the LLM in "
-                "bfloat16 unless --llm-dtype; Qwen3-TTS with CUDA graphs; capacity sized to "
-                "the GPU); one GPU per server", device_fields, one_device),
+                "torch device of the embedded LLM, Qwen3-TTS and the ASR (Piper always runs "
+                "on the CPU): sets llm_device, tts_device and asr_device; cuda puts all three "
+                "on the GPU (the LLM in bfloat16 unless --llm-dtype; Qwen3-TTS and Moonshine "
+                "with CUDA graphs; capacity sized to the GPU); one GPU per server",
+                device_fields, one_device),
 )
 
 _CHOICES = re.compile(r"^\^\(([\w.-]+(?:\|[\w.-]+)+)\)\$$")  # ^(a|b|c)$: plain alternatives

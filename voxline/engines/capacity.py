@@ -117,6 +117,7 @@ class LatencyRow:
     sessions: int
     tts_params: int = 0  # parameters of the speech model on the GPU (0: none there)
     llm_params: int = 0  # of the embedded LLM on the GPU (0: remote or on the CPU)
+    asr_device: str = "cpu"  # where the ASR ran: "cpu" or "cuda" (a row counts for its own)
     models: str = ""  # what was measured, in words
     source: str = ""  # the result file
 
@@ -196,12 +197,14 @@ def _mib(n: float) -> str:
 
 
 def find_latency_row(rows: Iterable[LatencyRow], gpu: str, *, tts_params: int,
-                     llm_params: int) -> LatencyRow | None:
-    """The measured row that bounds us: same GPU name, models at least as large as ours
-    (a larger model holds no more sessions, so its figure is a safe cap); of several, the
-    one that held the most."""
+                     llm_params: int, asr_device: str = "cpu") -> LatencyRow | None:
+    """The measured row that bounds us: same GPU name and ASR device ("cpu" or "cuda":
+    the CPU's transcription queue bounds a server differently), models at least as large
+    as ours (a larger model holds no more sessions, so its figure is a safe cap); of
+    several, the one that held the most."""
     fits = [r for r in rows
-            if r.gpu == gpu and r.tts_params >= tts_params and r.llm_params >= llm_params]
+            if r.gpu == gpu and r.asr_device == asr_device and r.tts_params >= tts_params
+            and r.llm_params >= llm_params]
     return max(fits, key=lambda r: r.sessions, default=None)
 
 
@@ -314,7 +317,8 @@ def load_table(path: Path | None = None) -> CapacityTable:
 
 def with_row(data: Mapping[str, Any], row: LatencyRow) -> dict[str, Any]:
     """The table's JSON with `row` in place of any row for the same GPU and models."""
-    same = (row.gpu, row.tts_params, row.llm_params)
+    same = (row.gpu, row.tts_params, row.llm_params, row.asr_device)
     rows = [r for r in data.get("rows", [])
-            if (r["gpu"], r.get("tts_params", 0), r.get("llm_params", 0)) != same]
+            if (r["gpu"], r.get("tts_params", 0), r.get("llm_params", 0),
+                r.get("asr_device", "cpu")) != same]
     return {**data, "rows": [*rows, asdict(row)]}

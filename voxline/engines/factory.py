@@ -161,7 +161,7 @@ def load_asr(settings: Settings, threads: int) -> ASRModel:
     if gpu and settings.asr_workers != 1:
         raise ValueError(f"asr_workers={settings.asr_workers} applies to Moonshine on the CPU; "
                          f"on asr_device={settings.asr_device} the ASR batches every session's "
-                         "jobs (use asr_workers=1)")
+                         "jobs (use asr_workers=1, or asr_device=cpu for the CPU ASR)")
     if gpu and not torch.cuda.is_available():
         raise ValueError(f"asr_device={settings.asr_device}, but this machine has no CUDA GPU "
                          f"(torch {torch.__version__}); use asr_device=cpu")
@@ -261,7 +261,9 @@ def sized_for_device(settings: Settings) -> Settings:
         return settings
     devices = [probe_device(device, footprint) for device, footprint in footprints.items()]
     table = load_table()
-    rows = [find_latency_row(table.rows, name, tts_params=params["tts"], llm_params=params["llm"])
+    asr = "cuda" if settings.asr_device.startswith("cuda") else "cpu"
+    rows = [find_latency_row(table.rows, name, tts_params=params["tts"], llm_params=params["llm"],
+                             asr_device=asr)
             for name in sorted({d.name for d in devices})]
     latency = (None if any(r is None for r in rows)
                else min((r for r in rows if r is not None), key=lambda r: r.sessions))

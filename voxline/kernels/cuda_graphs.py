@@ -122,11 +122,13 @@ class BucketedSteps(Generic[K]):
             self.steps[key] = step
         return step
 
-    def prepare(self, keys: Iterable[K]) -> None:
-        """Create (and capture) the given buckets now, largest first, logging progress."""
+    def prepare(self, keys: Iterable[K], *, progress: bool = True) -> None:
+        """Create (and capture) the given buckets now, largest first, logging progress
+        (each bucket at INFO, or at DEBUG when the caller logs the whole instead)."""
         keys = sorted(keys, reverse=True)  # type: ignore[type-var]
+        level = logging.INFO if progress else logging.DEBUG
         t0 = time.perf_counter()
         for i, key in enumerate(keys, 1):
             self.get(key)
-            logger.info("%s: bucket %s ready (%d/%d, %.1f s)", self.name, key, i, len(keys),
-                        time.perf_counter() - t0)
+            logger.log(level, "%s: bucket %s ready (%d/%d, %.1f s)", self.name, key, i,
+                       len(keys), time.perf_counter() - t0)

@@ -225,7 +225,7 @@ class MoonshineTorchASR:
         if asr.decoder.steps.capture:
             with timed(log, f"capturing {len(asr.decoder.keys())} Moonshine decoder graphs "
                             f"({asr.decoder.nbytes / 2**20:.0f} MiB of buffers)"):
-                asr.decoder.steps.prepare(asr.decoder.keys())
+                asr.decoder.steps.prepare(asr.decoder.keys(), progress=False)  # 1 s in all
         return asr
 
     def transcribe(self, audio: np.ndarray) -> str:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import time
 import wave
 
 import numpy as np
@@ -14,6 +16,8 @@ from voxline.engines.models.moonshine_asr import (
     MoonshineASR,
     MoonshineTokenizer,
     _name_subgraphs,
+    cache_entry,
+    drop_stale,
     shipped_model_dir,
 )
 from voxline.errors import ModelUnavailableError
@@ -151,6 +155,31 @@ def test_fresh_fold_equals_shipped_files(tmp_path, plain: MoonshineASR) -> None:
     fresh = MoonshineASR.load(cache_dir=tmp_path)
     assert fresh.folded and len(list((tmp_path / "moonshine").glob("*.folded-*.ort"))) == 2
     assert_same_model(fresh, plain)
+
+
+def test_a_cached_conversion_is_named_by_contents_and_one_is_kept(tmp_path) -> None:
+    """Two installs of the same files (other paths, other mtimes) share one cached copy;
+    another converter version gets its own, and making it removes day-old copies of the
+    same file."""
+    a, b = tmp_path / "a" / "model.ort", tmp_path / "b" / "model.ort"
+    for path in (a, b):
+        path.parent.mkdir()
+        path.write_bytes(b"the same weights")
+    cache = tmp_path / "cache"
+    entry = cache_entry([a], cache, "model.folded", "ort 1", ".ort")
+    assert entry == cache_entry([b], cache, "model.folded", "ort 1", ".ort")
+    newer = cache_entry([a], cache, "model.folded", "ort 2", ".ort")
+    assert newer != entry and newer.name.startswith("model.folded-")
+    cache.mkdir()
+    other = cache / "encoder.folded-0000000000000000.ort"
+    young = cache / "model.folded-ffffffffffffffff.ort"
+    for path in (entry, newer, other, young):
+        path.write_bytes(b"x")
+    day_old = time.time() - 2 * 86400
+    for path in (entry, other):
+        os.utime(path, (day_old, day_old))
+    drop_stale(newer, "model.folded", ".ort")  # a young copy may be another process's
+    assert sorted(p.name for p in cache.iterdir()) == sorted([newer.name, other.name, young.name])
 
 
 def test_name_subgraphs_names_only_unnamed_graphs() -> None:

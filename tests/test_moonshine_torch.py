@@ -3,6 +3,9 @@ shipped weights read out of the ORT files must give onnxruntime's results."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +14,7 @@ from speech import espeak
 from voxline.config import Settings
 from voxline.engines.asr_stage import ASRJob, ASRStage, BatchASRModel
 from voxline.engines.factory import gpu_footprints, load_asr
+from voxline.engines.models import moonshine_torch
 from voxline.engines.models.moonshine_asr import BOS_ID, EOS_ID, MoonshineASR, token_budget
 from voxline.engines.models.moonshine_decoder import StaticDecoder
 from voxline.engines.models.moonshine_torch import (
@@ -141,6 +145,28 @@ def test_every_parameter_is_read_from_the_files(state: dict[str, torch.Tensor]) 
     del partial["model.encoder.layers.3.self_attn.o_proj.weight"]
     with pytest.raises(ValueError, match="missing.*layers.3.self_attn.o_proj"):
         build_model(partial)
+
+
+def test_the_weights_are_read_once_into_the_cache(tmp_path, monkeypatch,
+                                                  state: dict[str, torch.Tensor]) -> None:
+    fresh = shipped_state_dict(cache_dir=tmp_path)
+    [entry] = (tmp_path / "moonshine").glob("base-en.torch-*.safetensors")
+    assert fresh.keys() == state.keys()
+    assert all(torch.equal(fresh[k], state[k]) for k in state)
+
+    def no_reading(*_: object) -> None:
+        raise AssertionError("read the ORT files again")
+
+    monkeypatch.setattr(moonshine_torch, "ort_to_onnx", no_reading)
+    cached = shipped_state_dict(cache_dir=tmp_path)
+    assert all(torch.equal(cached[k], state[k]) for k in state)
+    stale = entry.with_name("base-en.torch-0123456789abcdef.safetensors")
+    stale.write_bytes(b"an older install's copy")
+    os.utime(stale, (time.time() - 2 * 86400,) * 2)
+    entry.unlink()
+    monkeypatch.undo()
+    shipped_state_dict(cache_dir=tmp_path)  # read again, the stale copy removed
+    assert [p.name for p in (tmp_path / "moonshine").iterdir()] == [entry.name]
 
 
 def test_a_gpu_asr_without_a_gpu_or_with_workers_is_refused() -> None:

@@ -34,6 +34,7 @@ import math
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -183,17 +184,46 @@ def ort_to_onnx(src: Path, dst: Path) -> None:
     ort.InferenceSession(str(src), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
+def cache_entry(sources: Sequence[Path], cache_dir: Path, name: str, version: str,
+                suffix: str) -> Path:
+    """Where a conversion of `sources` is cached: named by their contents and the
+    converter's `version`, so every install of the same files shares one copy (a path or
+    mtime in the key made a new copy per virtual environment)."""
+    digest = hashlib.sha256(version.encode())
+    for src in sources:
+        with open(src, "rb") as f:  # ~60 MB in all: tens of ms
+            for block in iter(lambda f=f: f.read(1 << 22), b""):
+                digest.update(block)
+    return cache_dir / f"{name}-{digest.hexdigest()[:16]}{suffix}"
+
+
+STALE_AFTER_S = 86400.0  # a day: an install running beside this one keeps its copy
+
+
+def drop_stale(entry: Path, name: str, suffix: str) -> None:
+    """Remove the other cached conversions called `name` beside `entry` made more than a
+    day ago (an older install's or another converter version's), so the cache does not
+    grow by a copy per install; younger ones may belong to a process running now."""
+    now = time.time()
+    for old in entry.parent.glob(f"{name}-*{suffix}"):
+        try:
+            if old != entry and now - old.stat().st_mtime > STALE_AFTER_S:
+                old.unlink()
+                log.info("removed stale converted copy %s", old)
+        except FileNotFoundError:  # another loader removed it first
+            pass
+
+
 def folded_copy(src: Path, cache_dir: Path) -> Path:
     """Cached ORT-format copy of `src` with its weight-rebuilding nodes constant-folded.
 
-    Made once per source file and onnxruntime version (a few seconds); written atomically,
-    so concurrent loaders are safe. The key need not cover `_name_subgraphs`: moving it
-    from hand-written protobuf to `onnx` left the model it hands onnxruntime unchanged.
+    Made once per file contents and onnxruntime version (a few seconds); written
+    atomically, so concurrent loaders are safe. The key need not cover `_name_subgraphs`:
+    moving it from hand-written protobuf to `onnx` left the model it hands onnxruntime
+    unchanged.
     """
-    stat = src.stat()
-    key = f"{src.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{ort.__version__}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    dst = cache_dir / f"{src.stem}.folded-{digest}.ort"
+    name = f"{src.stem}.folded"
+    dst = cache_entry([src], cache_dir, name, f"onnxruntime {ort.__version__}", ".ort")
     if dst.is_file():
         return dst
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -214,6 +244,7 @@ def folded_copy(src: Path, cache_dir: Path) -> Path:
             _name_subgraphs(as_onnx.read_bytes()), sess_options=opts, providers=providers
         )
         os.replace(folded, dst)
+    drop_stale(dst, name, ".ort")
     return dst
 
 

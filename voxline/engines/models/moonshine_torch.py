@@ -28,6 +28,7 @@ to float rounding and the tokens are the same (tests compare them on the CPU).
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from voxline.config import load_settings
 from voxline.engines.models.moonshine_asr import (
     BOS_ID,
     EOS_ID,
@@ -42,7 +44,9 @@ from voxline.engines.models.moonshine_asr import (
     SAMPLE_RATE,
     MoonshineASR,
     MoonshineTokenizer,
+    cache_entry,
     checked_clip,
+    drop_stale,
     ort_to_onnx,
     shipped_model_dir,
     token_budget,
@@ -158,22 +162,55 @@ def _graph_params(graph: _Graph, prefix: str) -> dict[str, np.ndarray]:
     return found
 
 
-def shipped_state_dict(model_dir: str | Path | None = None) -> dict[str, torch.Tensor]:
+# The state dict is cached (safetensors) by the ORT files' contents and this version:
+# bump it when the reading above changes what it makes.
+STATE_VERSION = "moonshine torch state 1"
+_STATE_NAME = "base-en.torch"
+
+
+def shipped_state_dict(model_dir: str | Path | None = None, *,
+                       cache_dir: str | Path | None = None) -> dict[str, torch.Tensor]:
     """`MoonshineForConditionalGeneration`'s state dict from the shipped ORT files
-    (float32, bit-identical to the dequantized ORT weights)."""
-    import onnx
+    (float32, bit-identical to the dequantized ORT weights). Read once (~10 s) into the
+    converted-weights cache (`cache_dir`, default the settings' cache) and loaded from
+    there after."""
+    from safetensors.torch import load_file, save_file
 
     directory = shipped_model_dir() if model_dir is None else Path(model_dir)
+    sources = [directory / "encoder_model.ort", directory / "decoder_model_merged.ort"]
+    for src in sources:
+        if not src.is_file():
+            raise ModelUnavailableError(_MODEL, str(src), "reinstall the 'moonshine-cpp' package")
+    cache = (Path(cache_dir) if cache_dir is not None else load_settings().cache) / "moonshine"
+    entry = cache_entry(sources, cache, _STATE_NAME, STATE_VERSION, ".safetensors")
+    if entry.is_file():
+        return load_file(entry)
+    with timed(log, f"reading {_MODEL} weights out of {directory}"):
+        state = _read_state(sources)
+    tmp = cache / f".{entry.name}.{os.getpid()}.tmp"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        save_file(state, str(tmp))
+        os.replace(tmp, entry)  # atomic: a concurrent loader sees all of it or none
+        drop_stale(entry, _STATE_NAME, ".safetensors")
+    except OSError as exc:  # a read-only cache costs the read at every start, nothing else
+        log.warning("%s: cannot cache its weights in %s (%s)", _MODEL, cache, exc)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return state
+
+
+def _read_state(sources: Sequence[Path]) -> dict[str, torch.Tensor]:
+    import onnx
+
     params: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, prefix in (("encoder_model.ort", "model.encoder."), ("decoder_model_merged.ort", "")):
-            src = directory / name
-            if not src.is_file():
-                raise ModelUnavailableError(_MODEL, str(src), "reinstall the 'moonshine-cpp' package")
+        for src, prefix in zip(sources, ("model.encoder.", ""), strict=True):
             dst = Path(tmp) / f"{src.stem}.onnx"
             ort_to_onnx(src, dst)
             params.update(_graph_params(_Graph(onnx.load(dst)), prefix))
-    return {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in params.items()}
+    return {k: torch.from_numpy(np.array(v, dtype=np.float32, order="C"))
+            for k, v in params.items()}
 
 
 def build_model(state: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -200,7 +237,6 @@ class MoonshineTorchASR:
     SAMPLE_RATE = SAMPLE_RATE
     MIN_SAMPLES = MoonshineASR.MIN_SAMPLES
     MAX_SAMPLES = MAX_SAMPLES
-    languages = ("en",)
 
     def __init__(self, model: torch.nn.Module, tokenizer: MoonshineTokenizer, *,
                  max_batch: int = 16) -> None:

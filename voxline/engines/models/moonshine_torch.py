@@ -52,7 +52,7 @@ from voxline.engines.models.moonshine_asr import (
     token_budget,
 )
 from voxline.engines.models.moonshine_decoder import StaticDecoder
-from voxline.engines.models.whisper_asr import TranscriptionOptions
+from voxline.engines.models.whisper_asr import BatchTranscriber, TranscriptionOptions
 from voxline.errors import ModelUnavailableError
 from voxline.logs import timed
 
@@ -231,7 +231,7 @@ def build_model(state: dict[str, torch.Tensor]) -> torch.nn.Module:
 # --- the batched ASR ---------------------------------------------------------------------
 
 
-class MoonshineTorchASR:
+class MoonshineTorchASR(BatchTranscriber):
     """Batched greedy Moonshine base-en on one torch device (float32)."""
 
     SAMPLE_RATE = SAMPLE_RATE
@@ -264,14 +264,9 @@ class MoonshineTorchASR:
                 asr.decoder.steps.prepare(asr.decoder.keys(), progress=False)  # 1 s in all
         return asr
 
-    def transcribe(self, audio: np.ndarray) -> str:
-        return self.transcribe_many([audio], [TranscriptionOptions()])[0]
-
-    def transcribe_many(self, clips: Sequence[np.ndarray],
-                        options: Sequence[TranscriptionOptions]) -> list[str]:
-        """One transcript per clip, in order ("" for clips under 0.1 s)."""
-        if len(clips) != len(options):
-            raise ValueError(f"{len(clips)} clips but {len(options)} options")
+    def _transcribe_many(self, clips: Sequence[np.ndarray],
+                         options: Sequence[TranscriptionOptions]) -> list[str]:
+        """"" for clips under 0.1 s."""
         for opts in options:
             if opts.language not in (None, "en"):
                 raise ValueError(f"transcription language {opts.language!r}: {_MODEL} "

@@ -63,7 +63,27 @@ def checkpoint_languages(model_dir: str | Path) -> tuple[str, ...]:
     return codes if config.get("is_multilingual", bool(codes)) and codes else ("en",)
 
 
-class WhisperASR:
+class BatchTranscriber:
+    """The batched-ASR contract's common part: `transcribe` is a batch of one, and a batch
+    has one options entry per clip; a model implements `_transcribe_many`."""
+
+    def transcribe(self, audio: np.ndarray) -> str:
+        """Text of one clip with the default options (the stage's one-job path)."""
+        return self.transcribe_many([audio], [TranscriptionOptions()])[0]
+
+    def transcribe_many(self, clips: Sequence[np.ndarray],
+                        options: Sequence[TranscriptionOptions]) -> list[str]:
+        """One transcript per clip, in order."""
+        if len(clips) != len(options):
+            raise ValueError(f"{len(clips)} clips but {len(options)} options")
+        return self._transcribe_many(clips, options)
+
+    def _transcribe_many(self, clips: Sequence[np.ndarray],
+                         options: Sequence[TranscriptionOptions]) -> list[str]:
+        raise NotImplementedError
+
+
+class WhisperASR(BatchTranscriber):
     """Batched greedy Whisper transcription on one torch device."""
 
     SAMPLE_RATE = SAMPLE_RATE
@@ -108,15 +128,9 @@ class WhisperASR:
 
     # ------------------------------------------------------------------ transcription
 
-    def transcribe(self, audio: np.ndarray) -> str:
-        """Text of one clip with the default options (the stage's one-job path)."""
-        return self.transcribe_many([audio], [TranscriptionOptions()])[0]
-
-    def transcribe_many(self, clips: Sequence[np.ndarray],
-                        options: Sequence[TranscriptionOptions]) -> list[str]:
-        """One transcript per clip, in order; see the module docstring."""
-        if len(clips) != len(options):
-            raise ValueError(f"{len(clips)} clips but {len(options)} options")
+    def _transcribe_many(self, clips: Sequence[np.ndarray],
+                         options: Sequence[TranscriptionOptions]) -> list[str]:
+        """See the module docstring."""
         windows: list[tuple[int, np.ndarray]] = []  # (clip index, <= 30 s of it)
         for i, clip in enumerate(clips):
             audio = self._check(clip)

@@ -102,7 +102,8 @@ def test_a_batch_past_the_buckets_decodes_the_same(asr: MoonshineTorchASR,
                                                    clips: list[np.ndarray]) -> None:
     """More rows, frames or tokens than the largest bucket: buffers of the batch's own size,
     the same tokens as the bucketed decoder (whose buckets pad rows and frames)."""
-    small = StaticDecoder(asr.model, rows=2, frames=(64,), positions=16, capture=False)
+    small = StaticDecoder(asr.model.model.decoder, asr.model.proj_out, rows=2, frames=(64,),
+                          positions=16, capture=False)
     assert small.keys() == [(1, 64), (2, 64)]
     states, frames = asr.encode_many(clips)
     valid = asr._valid(frames, states.shape[1])

@@ -40,10 +40,12 @@ POSITIONS = 128  # decoded tokens + <s>: the budget of an 18.4 s clip is 126
 class StaticDecoder:
     """Greedy decoding for up to `rows` clips of up to `frames` encoder frames."""
 
-    def __init__(self, model: torch.nn.Module, *, rows: int, frames: Sequence[int] = FRAME_BUCKETS,
-                 positions: int = POSITIONS, capture: bool) -> None:
-        self.decoder = model.model.decoder
-        self.proj_out = model.proj_out
+    def __init__(self, decoder: torch.nn.Module, proj_out: torch.nn.Module, *, rows: int,
+                 frames: Sequence[int] = FRAME_BUCKETS, positions: int = POSITIONS,
+                 capture: bool) -> None:
+        """`decoder` and `proj_out`: the transformers model's ``model.decoder`` and LM head."""
+        self.decoder = decoder
+        self.proj_out = proj_out
         first = self.decoder.layers[0].self_attn
         self.heads, self.head_dim = first.config.num_attention_heads, first.head_dim
         layers = len(self.decoder.layers)
@@ -138,7 +140,7 @@ class StaticDecoder:
         n, width = states.shape[:2]
         steps = max(budgets) + 1
         if not self.fits(n, width, steps):  # past the buckets: exact-size buffers, eager
-            alone = StaticDecoder(_Model(self.decoder, self.proj_out), rows=n, frames=(width,),
+            alone = StaticDecoder(self.decoder, self.proj_out, rows=n, frames=(width,),
                                   positions=steps, capture=False)
             return alone.decode(states, valid, budgets, bos=bos, eos=eos)
         key = (bucket_for(n, self.row_buckets), bucket_for(width, self.frame_buckets))
@@ -162,12 +164,3 @@ class StaticDecoder:
             self.tokens[:key[0]].copy_(out)
         return rows
 
-
-class _Model(torch.nn.Module):
-    """The two modules `StaticDecoder` reads, shaped like the transformers model."""
-
-    def __init__(self, decoder: torch.nn.Module, proj_out: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = torch.nn.Module()
-        self.model.decoder = decoder
-        self.proj_out = proj_out

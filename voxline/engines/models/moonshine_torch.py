@@ -244,7 +244,8 @@ class MoonshineTorchASR(BatchTranscriber):
         self.tokenizer = tokenizer
         self.max_batch = max_batch  # the ASR stage batches at most this many jobs
         self.device = next(model.parameters()).device
-        self.decoder = StaticDecoder(model, rows=max(1, min(max_batch, MAX_GRAPH_ROWS)),
+        self.decoder = StaticDecoder(model.model.decoder, model.proj_out,
+                                     rows=max(1, min(max_batch, MAX_GRAPH_ROWS)),
                                      capture=self.device.type == "cuda")
         # A side stream on a GPU, so the other stages' kernels need not queue behind ours.
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None

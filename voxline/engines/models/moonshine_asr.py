@@ -342,9 +342,6 @@ class MoonshineASR:
     def max_tokens(self, num_samples: int) -> int:
         return token_budget(num_samples)
 
-    def _check(self, audio: np.ndarray) -> np.ndarray:
-        return checked_clip(audio)
-
     def encode(self, audio: np.ndarray) -> np.ndarray:
         """Encoder states [1, frames, 416] for one clip of at least MIN_SAMPLES."""
         (hidden,) = self.encoder.run(["last_hidden_state"], {"input_values": audio[None]})
@@ -403,7 +400,7 @@ class MoonshineASR:
         longer take of the same turn superseded). Raises ValueError for non-1-D input or
         clips over 64 s.
         """
-        audio = self._check(audio)
+        audio = checked_clip(audio)
         if len(audio) < self.MIN_SAMPLES:
             return ""
         # A turn is transcribed again as it grows (partials, the pause, the final): the

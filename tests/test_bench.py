@@ -4,7 +4,9 @@ energy VAD and tone replies), so behaviour is asserted, not timings."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,11 +15,12 @@ import numpy as np
 import pytest
 from live_server import free_port, serve_app
 
-from voxline.bench import simulate_playout
+from voxline.bench import playout_gaps, simulate_playout, underrun_note
 from voxline.cli import main
 from voxline.codecs.wav import write_wav
 from voxline.config import load_settings
 from voxline.engines.client import InProcessEngineClient
+from voxline.logs import LoopLag
 from voxline.realtime.app import create_app
 
 
@@ -144,6 +147,27 @@ def test_playout_simulation_counts_gaps_over_100_ms() -> None:
     assert simulate_playout(steady) == (0, 0.0)
     count, total = simulate_playout([(0.0, 0.2), (0.25, 0.1), (0.6, 0.1)])  # 50 ms, 250 ms late
     assert count == 1 and total == pytest.approx(0.25)
+    # where each gap fell: after 0.2 + 0.1 s of the reply had played
+    (at, gap), = playout_gaps([(0.0, 0.2), (0.25, 0.1), (0.6, 0.1)])
+    assert at == pytest.approx(0.3) and gap == pytest.approx(0.25)
+    level = {"results": [{"underrun_at_s": [0.3]}, {"underrun_at_s": [2.5]}, {}],
+             "client_loop_lag": {"p99_ms": 4.0, "max_ms": 12.0}}
+    assert underrun_note(level) == ("2 underruns, 1 in a reply's first 1 s, positions p50 "
+                                    "2.50 s, max 2.50 s; client loop lag p99 4.0 ms, max 12.0 ms")
+    assert underrun_note({"results": [{"underrun_at_s": []}]}) is None
+
+
+async def test_loop_lag_sees_a_callback_that_holds_the_loop() -> None:
+    lag = LoopLag(tick_s=0.01)
+    assert lag.take() is None
+    lag.start()
+    await asyncio.sleep(0.05)
+    time.sleep(0.2)  # noqa: ASYNC251 -- blocks the loop, as a slow callback would
+    await asyncio.sleep(0.05)
+    await lag.stop()
+    took = lag.take()
+    assert took is not None and took["max_ms"] >= 150 and took["ticks"] >= 2
+    assert lag.take() is None
 
 
 def test_ramp_spreads_the_closed_loop_starts_and_is_validated(monkeypatch, capsys) -> None:

@@ -37,6 +37,20 @@ def test_requests_join_and_leave_the_batch_every_step():
     assert EOS not in a.generated
 
 
+def test_the_load_note_describes_the_plans_since_the_last_one():
+    lm = CountingLM(stop_after=3)
+    stage = LLMStage(lm)
+    assert stage.load_note() is None
+    stage.add(make_request(lm, "a#1", [1, 9, 3]))
+    run_step(stage)  # a prefills 3 tokens
+    stage.add(make_request(lm, "b#1", [5, 1, 9, 3, 7]))
+    run_step(stage)  # a decodes beside b's 5-token prompt
+    run_step(stage)  # both decode
+    assert stage.load_note() == ("1.0 decode rows a plan; 2 plans with prompts, 4 prompt "
+                                 "tokens each; largest 6 tokens")
+    assert stage.load_note() is None  # reset
+
+
 def test_max_tokens_finishes_with_length():
     lm = CountingLM(stop_after=100)
     stage = LLMStage(lm)

@@ -172,3 +172,7 @@ def test_the_load_report_counts_each_stages_plans_and_failures_then_resets():
     assert "(2 loop steps)" in report and "vad " in report and "asr " not in report
     assert "(3 plans, " in report and ", 1 failed)" in report
     assert table.load_report(0.0) is None  # counters start again from zero
+    vad.note = lambda: "3 gaps"
+    vad.stage.queue = [4]
+    table.step()
+    assert "[3 gaps]" in (table.load_report(0.0) or "")  # a stage's own note, in its part

@@ -14,7 +14,9 @@ from test_speculation import AUTO, CFG, BurstASR, feed, outcomes, silence, specu
 
 from voxline.engines import protocol as p
 from voxline.engines.core import EngineCore, Models
+from voxline.engines.responses import STREAMED_MAX_CHARS, new_chunker
 from voxline.engines.speech_model import SpeechJob, SpeechOut
+from voxline.engines.text_chunker import MIN_CUT_WORDS
 
 
 class StreamingTones:
@@ -105,3 +107,23 @@ def test_a_speculative_reply_feeds_only_its_first_segment_until_committed():
     assert " ".join(c[2] for c in h.tts.calls if c[2]) == done.text
     assert done.status == p.ResponseStatus.COMPLETED
     h.close()
+
+
+def test_a_streamed_reply_reaches_the_talker_a_few_words_at_a_time():
+    """A streaming-text TTS speaks one text token per frame while the text is open, so
+    text the chunker held back would be a gap: unpunctuated text comes in short segments,
+    where a segment-at-a-time TTS would get a single 250-character one."""
+    h = harness(stop_after=40)
+    h.send(p.OpenStream("s1", p.StreamConfig(turn_detection=None)),
+           p.AddItem("s1", "u1", "user", "talk"), p.CreateResponse("s1", "r1", "a1"))
+    h.run_until(has(p.ResponseFinished))
+    (done,) = h.of(p.ResponseFinished)
+    texts = [c[2] for c in h.tts.calls if c[2]]
+    assert len(texts) >= 4 and " ".join(texts) == done.text
+    assert all(len(t) <= STREAMED_MAX_CHARS or len(t.split()) <= MIN_CUT_WORDS for t in texts)
+    h.close()
+    words = " ".join(f"word{i}" for i in range(40))  # no punctuation at all, as random weights write
+    streamed, whole = new_chunker(streams_text=True), new_chunker(streams_text=False)
+    assert len(streamed.push(words)) >= 15
+    first, rest = whole.push(words)  # the first words, then one long segment (max_chars)
+    assert first == "word0 word1" and len(rest) > 200

@@ -90,6 +90,24 @@ def test_playout_buffer_is_what_a_listener_has_left():
     assert not StepScheduler(FIFO).low(1, 0.0)  # no flush rule: never low
 
 
+def test_the_scheduler_notes_gaps_in_the_audio_it_sent_and_their_text_waits():
+    s = StepScheduler(FIFO)
+    assert s.load_note() is None
+    s.sent(1, 0.2, now=10.0)  # first audio: nothing ran out before it
+    s.sent(1, 0.2, now=10.25)  # 50 ms late: under the threshold
+    s.waits_for_text(1)
+    s.sent(1, 0.2, now=10.7)  # 250 ms late (it ran out at 10.45), after a wait for text
+    s.sent(2, 0.1, now=10.0)
+    s.sent(2, 0.1, now=10.5)  # 400 ms late, no wait for text
+    note = s.load_note()
+    assert note == "2 gaps in sent audio, max 400 ms, 1 after a wait for text"
+    assert s.load_note() is None  # reset
+    s.waits_for_text(1)
+    s.sent(1, 0.1, now=10.95)  # 50 ms late: the wait is cleared with no gap noted
+    s.sent(1, 0.1, now=11.3)  # 250 ms late
+    assert s.load_note() == "1 gaps in sent audio, max 250 ms, 0 after a wait for text"
+
+
 def test_admissions_and_policy_checks():
     assert StepScheduler(FIFO).admissions(5) == 5
     assert StepScheduler(StepPolicy(max_prefills=2)).admissions(5) == 2

@@ -37,12 +37,14 @@ import numpy as np
 from voxline.codecs.pcm import float_to_pcm16
 from voxline.codecs.resample import resample
 from voxline.codecs.wav import read_wav
+from voxline.logs import LoopLag
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 WIRE_RATE = 24000  # GA default pcm16 in and out, and /v1/audio/speech pcm
 CHUNK_MS = 20
 TRAILING_SILENCE_S = 1.0  # server VAD needs silence after the question to end the turn
 UNDERRUN_GAP_S = 0.1
+FIRST_SECOND_S = 1.0  # underruns this early in a reply point at its start, not its flow
 STATS = ("mean", "p50", "p90", "p95", "p99")
 METRICS = ("ttfa_s", "eos_to_first_audio_s", "rtf", "audio_s", "underruns", "underrun_s")
 QUESTIONS = (
@@ -69,6 +71,7 @@ class RequestResult:
     wall_s: float = 0.0
     underruns: int = 0
     underrun_s: float = 0.0
+    underrun_at_s: list[float] = field(default_factory=list)  # audio position of each gap
     arrivals: list[tuple[float, float]] = field(default_factory=list, repr=False)
 
     def finish_audio(self, reference: float | None) -> None:
@@ -76,25 +79,32 @@ class RequestResult:
         self.audio_s = sum(d for _, d in self.arrivals)
         if self.arrivals and reference is not None and self.audio_s > 0:
             self.rtf = (self.arrivals[-1][0] - reference) / self.audio_s
-        self.underruns, self.underrun_s = simulate_playout(self.arrivals)
+        gaps = playout_gaps(self.arrivals)
+        self.underruns, self.underrun_s = len(gaps), sum(g for _, g in gaps)
+        self.underrun_at_s = [round(at, 3) for at, _ in gaps]
+
+
+def playout_gaps(arrivals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """A player that starts at the first piece and plays at real time: its gaps > 100 ms,
+    each as (seconds of the reply played before it, its length); shorter gaps still delay
+    the playhead."""
+    if not arrivals:
+        return []
+    playhead, played, gaps = arrivals[0][0], 0.0, []
+    for at, seconds in arrivals:
+        if at > playhead:
+            if at - playhead > UNDERRUN_GAP_S:
+                gaps.append((played, at - playhead))
+            playhead = at
+        playhead += seconds
+        played += seconds
+    return gaps
 
 
 def simulate_playout(arrivals: list[tuple[float, float]]) -> tuple[int, float]:
-    """A player that starts at the first piece and plays at real time: count gaps > 100 ms.
-
-    Returns (number of gaps, their total seconds); shorter gaps still delay the playhead.
-    """
-    if not arrivals:
-        return 0, 0.0
-    playhead, count, total = arrivals[0][0], 0, 0.0
-    for at, seconds in arrivals:
-        if at > playhead:
-            gap = at - playhead
-            if gap > UNDERRUN_GAP_S:
-                count, total = count + 1, total + gap
-            playhead = at
-        playhead += seconds
-    return count, total
+    """The number of playout gaps > 100 ms and their total seconds (see `playout_gaps`)."""
+    gaps = playout_gaps(arrivals)
+    return len(gaps), sum(g for _, g in gaps)
 
 
 def check_url(url: str, allow_remote: bool) -> str:
@@ -390,6 +400,8 @@ async def run_level(base: str, opts: argparse.Namespace, questions: list[np.ndar
     batches = [list(range(i, min(i + turns, opts.requests)))
                for i in range(0, opts.requests, turns)]
 
+    lag = LoopLag()  # the client's own stalls read as late audio: report them beside it
+    lag.start()
     start = time.perf_counter()
     if concurrency is not None:
         counter = iter(batches)
@@ -415,8 +427,9 @@ async def run_level(base: str, opts: argparse.Namespace, questions: list[np.ndar
             await asyncio.sleep(rng.expovariate(rate))  # Poisson arrivals: exponential gaps
         await asyncio.gather(*tasks)
     wall = time.perf_counter() - start
+    await lag.stop()
     progress.close()
-    return summarize(label, concurrency, rate, results, wall)
+    return summarize(label, concurrency, rate, results, wall) | {"client_loop_lag": lag.take()}
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
@@ -459,15 +472,31 @@ def table(report: dict[str, Any]) -> str:
     head = (f"{'level':>10} {'ok/n':>7} {'TTFA p50/p95/p99 ms':>21} {'stopped->audio p50/p95':>22}"
             f" {'RTF p50':>8} {'audio s/s':>9} {'underruns':>9} errors")
     lines = [f"voxline bench: {report['mode']} @ {report['url']}", head]
+    notes = []
     for lv in report["levels"]:
         m = lv["metrics"]
+        if (note := underrun_note(lv)) is not None:
+            notes.append(f"{lv['label']:>10}: {note}")
         ttfa = "/".join(_fmt(m["ttfa_s"][s], 1000) for s in ("p50", "p95", "p99"))
         eos = "/".join(_fmt(m["eos_to_first_audio_s"][s], 1000) for s in ("p50", "p95"))
         under = sum(r["underruns"] for r in lv["results"])
         errors = ", ".join(f"{k}: {v}" for k, v in lv["errors"].items()) or "-"
         lines.append(f"{lv['label']:>10} {lv['ok']:>3}/{lv['requests']:<3} {ttfa:>21} {eos:>22}"
                      f" {_fmt(m['rtf']['p50']):>8} {lv['throughput']:>9.2f} {under:>9} {errors}")
-    return "\n".join(lines)
+    return "\n".join(lines + notes)
+
+
+def underrun_note(level: dict[str, Any]) -> str | None:
+    """Where a level's underruns fell in their replies, and the client's own loop lag (a
+    stalled client reads audio late): None when there were no underruns."""
+    at = sorted(a for r in level["results"] for a in r.get("underrun_at_s", ()))
+    if not at:
+        return None
+    early = sum(a < FIRST_SECOND_S for a in at)
+    lag = level.get("client_loop_lag") or {}
+    return (f"{len(at)} underruns, {early} in a reply's first {FIRST_SECOND_S:g} s, "
+            f"positions p50 {at[len(at) // 2]:.2f} s, max {at[-1]:.2f} s; client loop lag "
+            f"p99 {lag.get('p99_ms', '-')} ms, max {lag.get('max_ms', '-')} ms")
 
 
 def level_value(level: dict[str, Any], metric: str, stat: str) -> float | None:

@@ -139,6 +139,8 @@ class EngineCore:
                             landed=self._release_closed)
         if isinstance(llm, RemoteLLMStage):
             llm_row.on_close = llm.close  # its HTTP requests run outside the worker
+        else:
+            llm_row.note = llm.load_note
         eot = self.end_of_turn
         eot_rows = [] if eot is None else [
             StageSlot("end_of_turn", eot, StageWorker(eot, wake, "voxline-eot"),
@@ -155,7 +157,8 @@ class EngineCore:
                       route=route_each(turns.on_transcript), fail=fail_each(turns.asr_failed)),
             StageSlot("tts", self.tts, StageWorker(self.tts, wake, "voxline-tts"),
                       route=responses.route_speech, fail=responses.fail_speech,
-                      waiting=responses.speech_ready, prepare=responses.start_speech),
+                      waiting=responses.speech_ready, prepare=responses.start_speech,
+                      note=self.tts.load_note),
             *eot_rows,
             *video_rows,
         ])

@@ -169,6 +169,33 @@ class StepPlan:
         return [e.tokens for e in self.entries]
 
 
+@dataclass
+class PlanShapes:
+    """What the stage's plans held since the last note: a step that carries prompts runs
+    them eagerly beside the decode rows, and every speaking reply's next token waits for it."""
+
+    plans: int = 0
+    decode_rows: int = 0
+    prompt_plans: int = 0
+    prompt_tokens: int = 0
+    max_tokens: int = 0
+
+    def add(self, plan: StepPlan) -> None:
+        prompts = [len(e.tokens) for e in plan.entries if len(e.tokens) > 1]
+        self.plans += 1
+        self.decode_rows += len(plan.entries) - len(prompts)
+        self.prompt_plans += bool(prompts)
+        self.prompt_tokens += sum(prompts)
+        self.max_tokens = max(self.max_tokens, sum(len(e.tokens) for e in plan.entries))
+
+    def describe(self) -> str | None:
+        if not self.plans:
+            return None
+        return (f"{self.decode_rows / self.plans:.1f} decode rows a plan; {self.prompt_plans} "
+                f"plans with prompts, {self.prompt_tokens / max(1, self.prompt_plans):.0f} "
+                f"prompt tokens each; largest {self.max_tokens} tokens")
+
+
 class LLMStage:
     """Continuous batching: requests join and leave the running batch on every step."""
 
@@ -177,6 +204,7 @@ class LLMStage:
         self.token_budget = token_budget
         self.running: dict[str, GenerationRequest] = {}
         self._in_flight: set[int] = set()  # slots of the step scheduled and not yet updated
+        self._shapes = PlanShapes()
 
     def add(self, request: GenerationRequest) -> None:
         self.running[request.request_id] = request
@@ -259,7 +287,13 @@ class LLMStage:
         plan = StepPlan(entries) if entries else None
         if plan is not None:
             self._in_flight.update(plan.slots)
+            self._shapes.add(plan)
         return plan
+
+    def load_note(self) -> str | None:
+        """For the engine's stage load line: the shape of the plans since the last note."""
+        shapes, self._shapes = self._shapes, PlanShapes()
+        return shapes.describe()
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """Run the model on the plan (safe to call from a worker thread)."""

@@ -83,7 +83,18 @@ def call_item_id(item_id: str, index: int) -> str:
     return f"{item_id}_call{index}"
 
 
-def new_chunker() -> TextChunker:
+# A TTS that takes a reply's text as it is written (`TTSStage.streams_text`: Qwen3-TTS)
+# speaks one text token per frame until the text ends, so its talker waits for every word
+# the chunker still holds. Such a reply's later segments are as short as its first: on an
+# H200 at 48-64 sessions, 250-character segments left the talkers waiting for the rest of
+# the reply, and the listeners heard it (benchmarks/results/serve_h200_*.txt).
+STREAMED_MAX_CHARS = FIRST_MAX_CHARS
+
+
+def new_chunker(streams_text: bool = False) -> TextChunker:
+    """The chunker of one reply's text; ``streams_text``: for a TTS fed as text comes."""
+    if streams_text:
+        return TextChunker(min_clause_chars=FIRST_CLAUSE_CHARS, max_chars=STREAMED_MAX_CHARS)
     return TextChunker(first_clause_chars=FIRST_CLAUSE_CHARS, first_max_chars=FIRST_MAX_CHARS)
 
 
@@ -274,7 +285,8 @@ class Responses:
             tools=tuple(tools),
             tool_choice=tool_choice,
         )
-        return ResponseRun(response_id, item_id, cfg, request, new_chunker(), stream.config.speed)
+        return ResponseRun(response_id, item_id, cfg, request, new_chunker(self.tts.streams_text),
+                           stream.config.speed)
 
     def prompt_frame(self, stream: StreamState, cfg: p.ResponseConfig,
                      report: bool = False) -> tuple[list[int], int, list[int]] | None:
@@ -385,7 +397,7 @@ class Responses:
                         p.ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE)
             return
         cfg = p.ResponseConfig(seed=msg.seed, voice=msg.voice, reference=msg.reference)
-        run = ResponseRun(msg.response_id, "", cfg, None, new_chunker(), msg.speed,
+        run = ResponseRun(msg.response_id, "", cfg, None, new_chunker(self.tts.streams_text), msg.speed,
                           emitted=msg.text, llm_done=True)
         run.tts_queue.extend(run.chunker.push(msg.text) + run.chunker.flush())
         self._runs[sid] = run

@@ -35,6 +35,10 @@ def _nothing() -> None:
     return None
 
 
+def _no_note() -> str | None:
+    return None
+
+
 def _no_work() -> bool:
     return False
 
@@ -78,6 +82,8 @@ class StageSlot(Generic[PlanT, ResultT, OutT]):
     - `landed()`: after each collected plan, routed or failed (LLM: free KV slots that
       only that plan still wrote).
     - `on_close()`: after the worker stopped (a remote LLM: cancel its HTTP requests).
+    - `note()`: the stage's own words for the load report since the last one (LLM: plan
+      shapes; TTS: gaps in the audio it sent), or None.
     """
 
     name: str
@@ -90,6 +96,7 @@ class StageSlot(Generic[PlanT, ResultT, OutT]):
     settle: Callable[[], None] = _nothing
     landed: Callable[[], None] = _nothing
     on_close: Callable[[], None] = _nothing
+    note: Callable[[], str | None] = _no_note
     rounds: int = 1  # plans per step; more than one only for an inline worker
     load: StageLoad = field(default_factory=StageLoad)
 
@@ -171,7 +178,9 @@ class StageTable:
         wall = now - self._since
         if wall < min_interval_s:
             return None
-        parts = [f"{slot.name} {slot.load.describe(wall)}" for slot in self if slot.load.plans]
+        parts = [f"{slot.name} {slot.load.describe(wall)}" + (f" [{note}]" if (note := slot.note())
+                                                              else "")
+                 for slot in self if slot.load.plans]
         report = (f"stage load over {wall:.1f} s ({self.steps} loop steps): " + "; ".join(parts)
                   if parts else None)
         for slot in self:

@@ -82,6 +82,11 @@ class TTSStage:
         """The stream's live jobs (queued or on the model)."""
         return [job_id for job_id, owner in self._owners.items() if owner.stream_id == stream_id]
 
+    def load_note(self) -> str | None:
+        """The speech model's own note for the stage load line, if it keeps one."""
+        note = getattr(self.speech, "load_note", None)
+        return note() if note is not None else None
+
     def has_work(self) -> bool:
         return (bool(self._to_start) or bool(self._to_feed) or bool(self._to_cancel)
                 or self.speech.has_work())

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from voxline.config import Settings
 from voxline.engines.client import EngineClient
+from voxline.logs import LoopLag
 from voxline.realtime import (
     client_secrets,
     ops,
@@ -42,6 +43,31 @@ async def _start_engine(engine: EngineClient, kind: str) -> None:
     logger.info("engine ready in %.1f s", time.perf_counter() - t0)
 
 
+LOOP_REPORT_S = 10.0  # as often as the engine's stage load lines
+
+
+async def report_loop_lag(state: ServerState, every_s: float = LOOP_REPORT_S) -> None:
+    """Log how late this process's event loop woke, every `every_s` while sessions are
+    open: every session's audio out passes through this loop, so a stall here is a gap a
+    listener hears even when the engine was ahead. Also the `voxline_loop_lag_max_ms` gauge."""
+    lag = LoopLag()
+    lag.start()
+    try:
+        while True:
+            await asyncio.sleep(every_s)
+            took = lag.take()
+            if took is None:
+                continue
+            state.metrics.set("voxline_loop_lag_max_ms", "API event loop: the latest wake in "
+                              "the last report period, ms", took["max_ms"])
+            if state.sessions:
+                logger.info("api loop lag over %.0f s (%d sessions): p50 %.1f ms, p99 %.1f ms, "
+                            "max %.1f ms", every_s, state.sessions, took["p50_ms"],
+                            took["p99_ms"], took["max_ms"])
+    finally:
+        await lag.stop()
+
+
 def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool = True) -> FastAPI:
     """Build the app. With `manage_engine`, the app starts and closes the engine itself."""
 
@@ -53,11 +79,13 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
         if manage_engine:
             starting = asyncio.create_task(_start_engine(engine, settings.engine))
         keep_voices = asyncio.create_task(voices.keep_engine_voices(app.state))
+        watch_loop = asyncio.create_task(report_loop_lag(app.state.voxline))
         try:
             yield
         finally:
             keep_voices.cancel()
-            await asyncio.gather(keep_voices, return_exceptions=True)
+            watch_loop.cancel()
+            await asyncio.gather(keep_voices, watch_loop, return_exceptions=True)
             await webrtc.close_all_calls(app.state.voxline)
             await videos_api.close_videos(app.state)  # their files' folder goes too
             if starting is not None:

@@ -26,6 +26,11 @@ every step, every free slot prefilled at once: the stage's behaviour before this
   (a second, small generator step over the new streams), so first audio leaves one step
   earlier.
 
+The scheduler also counts the gaps its own listener would hear (:meth:`StepScheduler.
+load_note`): audio that left the stage after the job's earlier audio had run out, and
+whether the job's talker had waited for its text meanwhile (the text arrives from the
+LLM in segments), so a gap a client hears can be told apart from one the stage made.
+
 Scheduling moves *when* a stream's frames are computed and decoded, never what they are:
 a stream's frames are computed in the same order and its sampling is seeded per stream,
 so a seeded job's codes equal those of an unscheduled run (``tests/test_tts_arrivals.py``).
@@ -40,6 +45,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from voxline.kernels.cuda_graphs import bucket_for
+
+# A gap this long between a job's sent audio running out and its next audio counts as
+# running dry (the bench's underrun threshold).
+DRY_GAP_S = 0.1
 
 __all__ = ["FIFO", "PLAYOUT", "SCHEDULES", "StepPolicy", "StepScheduler", "fit_to_bucket"]
 
@@ -96,16 +105,35 @@ class StepScheduler:
         self.policy = policy
         self.clock = clock
         self._until: dict[int, float] = {}  # job id -> when its sent audio runs out
+        self._text_waits: set[int] = set()  # jobs whose talker waited for text since last sent
+        self._dry: list[tuple[float, bool]] = []  # (gap s, after a text wait) since last note
 
     def sent(self, job_id: int, seconds: float, now: float) -> None:
         """``seconds`` of the job's audio left the stage at ``now``."""
         if seconds <= 0:
             return
         until = self._until.get(job_id)
+        if until is not None and now - until > DRY_GAP_S:
+            self._dry.append((now - until, job_id in self._text_waits))
+        self._text_waits.discard(job_id)
         self._until[job_id] = max(now, until if until is not None else now) + seconds
+
+    def waits_for_text(self, job_id: int) -> None:
+        """The job's talker stream sat out a step: its next frame's text had not come."""
+        self._text_waits.add(job_id)
 
     def forget(self, job_id: int) -> None:
         self._until.pop(job_id, None)
+        self._text_waits.discard(job_id)
+
+    def load_note(self) -> str | None:
+        """The gaps since the last note (see the module docstring), and reset; None: none."""
+        dry, self._dry = self._dry, []
+        if not dry:
+            return None
+        waited = sum(1 for _, w in dry if w)
+        return (f"{len(dry)} gaps in sent audio, max {max(g for g, _ in dry) * 1000:.0f} ms, "
+                f"{waited} after a wait for text")
 
     def ahead(self, job_id: int, now: float) -> float:
         """Seconds of the job's sent audio not yet played at ``now`` (negative: the

@@ -323,6 +323,10 @@ class Qwen3SpeechModel:
         self.chunks.drop(entry)
         self.scheduler.forget(job_id)
 
+    def load_note(self) -> str | None:
+        """For the engine's stage load line: gaps in the audio this model sent."""
+        return self.scheduler.load_note()
+
     def has_work(self) -> bool:
         """A step would make progress. False while every job waits for text (its stream
         held back, or between streams), so the engine does not spin until text comes."""
@@ -373,8 +377,14 @@ class Qwen3SpeechModel:
         schedule picks (and, with ``first_frame_with_prefill``, a second over the new ones)."""
         fresh = self._admit()
         eos = self.generator.eos
-        live = [j for j in self._jobs.values()
-                if j.stream is not None and not awaits_text(j.stream, eos)]
+        live = []
+        for j in self._jobs.values():
+            if j.stream is None:
+                continue
+            if awaits_text(j.stream, eos):
+                self.scheduler.waits_for_text(j.job_id)
+            else:
+                live.append(j)
         self._generate(self._batch(live))
         if self.scheduler.policy.first_frame_with_prefill:
             self._generate([j for j in fresh if j.stream is not None and not j.stream.finished

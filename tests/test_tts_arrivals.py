@@ -95,17 +95,20 @@ def test_the_scheduler_notes_gaps_in_the_audio_it_sent_and_their_text_waits():
     assert s.load_note() is None
     s.sent(1, 0.2, now=10.0)  # first audio: nothing ran out before it
     s.sent(1, 0.2, now=10.25)  # 50 ms late: under the threshold
+    s.stepped()
     s.waits_for_text(1)
     s.sent(1, 0.2, now=10.7)  # 250 ms late (it ran out at 10.45), after a wait for text
     s.sent(2, 0.1, now=10.0)
     s.sent(2, 0.1, now=10.5)  # 400 ms late, no wait for text
     note = s.load_note()
-    assert note == "2 gaps in sent audio, max 400 ms, 1 after a wait for text"
+    assert note == ("2 gaps in sent audio, max 400 ms, 1 after a wait for text, 1 steps apart "
+                    "(p50; max 1)")
     assert s.load_note() is None  # reset
     s.waits_for_text(1)
     s.sent(1, 0.1, now=10.95)  # 50 ms late: the wait is cleared with no gap noted
     s.sent(1, 0.1, now=11.3)  # 250 ms late
-    assert s.load_note() == "1 gaps in sent audio, max 250 ms, 0 after a wait for text"
+    assert s.load_note() == ("1 gaps in sent audio, max 250 ms, 0 after a wait for text, 0 steps "
+                             "apart (p50; max 0)")
 
 
 def test_admissions_and_policy_checks():
@@ -223,6 +226,20 @@ def test_a_stream_low_on_audio_has_its_frames_decoded_at_once(model_dir):
     fifo = of(run(_stage(model_dir, FIFO, FakeClock()), {0: [SpeechJob(1, TEXTS[1])]}), 1)
     assert [len(o.audio) // stage.samples_per_frame for o in fifo] == [1, 4, 4, 4, 3]
     np.testing.assert_allclose(audio(got), audio(fifo), atol=1e-4)
+
+
+def test_with_overlap_a_low_stream_gets_each_chunk_in_the_step_that_made_it(model_dir):
+    """Overlapped code2wav decodes later chunks at the next step's start, so a stream's
+    second chunk would leave two steps after its first, with 80 ms of audio to cover
+    them: a stream short of audio has its chunk decoded right after its frame's step."""
+    low = run(_stage(model_dir, StepPolicy(flush_below_s=1e3), FakeClock(), overlap_codec=True),
+              {0: [SpeechJob(1, TEXTS[1])]})
+    steps = [i for i, o in low if o.job_id == 1 and len(o.audio)]
+    assert steps == list(range(steps[0], steps[0] + len(steps)))  # a chunk every step
+    fifo = run(_stage(model_dir, FIFO, FakeClock(), overlap_codec=True), {0: [SpeechJob(1, TEXTS[1])]})
+    first, second = [i for i, o in fifo if len(o.audio)][:2]
+    assert second - first > 1  # not low: the next chunk waits for its next step's start
+    np.testing.assert_allclose(audio(of(low, 1)), audio(of(fifo, 1)), atol=1e-4)
 
 
 class _StepClock(FakeClock):

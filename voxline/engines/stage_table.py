@@ -53,11 +53,13 @@ class StageLoad:
     busy_s: float = 0.0
     waited_s: float = 0.0
     waited_max_s: float = 0.0
+    max_s: float = 0.0
 
     def add(self, seconds: float, waited: float, failed: bool) -> None:
         self.plans += 1
         self.failed += failed
         self.busy_s += seconds
+        self.max_s = max(self.max_s, seconds)
         self.waited_s += waited
         self.waited_max_s = max(self.waited_max_s, waited)
 
@@ -66,7 +68,7 @@ class StageLoad:
         wait = self.waited_s / self.plans * 1000
         failed = f", {self.failed} failed" if self.failed else ""
         return (f"{100 * self.busy_s / wall_s:.0f}% busy ({self.plans} plans, {each:.1f} ms "
-                f"each, collected {wait:.1f} ms after / max {self.waited_max_s * 1000:.0f}"
+                f"each, max {self.max_s * 1000:.0f}, collected {wait:.1f} ms after / max {self.waited_max_s * 1000:.0f}"
                 f"{failed})")
 
 

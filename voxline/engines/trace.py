@@ -7,15 +7,19 @@ first token, first segment, first audio, commit — can be lined up after a run:
 
     logging.getLogger("voxline.trace").setLevel(logging.DEBUG)
 
+or, for a server and its engine process, ``VOXLINE_TRACE=1`` in the environment.
 Off (the default) it costs one ``isEnabledFor`` check per milestone.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 logger = logging.getLogger("voxline.trace")
+if os.environ.get("VOXLINE_TRACE", "") not in ("", "0"):
+    logger.setLevel(logging.DEBUG)
 
 
 def trace(stream_id: object, event: str, **fields: object) -> None:

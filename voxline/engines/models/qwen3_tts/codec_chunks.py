@@ -91,15 +91,16 @@ class ChunkScheduler:
             self.codec.release(job.codec_slot)
         job.codec_slot = None
 
-    def due(self, jobs: Iterable[Job], first_only: bool,
+    def due(self, jobs: Iterable[Job], urgent_only: bool,
             low: Callable[[Job], bool] | None = None) -> list[Job]:
-        """Jobs whose next chunk is due (only first chunks with ``first_only``); a job
-        for which ``low`` holds has any pending frames due after its first chunk."""
+        """Jobs whose next chunk is due; a job for which ``low`` holds has any pending
+        frames due after its first chunk. ``urgent_only``: only first chunks and those of
+        low jobs (the chunks decoded right after the step that made their frames)."""
         due: list[Job] = []
         for job in jobs:
             if job.decoded == 0:
                 want = self.initial_chunk_frames
-            elif first_only:
+            elif urgent_only and (low is None or not low(job)):
                 continue
             elif self.ramp:
                 want = min(self.chunk_frames, job.decoded)

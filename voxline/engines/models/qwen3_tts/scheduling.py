@@ -106,7 +106,9 @@ class StepScheduler:
         self.clock = clock
         self._until: dict[int, float] = {}  # job id -> when its sent audio runs out
         self._text_waits: set[int] = set()  # jobs whose talker waited for text since last sent
-        self._dry: list[tuple[float, bool]] = []  # (gap s, after a text wait) since last note
+        self._steps = 0  # model steps so far
+        self._sent_step: dict[int, int] = {}  # job id -> the step of its last audio
+        self._dry: list[tuple[float, bool, int]] = []  # (gap s, after a text wait, steps)
 
     def sent(self, job_id: int, seconds: float, now: float) -> None:
         """``seconds`` of the job's audio left the stage at ``now``."""
@@ -114,9 +116,15 @@ class StepScheduler:
             return
         until = self._until.get(job_id)
         if until is not None and now - until > DRY_GAP_S:
-            self._dry.append((now - until, job_id in self._text_waits))
+            steps = self._steps - self._sent_step.get(job_id, self._steps)
+            self._dry.append((now - until, job_id in self._text_waits, steps))
         self._text_waits.discard(job_id)
+        self._sent_step[job_id] = self._steps
         self._until[job_id] = max(now, until if until is not None else now) + seconds
+
+    def stepped(self) -> None:
+        """The model ran a step (the gaps count the steps between a job's outputs)."""
+        self._steps += 1
 
     def waits_for_text(self, job_id: int) -> None:
         """The job's talker stream sat out a step: its next frame's text had not come."""
@@ -125,15 +133,18 @@ class StepScheduler:
     def forget(self, job_id: int) -> None:
         self._until.pop(job_id, None)
         self._text_waits.discard(job_id)
+        self._sent_step.pop(job_id, None)
 
     def load_note(self) -> str | None:
         """The gaps since the last note (see the module docstring), and reset; None: none."""
         dry, self._dry = self._dry, []
         if not dry:
             return None
-        waited = sum(1 for _, w in dry if w)
-        return (f"{len(dry)} gaps in sent audio, max {max(g for g, _ in dry) * 1000:.0f} ms, "
-                f"{waited} after a wait for text")
+        waited = sum(1 for _, w, _ in dry if w)
+        steps = sorted(n for _, _, n in dry)
+        return (f"{len(dry)} gaps in sent audio, max {max(g for g, _, _ in dry) * 1000:.0f} ms, "
+                f"{waited} after a wait for text, {steps[len(steps) // 2]} steps apart "
+                f"(p50; max {steps[-1]})")
 
     def ahead(self, job_id: int, now: float) -> float:
         """Seconds of the job's sent audio not yet played at ``now`` (negative: the

@@ -20,8 +20,10 @@ Overlap (``overlap_codec``, default on when the decoder is on CUDA): chunks that
 due from frames of earlier steps (every chunk but a stream's first) are decoded at the
 start of the next step, on a CUDA stream of their own, while the talker and code
 predictor run theirs on the main stream; their PCM is collected after the talker's
-step. Only first chunks (first audio) are decoded right after the step that made
-their frames. The audio and texts are the same either way, and so are the chunks,
+step. Only first chunks (first audio), and under the schedule's ``flush_below_s`` the
+chunks of streams short of unplayed audio, are decoded right after the step that made
+their frames: a stream's second chunk would otherwise leave two steps after its first,
+with one frame (80 ms) to cover them. The audio and texts are the same either way, and so are the chunks,
 except that text arriving between steps may cut them differently and a stream that
 stops on codec EOS right after a chunk was due ends with that chunk (``finished``)
 instead of an empty output after it; later chunks leave one step later, off the step's
@@ -358,11 +360,12 @@ class Qwen3SpeechModel:
     def _step(self) -> list[SpeechOut]:
         # Chunks due from earlier frames start first (before _admit changes any job's
         # talker stream, so the due rule sees what the previous step left).
+        self.scheduler.stepped()
         jobs = self._jobs.values()
-        early = (self.chunks.launch(self.chunks.due(jobs, first_only=False, low=self._low()))
+        early = (self.chunks.launch(self.chunks.due(jobs, urgent_only=False, low=self._low()))
                  if self.overlap_codec else None)
         self._talk()
-        late = self.chunks.launch(self.chunks.due(jobs, first_only=self.overlap_codec, low=self._low()))
+        late = self.chunks.launch(self.chunks.due(jobs, urgent_only=self.overlap_codec, low=self._low()))
         return self._outputs([c for c in (early, late) if c is not None])
 
     def _low(self) -> Callable[[Job], bool] | None:

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import torch
 
 from voxline.engines.stage import StreamId
+from voxline.kernels.cuda_graphs import StageStream
 
 # A tentative (warm prefill) request's tokens per step: the most a reply that arrives
 # meanwhile waits for.
@@ -205,6 +206,7 @@ class LLMStage:
         self.running: dict[str, GenerationRequest] = {}
         self._in_flight: set[int] = set()  # slots of the step scheduled and not yet updated
         self._shapes = PlanShapes()
+        self._stream = StageStream(getattr(model, "device", None))
 
     def add(self, request: GenerationRequest) -> None:
         self.running[request.request_id] = request
@@ -297,7 +299,7 @@ class LLMStage:
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """Run the model on the plan (safe to call from a worker thread)."""
-        return self.model.forward(plan.slots, plan.tokens)
+        return self._stream.run(self.model.forward, plan.slots, plan.tokens)
 
     def update(self, plan: StepPlan, logits: torch.Tensor) -> list[tuple[GenerationRequest, int]]:
         """Confirm the plan's tokens and sample; returns (request, new token) pairs.

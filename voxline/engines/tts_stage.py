@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from voxline.engines.protocol import VoiceReference
 from voxline.engines.speech_model import SpeechJob, SpeechModel, SpeechOut, streams_text
 from voxline.engines.stage import StreamId
+from voxline.kernels.cuda_graphs import StageStream
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class TTSStage:
         self._to_feed: list[tuple[int, str | None]] = []  # appended text; None ends a job's text
         self._job_ids = 0
         self.streams_text = streams_text(speech)  # one job per reply, fed as text is written
+        self._stream = StageStream(getattr(speech, "device", None))
 
     def register_voice(self, reference: VoiceReference) -> None:
         """Register (or, with empty audio, remove) a named voice on the model before its
@@ -114,7 +116,7 @@ class TTSStage:
         return TTSPlan(tuple(self._owners))
 
     def execute(self, plan: TTSPlan) -> list[SpeechOut]:
-        return self.speech.step()
+        return self._stream.run(self.speech.step)
 
     def update(self, plan: TTSPlan, outs: list[SpeechOut]) -> list[tuple[SpeechOwner, SpeechOut]]:
         routed: list[tuple[SpeechOwner, SpeechOut]] = []

@@ -94,6 +94,10 @@ class ChatLLM:
         self.cache.reset(slot)
         return slot
 
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
     def free_slot(self, slot: int) -> None:
         self.cache.reset(slot)
         self._free.append(slot)

@@ -262,6 +262,11 @@ class Qwen3SpeechModel:
         return graphed, codec
 
     @property
+    def device(self) -> torch.device:
+        """Where the talker runs (the stage gives its steps a CUDA stream of their own)."""
+        return self.model.talker.device
+
+    @property
     def initial_chunk_frames(self) -> int:
         return self.chunks.initial_chunk_frames
 

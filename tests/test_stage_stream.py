@@ -1,0 +1,37 @@
+"""`StageStream`: a stage's work on a CUDA stream of its own, ordered after the engine
+loop's work on the default stream and complete when `run` returns; a plain call off CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from voxline.kernels.cuda_graphs import StageStream
+
+
+def test_off_cuda_it_is_a_plain_call():
+    for device in (None, "cpu"):
+        stream = StageStream(device)
+        assert stream.stream is None
+        assert stream.run(lambda a, b: a + b, 2, 3) == 5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_work_follows_the_default_stream_and_is_done_on_return():
+    stream = StageStream("cuda")
+    assert stream.stream is not None
+    big = torch.randn(4096, 4096, device="cuda")
+    x = torch.zeros(4, device="cuda")
+    for _ in range(8):
+        big = big @ big / 64  # keep the default stream busy before the write
+    x.fill_(1.0)  # queued on the default stream, as the engine loop's copies are
+    seen = []
+
+    def work() -> torch.Tensor:
+        seen.append(torch.cuda.current_stream() == stream.stream)
+        return x * 2
+
+    out = stream.run(work)
+    assert seen == [True]
+    assert stream.stream.query()  # nothing of the stage's left running
+    assert out.tolist() == [2.0] * 4

@@ -252,6 +252,27 @@ def annotate_utilisation(report: Path, cpu: CpuSampler, gpu_csv: Path,
           f"GPU {extra['gpu_util_pct']}%", flush=True)
 
 
+def level_trace(server_log: Path, t0_wall: float, t1_wall: float) -> str | None:
+    """The turn milestones (``VOXLINE_TRACE=1``) the server logged over [t0, t1] (wall
+    clock), as bench_pipeline's median timeline; None when it logged none."""
+    from datetime import datetime
+
+    from bench_pipeline import trace_timeline
+
+    lines = []
+    for line in server_log.read_text(errors="replace").splitlines():
+        stamp, sep, message = line.partition(" DEBUG voxline.trace[")
+        if not sep:
+            continue
+        try:
+            at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            continue
+        if t0_wall <= at <= t1_wall:
+            lines.append(message.partition("]: ")[2])
+    return trace_timeline(lines) if lines else None
+
+
 PROFILE_RATE = 50  # py-spy samples per second
 
 
@@ -362,6 +383,9 @@ def run(args: argparse.Namespace) -> int:
                 rc |= run_bench(url, f"{inp}_c{c}", out, extra, args.bench_timeout)
                 annotate_utilisation(out / f"{inp}_c{c}.json", cpu, out / "gpu.csv",
                                      (mono0, time.monotonic()), (wall0, time.time()))
+                if (timeline := level_trace(out / "server.log", wall0, time.time())) is not None:
+                    (out / f"{inp}_c{c}_trace.txt").write_text(timeline + "\n")
+                    print(timeline, flush=True)
         merge(out, args.sweeps)
     except RuntimeError as exc:
         print(f"== {exc}", flush=True)

@@ -257,7 +257,7 @@ def level_trace(server_log: Path, t0_wall: float, t1_wall: float) -> str | None:
     clock), as bench_pipeline's median timeline; None when it logged none."""
     from datetime import datetime
 
-    from bench_pipeline import trace_timeline
+    from voxline.engines.trace import timeline
 
     lines = []
     for line in server_log.read_text(errors="replace").splitlines():
@@ -270,7 +270,7 @@ def level_trace(server_log: Path, t0_wall: float, t1_wall: float) -> str | None:
             continue
         if t0_wall <= at <= t1_wall:
             lines.append(message.partition("]: ")[2])
-    return trace_timeline(lines) if lines else None
+    return timeline(lines) if lines else None
 
 
 PROFILE_RATE = 50  # py-spy samples per second

@@ -87,6 +87,7 @@ import psutil  # noqa: E402
 from voxline.engines import protocol as p  # noqa: E402
 from voxline.engines.client import EngineClient, InProcessEngineClient  # noqa: E402
 from voxline.engines.process import MultiprocessEngineClient  # noqa: E402
+from voxline.engines.trace import timeline as trace_timeline  # noqa: E402
 
 CHUNK_MS = 20
 CHUNK = p.INPUT_RATE * CHUNK_MS // 1000  # 320 samples
@@ -643,10 +644,6 @@ def markdown_table(results: dict[str, list[TurnTiming]]) -> None:
                   f"{sum(t.false_cut for t in turns)} |")
 
 
-TRACE_STEPS = ("asr_start", "asr_landed", "speculation_started", "first_delta",
-               "first_segment", "turn_stopped", "commit", "first_audio")
-
-
 class TraceRecords(logging.Handler):
     """Collects the engine's ``voxline.trace`` milestones (see voxline.engines.trace)."""
 
@@ -656,50 +653,6 @@ class TraceRecords(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
-
-
-def trace_timeline(lines: Sequence[str]) -> str:
-    """Median milestones of the turns that spoke, in ms after the engine saw the speech
-    fall silent (``speech_ended``, 64 ms into the silence), plus the LLM's work by the
-    reply's first text and first segment."""
-    import re
-
-    pattern = re.compile(r"t=([\d.]+) stream=(\S+) (\S+)(.*)")
-    turns: list[dict[str, float]] = []
-    current: dict[str, dict[str, float]] = {}
-    for line in lines:
-        m = pattern.match(line)
-        if m is None:
-            continue
-        t, stream, event, rest = float(m.group(1)), m.group(2), m.group(3), m.group(4)
-        fields = dict(f.split("=", 1) for f in rest.split() if "=" in f)
-        if event == "speech_ended":
-            current[stream] = {"t0": t}
-            continue
-        turn = current.get(stream)
-        if turn is None:
-            continue
-        if event.startswith("asr_") and fields.get("kind") not in ("take", "pause", "final"):
-            continue  # partials
-        turn.setdefault(event, t - turn["t0"])
-        for key in ("prompt", "cached", "tokens", "llm_ms"):
-            if key in fields and fields[key] != "None":
-                turn.setdefault(f"{event}.{key}", float(fields[key]))
-        if event == "first_audio" and "turn_stopped" in turn:
-            turns.append(current.pop(stream))
-    if not turns:
-        return "trace: no turn reached its first audio"
-    out = [f"trace: median of {len(turns)} turns, ms after speech_ended (64 ms into the silence)"]
-    for step in TRACE_STEPS:
-        vals = [tr[step] for tr in turns if step in tr]
-        if vals:
-            out.append(f"  {step:<20} {pct(vals, 50):6.0f}   (p95 {pct(vals, 95):.0f}, n={len(vals)})")
-    for key in ("first_delta.prompt", "first_delta.cached", "first_delta.llm_ms",
-                "first_segment.tokens", "first_segment.llm_ms"):
-        vals = [tr[key] for tr in turns if key in tr]
-        if vals:
-            out.append(f"  {key:<20} {pct(vals, 50):6.0f}")
-    return "\n".join(out)
 
 
 def median_ms(turns: Sequence[TurnTiming], part: Callable[[TurnTiming], float | None]) -> str:

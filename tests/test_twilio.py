@@ -286,8 +286,15 @@ async def test_real_call_answers_in_speech_and_barge_in_clears(caplog) -> None:
             item = cut.split(":")[0]
             assert not [m for m in call.messages[i:] if m["event"] == "mark"
                         and m["mark"]["name"].startswith(item)]
+            sent = [m["mark"]["name"] for m in call.messages[:i]
+                    if m["event"] == "mark" and m["mark"]["name"].startswith(item)]
             await call.stop()
-    assert re.search(rf"reply {item} truncated at \d+ ms", caplog.text)
+    # The reply is cut where the caller stopped hearing it, unless the caller had played
+    # every mark sent before the clear: on two cores the story's audio can run out before
+    # the barge-in is heard (the session keeps only 200 ms ahead), and then nothing is cut
+    # (the bridge's unit tests hold the cut itself to the marks heard).
+    played_all = all(name in call.echoed for name in sent)
+    assert re.search(rf"reply {item} truncated at \d+ ms", caplog.text) or played_all, sent
 
 
 async def _bot_said(caplog, timeout: float) -> str:

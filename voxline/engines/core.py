@@ -57,6 +57,7 @@ from voxline.engines.turns import Turns
 from voxline.engines.vad_stage import MAX_BACKLOG_MS, ROUNDS_PER_STEP, VADModel, VADStage
 from voxline.engines.video_stage import VideoModel, Videos, VideoStage
 from voxline.engines.warm_prefill import WarmPrefills
+from voxline.logs import GC_PAUSES
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +178,8 @@ class EngineCore:
         self.table.step()
         report = self.table.load_report(LOAD_REPORT_S)
         if report is not None:
-            logger.info(report)
+            gc_note = GC_PAUSES.take()
+            logger.info(report + (f"; {gc_note}" if gc_note else ""))
         out = list(self._outputs)
         self._outputs.clear()  # cleared in place: `Responses` and `Turns` append to it
         return out

@@ -77,6 +77,7 @@ from voxline.engines.protocol import (
     encode,
 )
 from voxline.errors import EngineBusyError, EngineDeadError, EngineError
+from voxline.logs import freeze_startup_objects
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +163,7 @@ def _serve(
         loaded.set()
         load_seconds = time.perf_counter() - t0
         logger.info("engine core loaded in %.2f s", load_seconds)
+        freeze_startup_objects(logger)  # the models' heap never again in a full collection
         outputs.send(encode(EngineReady(load_seconds, os.getpid())))
         pump = threading.Thread(
             target=_pump_inputs, args=(inputs, inbox, stop_r), name="voxline-input-pump"

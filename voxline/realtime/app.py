@@ -13,7 +13,7 @@ from fastapi import FastAPI
 
 from voxline.config import Settings
 from voxline.engines.client import EngineClient
-from voxline.logs import LoopLag
+from voxline.logs import GC_PAUSES, LoopLag
 from voxline.realtime import (
     client_secrets,
     ops,
@@ -60,12 +60,13 @@ async def report_loop_lag(state: ServerState, every_s: float = LOOP_REPORT_S) ->
                 continue
             state.metrics.set("voxline_loop_lag_max_ms", "API event loop: the latest wake in "
                               "the last report period, ms", took["max_ms"])
+            gc_note = GC_PAUSES.take()
             if state.sessions:
                 logger.info("api loop lag over %.0f s (%d sessions): p50 %.1f ms, p99 %.1f ms, "
-                            "max %.1f ms", every_s, state.sessions, took["p50_ms"],
-                            took["p99_ms"], took["max_ms"])
+                            "max %.1f ms%s", every_s, state.sessions, took["p50_ms"],
+                            took["p99_ms"], took["max_ms"], f"; {gc_note}" if gc_note else "")
     finally:
-        await lag.stop()
+        lag.cancel()  # this task is being cancelled: nothing more to await here
 
 
 def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool = True) -> FastAPI:

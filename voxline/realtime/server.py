@@ -13,6 +13,7 @@ import uvicorn
 
 from voxline.config import settings_from_flags
 from voxline.engines.factory import make_engine, sized_for_device
+from voxline.logs import freeze_startup_objects
 from voxline.realtime.app import create_app
 from voxline.realtime.websocket import OpenSessions, open_sessions
 
@@ -71,5 +72,6 @@ def serve(args: argparse.Namespace) -> int:
                             ws_per_message_deflate=settings.ws_compression,
                             timeout_graceful_shutdown=5)
     server = DrainingServer(config, open_sessions(app), settings.shutdown_grace)
+    freeze_startup_objects(logger)  # imports and app: out of every later full collection
     server.run()
     return 0 if server.started else 1

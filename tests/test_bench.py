@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from live_server import free_port, serve_app
 
-from voxline.bench import playout_gaps, simulate_playout, underrun_note
+from voxline.bench import playout_gaps, underrun_note
 from voxline.cli import main
 from voxline.codecs.wav import write_wav
 from voxline.config import load_settings
@@ -142,13 +142,13 @@ def test_non_loopback_url_is_refused(url: str, capsys) -> None:
 
 
 def test_playout_simulation_counts_gaps_over_100_ms() -> None:
-    assert simulate_playout([]) == (0, 0.0)
+    assert playout_gaps([]) == []
     steady = [(0.1 * i, 0.1) for i in range(10)]
-    assert simulate_playout(steady) == (0, 0.0)
-    count, total = simulate_playout([(0.0, 0.2), (0.25, 0.1), (0.6, 0.1)])  # 50 ms, 250 ms late
-    assert count == 1 and total == pytest.approx(0.25)
+    assert playout_gaps(steady) == []
+    gaps = playout_gaps([(0.0, 0.2), (0.25, 0.1), (0.6, 0.1)])  # 50 ms, 250 ms late
+    assert len(gaps) == 1 and sum(g for _, g in gaps) == pytest.approx(0.25)
     # where each gap fell: after 0.2 + 0.1 s of the reply had played
-    (at, gap), = playout_gaps([(0.0, 0.2), (0.25, 0.1), (0.6, 0.1)])
+    (at, gap), = gaps
     assert at == pytest.approx(0.3) and gap == pytest.approx(0.25)
     level = {"results": [{"underrun_at_s": [0.3]}, {"underrun_at_s": [2.5]}, {}],
              "client_loop_lag": {"p99_ms": 4.0, "max_ms": 12.0}}

@@ -101,12 +101,6 @@ def playout_gaps(arrivals: list[tuple[float, float]]) -> list[tuple[float, float
     return gaps
 
 
-def simulate_playout(arrivals: list[tuple[float, float]]) -> tuple[int, float]:
-    """The number of playout gaps > 100 ms and their total seconds (see `playout_gaps`)."""
-    gaps = playout_gaps(arrivals)
-    return len(gaps), sum(g for _, g in gaps)
-
-
 def check_url(url: str, allow_remote: bool) -> str:
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -198,7 +192,7 @@ async def realtime_conversation(base: str, turns: list[Turn], opts: argparse.Nam
     """`turns` one after another in ONE /v1/realtime session, a result per turn.
 
     Like a person, the client starts its next question only once the previous reply has
-    played out at real time (the simulated player of `simulate_playout`) and THINK_S more,
+    played out at real time (the simulated player of `playout_gaps`) and THINK_S more,
     so a turn never barges in on the one before. A turn's clock starts at its first send.
     A failed turn ends the conversation (see `_fail_from`)."""
     import websockets

@@ -85,9 +85,9 @@ def call_item_id(item_id: str, index: int) -> str:
 
 # A TTS that takes a reply's text as it is written (`TTSStage.streams_text`: Qwen3-TTS)
 # speaks one text token per frame until the text ends, so its talker waits for every word
-# the chunker still holds. Such a reply's later segments are as short as its first: on an
-# H200 at 48-64 sessions, 250-character segments left the talkers waiting for the rest of
-# the reply, and the listeners heard it (benchmarks/results/serve_h200_*.txt).
+# the chunker still holds: an unpunctuated reply reached it as one 250-character segment.
+# Such a reply's later segments are as short as its first (the segments only cut the
+# text; the talker's frames are those of the whole text however it arrives).
 STREAMED_MAX_CHARS = FIRST_MAX_CHARS
 
 

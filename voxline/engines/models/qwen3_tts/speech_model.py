@@ -23,8 +23,8 @@ predictor run theirs on the main stream; their PCM is collected after the talker
 step. Only first chunks (first audio), and under the schedule's ``flush_below_s`` the
 chunks of streams short of unplayed audio, are decoded right after the step that made
 their frames: a stream's second chunk would otherwise leave two steps after its first,
-with one frame (80 ms) to cover them. The audio and texts are the same either way, and so are the chunks,
-except that text arriving between steps may cut them differently and a stream that
+with one frame (80 ms) to cover them. The audio and texts are the same either way, and
+so are the chunks, except that text arriving between steps may cut them differently and a stream that
 stops on codec EOS right after a chunk was due ends with that chunk (``finished``)
 instead of an empty output after it; later chunks leave one step later, off the step's
 critical path.

@@ -69,8 +69,10 @@ async def report_loop_lag(state: ServerState, every_s: float = LOOP_REPORT_S) ->
         lag.cancel()  # this task is being cancelled: nothing more to await here
 
 
-def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool = True) -> FastAPI:
-    """Build the app. With `manage_engine`, the app starts and closes the engine itself."""
+def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool = True,
+               watch_loop: bool = False) -> FastAPI:
+    """Build the app. With `manage_engine`, the app starts and closes the engine itself;
+    with `watch_loop` (`voxline serve`), it logs its event loop's lag (`report_loop_lag`)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -80,13 +82,15 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
         if manage_engine:
             starting = asyncio.create_task(_start_engine(engine, settings.engine))
         keep_voices = asyncio.create_task(voices.keep_engine_voices(app.state))
-        watch_loop = asyncio.create_task(report_loop_lag(app.state.voxline))
+        background = [keep_voices]
+        if watch_loop:
+            background.append(asyncio.create_task(report_loop_lag(app.state.voxline)))
         try:
             yield
         finally:
-            keep_voices.cancel()
-            watch_loop.cancel()
-            await asyncio.gather(keep_voices, watch_loop, return_exceptions=True)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
             await webrtc.close_all_calls(app.state.voxline)
             await videos_api.close_videos(app.state)  # their files' folder goes too
             if starting is not None:

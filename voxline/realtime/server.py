@@ -63,7 +63,7 @@ class DrainingServer(uvicorn.Server):
 def serve(args: argparse.Namespace) -> int:
     """Run the server with the Settings `args` (``voxline serve``'s flags) give."""
     settings = sized_for_device(settings_from_flags(args))  # capacity from the GPU, if any
-    app = create_app(settings, make_engine(settings))
+    app = create_app(settings, make_engine(settings), watch_loop=True)
     logger.info("voxline listening on http://%s:%d (realtime: ws://%s:%d/v1/realtime)",
                 settings.host, settings.port, settings.host, settings.port)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop",

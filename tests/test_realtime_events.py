@@ -922,3 +922,15 @@ def test_deeply_nested_json_is_an_error_not_a_crash(raw: str) -> None:
     with pytest.raises(ProtocolError) as info:
         parse_client_event(raw)
     assert "nested too deeply" in str(info.value)
+
+
+def test_an_event_id_no_utf8_frame_can_carry_is_refused_by_name_and_not_echoed() -> None:
+    # JSON can escape a lone surrogate; echoing it back would break the error's own frame
+    with pytest.raises(ProtocolError) as refused:
+        parse_client_event('{"type": "input_audio_buffer.clear", "event_id": "\\ud800"}')
+    err = refused.value
+    assert err.param == "event_id" and err.event_id is None
+    assert "input_audio_buffer.clear" in str(err) and "lone surrogate" in str(err)
+    with pytest.raises(ProtocolError) as unknown:  # refused for its type: still not echoed
+        parse_client_event('{"type": "no.such.event", "event_id": "\\ud800"}')
+    assert unknown.value.event_id is None and unknown.value.param == "type"

@@ -462,6 +462,10 @@ def parse_client_event(raw: str | bytes | bytearray | Mapping[str, Any]) -> Clie
         )
     event_id = obj.get("event_id")
     event_id = event_id if isinstance(event_id, str) else None
+    # JSON may escape a lone surrogate ("\ud800"), which no UTF-8 frame can carry back
+    unspeakable_id = event_id is not None and not _is_utf8(event_id)
+    if unspeakable_id:
+        event_id = None
     event_type = obj.get("type")
     if event_type is None:
         raise ProtocolError(
@@ -479,6 +483,10 @@ def parse_client_event(raw: str | bytes | bytearray | Mapping[str, Any]) -> Clie
             + ", ".join(CLIENT_EVENT_TYPES),
             code="unknown_event", event_id=event_id, param="type",
         )
+    if unspeakable_id:
+        raise ProtocolError(f"{event_type}: invalid value for 'event_id': it is not valid "
+                            "Unicode text (a lone surrogate)",
+                            code="invalid_value", param="event_id")
     try:
         return _CLIENT_EVENT_ADAPTER.validate_python(obj)
     except ValidationError as exc:
@@ -488,6 +496,14 @@ def parse_client_event(raw: str | bytes | bytearray | Mapping[str, Any]) -> Clie
     except RecursionError:  # e.g. a session object nested hundreds deep
         raise ProtocolError(f"{event_type}: the event is nested too deeply",
                             code="invalid_value", event_id=event_id) from None
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_command(raw: str | bytes | bytearray | Mapping[str, Any]) -> cmd.ClientCommand:

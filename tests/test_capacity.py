@@ -225,3 +225,33 @@ def test_compile_cache_goes_to_the_voxline_cache_unless_set(monkeypatch, tmp_pat
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
     assert persistent_compile_cache(settings) == "/elsewhere"
+
+
+def test_model_threads_hand_the_gil_over_within_half_a_millisecond(monkeypatch):
+    import sys
+
+    from voxline.engines import factory
+
+    monkeypatch.setattr(sys, "getswitchinterval", lambda: 0.005)  # CPython's default
+    set_to: list[float] = []
+    monkeypatch.setattr(sys, "setswitchinterval", set_to.append)
+    factory.share_the_gil()
+    assert set_to == [factory.GIL_SWITCH_INTERVAL_S] and factory.GIL_SWITCH_INTERVAL_S <= 0.0005
+    monkeypatch.setattr(sys, "getswitchinterval", lambda: 0.0001)  # a shorter one is kept
+    factory.share_the_gil()
+    assert set_to == [factory.GIL_SWITCH_INTERVAL_S]
+
+
+def test_attention_stays_off_cudnn_on_a_gpu_and_is_left_alone_without_one(monkeypatch):
+    import torch
+
+    from voxline.engines import factory
+
+    calls: list[bool] = []
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", calls.append)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    factory.shape_free_attention()
+    assert calls == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    factory.shape_free_attention()
+    assert calls == [False]

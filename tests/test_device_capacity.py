@@ -172,8 +172,8 @@ def test_the_packaged_table_holds_the_measured_h200_row(tmp_path):
     assert table.working_fraction == 0.5
     h200 = {r.asr_device: r for r in table.rows if r.gpu == "NVIDIA H200"}
     assert h200["cpu"].sessions == 8 and Path(h200["cpu"].source).name == "serve_h200_sweep.json"
-    assert h200["cuda"].sessions == 32
-    assert Path(h200["cuda"].source).name == "serve_h200_gpu_asr.json"
+    assert h200["cuda"].sessions == 64
+    assert Path(h200["cuda"].source).name == "serve_h200_arrivals.json"
     assert load_table(tmp_path / "missing.json").rows == ()  # the fallback applies
     data = json.loads(Path(table.path).read_text())
     cpu = h200["cpu"]
@@ -181,7 +181,7 @@ def test_the_packaged_table_holds_the_measured_h200_row(tmp_path):
     path = tmp_path / "table.json"
     path.write_text(json.dumps(newer))  # the CPU-ASR row replaced, the GPU-ASR one kept
     assert sorted((r.asr_device, r.sessions) for r in load_table(path).rows
-                  if r.gpu == "NVIDIA H200") == [("cpu", 48), ("cuda", 32)]
+                  if r.gpu == "NVIDIA H200") == [("cpu", 48), ("cuda", 64)]
 
 
 # --------------------------------------------------------------------------- footprints

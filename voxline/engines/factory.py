@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -52,6 +53,31 @@ from voxline.kernels.cuda_graphs import ladder_buckets, pow2_buckets
 logger = logging.getLogger(__name__)
 
 
+# Python's GIL hand-over interval while model threads share the engine process. Every
+# eager torch op releases the GIL and takes it back; while another thread runs Python,
+# taking it back waits up to this interval. At CPython's default (5 ms) an eager
+# Llama-3.2-1B prompt step on an H200 took 8.5-9.3 s beside one busy Python thread
+# (10 ms alone); at 0.5 ms, 0.6 s (`benchmarks/bench_gpu_llm_cold.py --busy-thread`).
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
+def share_the_gil() -> None:
+    """Shorten the GIL's switch interval for the model threads (process-wide)."""
+    if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+
+
+def shape_free_attention() -> None:
+    """Keep PyTorch's SDPA off cuDNN on a GPU (process-wide; before any graph capture).
+
+    cuDNN's attention builds an execution plan for every new shape: on an H200 the first
+    eager prefill of each prompt length took 52-72 ms instead of 10-14 ms, and a server's
+    prompts (and Moonshine's clips) are a new length nearly every time. Flash and
+    memory-efficient attention need no per-shape plan."""
+    if torch.cuda.is_available():
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def model_threads(settings: Settings) -> int:
     """Intra-op threads of the LLM and ASR: `settings.threads`, else half the cores.
 
@@ -82,6 +108,8 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     settings = settings or load_settings()
     threads = model_threads(settings)
     torch.set_num_threads(threads)
+    share_the_gil()
+    shape_free_attention()
     persistent_compile_cache(settings)
     t0 = time.perf_counter()
     vad = SileroVAD.load(threads=1)

@@ -255,3 +255,12 @@ def test_attention_stays_off_cudnn_on_a_gpu_and_is_left_alone_without_one(monkey
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     factory.shape_free_attention()
     assert calls == [False]
+
+
+def test_the_gpu_process_settings_apply_only_when_a_model_is_on_a_gpu():
+    from voxline.config import load_settings
+    from voxline.engines.factory import runs_on_gpu
+
+    assert not runs_on_gpu(load_settings())
+    assert runs_on_gpu(load_settings(tts_device="cuda:1"))
+    assert runs_on_gpu(load_settings(asr_device="cuda"))

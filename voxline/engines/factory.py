@@ -53,12 +53,20 @@ from voxline.kernels.cuda_graphs import ladder_buckets, pow2_buckets
 logger = logging.getLogger(__name__)
 
 
-# Python's GIL hand-over interval while model threads share the engine process. Every
+# Python's GIL hand-over interval while GPU model threads share the engine process. Every
 # eager torch op releases the GIL and takes it back; while another thread runs Python,
 # taking it back waits up to this interval. At CPython's default (5 ms) an eager
-# Llama-3.2-1B prompt step on an H200 took 8.5-9.3 s beside one busy Python thread
-# (10 ms alone); at 0.5 ms, 0.6 s (`benchmarks/bench_gpu_llm_cold.py --busy-thread`).
+# Llama-3.2-1B prompt step on an H200 took 9.2-9.3 s beside one thread spinning in Python
+# (16-19 ms alone); at 0.5 ms, 0.8-0.9 s (`benchmarks/bench_gpu_llm_cold.py`). On this
+# 2-core CPU the spoken-turn latency did not separate from its noise either way, so the
+# CPU engine keeps CPython's default.
 GIL_SWITCH_INTERVAL_S = 0.0005
+
+
+def runs_on_gpu(settings: Settings) -> bool:
+    """Whether any embedded model of `settings` runs on a CUDA device."""
+    return any(d.startswith("cuda") for d in (settings.llm_device, settings.asr_device,
+                                               settings.tts_device))
 
 
 def share_the_gil() -> None:
@@ -108,8 +116,9 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     settings = settings or load_settings()
     threads = model_threads(settings)
     torch.set_num_threads(threads)
-    share_the_gil()
-    shape_free_attention()
+    if runs_on_gpu(settings):
+        share_the_gil()
+        shape_free_attention()
     persistent_compile_cache(settings)
     t0 = time.perf_counter()
     vad = SileroVAD.load(threads=1)

@@ -49,8 +49,7 @@ class Settings(BaseSettings):
                             description="torch device of the embedded LLM: cpu or cuda (with "
                                         "llm_dtype bfloat16 or float32; int8 is CPU-only)")
     threads: int = Field(default=0, description="torch/onnxruntime intra-op threads "
-                         "(0: half the cores, and a CPU LLM step that runs while no other "
-                         "model does takes all of them)")
+                         "(0: half the cores)")
     host: str = Field(default="127.0.0.1", description="bind address of `voxline serve`")
     port: int = Field(default=8000, description="TCP port of `voxline serve`")
     # Capacity: each conversation holds one LLM KV-cache slot (the engine sizes its cache to

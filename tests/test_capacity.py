@@ -264,17 +264,3 @@ def test_the_gpu_process_settings_apply_only_when_a_model_is_on_a_gpu():
     assert not runs_on_gpu(load_settings())
     assert runs_on_gpu(load_settings(tts_device="cuda:1"))
     assert runs_on_gpu(load_settings(asr_device="cuda"))
-
-
-def test_a_cpu_llm_takes_every_core_when_alone_unless_threads_is_set(monkeypatch):
-    from voxline.config import load_settings
-    from voxline.engines import factory
-
-    monkeypatch.setattr(factory.os, "cpu_count", lambda: 2)
-    assert factory.model_threads(load_settings()) == 1
-    assert factory.wide_llm_threads(load_settings()) == 2
-    assert factory.wide_llm_threads(load_settings(threads=1)) == 0  # the user's count wins
-    assert factory.wide_llm_threads(load_settings(llm_device="cuda")) == 0
-    assert factory.wide_llm_threads(load_settings(llm="openai:http://127.0.0.1:9/v1")) == 0
-    monkeypatch.setattr(factory.os, "cpu_count", lambda: 1)
-    assert factory.wide_llm_threads(load_settings()) == 0  # it has every core already

@@ -171,29 +171,3 @@ def test_a_new_stream_starts_from_the_kept_system_prompt():
     while stage.has_work():
         run_step(stage)
     assert second.finish == FinishReason.STOP and len(second.generated) == 2
-
-
-def test_a_step_runs_on_the_wide_thread_count_only_when_the_stage_is_alone():
-    import torch
-
-    class ThreadsSeen(CountingLM):
-        def forward(self, slots, tokens):
-            self.threads_seen.append(torch.get_num_threads())
-            return super().forward(slots, tokens)
-
-    lm = ThreadsSeen(stop_after=100)
-    lm.threads_seen = []
-    stage = LLMStage(lm)
-    alone = [True]
-    own = torch.get_num_threads()
-    stage.run_wide_when_alone(own + 1, lambda: alone[0])
-    stage.add(make_request(lm, "a#1", [1, 9, 3]))
-    plan, _ = run_step(stage)
-    assert plan.threads == own + 1
-    alone[0] = False
-    plan, _ = run_step(stage)
-    assert plan.threads == 0
-    assert lm.threads_seen == [own + 1, own]  # and the worker's own count is restored after
-    assert torch.get_num_threads() == own
-    assert stage.load_note().endswith(f"; 1 on {own + 1} threads")
-    assert stage.load_note() is None

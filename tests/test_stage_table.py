@@ -176,29 +176,3 @@ def test_the_load_report_counts_each_stages_plans_and_failures_then_resets():
     vad.stage.queue = [4]
     table.step()
     assert "[3 gaps]" in (table.load_report(0.0) or "")  # a stage's own note, in its part
-
-
-def test_idle_except_sees_a_running_plan_and_work_waiting_to_start():
-    log: list[str] = []
-    gate = threading.Event()
-    asr = slot("asr", log, thread="test-asr", gate=gate)
-    tts = slot("tts", log)
-    llm = slot("llm", log)
-    table = StageTable([llm, asr, tts])
-    llm.stage.queue = [1]  # the stages named are not counted
-    assert table.idle_except("llm")
-    tts.stage.queue = [2]  # work waiting to start counts
-    assert not table.idle_except("llm") and table.idle_except("llm", "tts")
-    tts.stage.queue = []
-    asr.stage.queue = [3]
-    asr.start()  # a plan running (held at the gate) counts
-    assert asr.stage.queue == [] and not table.idle_except("llm")
-    gate.set()
-    for _ in range(int(200 * TIME_FACTOR)):
-        if asr.worker.done():
-            break
-        threading.Event().wait(0.01)
-    assert not table.idle_except("llm")  # finished but not collected: still its work
-    asr.collect()
-    assert table.idle_except("llm")
-    asr.close()

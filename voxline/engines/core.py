@@ -101,7 +101,7 @@ class EngineCore:
                  max_utterance_ms: float = MAX_UTTERANCE_MS, max_responses: int = 8,
                  speculate_after_ms: float = DEFAULT_SPECULATE_AFTER_MS,
                  generation_lead_ms: float | None = None, warm_prefill: bool = False,
-                 early_pause_transcript: bool = True, llm_wide_threads: int = 0) -> None:
+                 early_pause_transcript: bool = True) -> None:
         self.models = models
         self.max_responses = max_responses
         self.max_utterance_ms = max_utterance_ms
@@ -129,10 +129,6 @@ class EngineCore:
         # `_release_closed` reads the LLM's running plan: KV slots a step in flight writes
         self._llm_worker = StageWorker(self.llm, wake, "voxline-llm")
         self.table = self._stage_table(wake)
-        if llm_wide_threads and isinstance(self.llm, LLMStage):
-            # VAD is inline and cheap: it does not count as another model running
-            self.llm.run_wide_when_alone(llm_wide_threads,
-                                         lambda: self.table.idle_except("llm", "vad"))
 
     def _stage_table(self, wake: Callable[[], None]) -> StageTable:
         """The stages in table order. VAD runs first and inline, so the turns it ends

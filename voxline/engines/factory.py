@@ -95,16 +95,6 @@ def model_threads(settings: Settings) -> int:
     return settings.threads or max(1, (os.cpu_count() or 2) // 2)
 
 
-def wide_llm_threads(settings: Settings) -> int:
-    """Intra-op threads an embedded CPU LLM's step may take while no other model runs
-    (`LLMStage.run_wide_when_alone`): every core, unless `settings.threads` was set or
-    the LLM already has them all; 0 for none."""
-    if settings.remote_llm or settings.llm_device != "cpu" or settings.threads:
-        return 0
-    cores = os.cpu_count() or 1
-    return cores if cores > model_threads(settings) else 0
-
-
 def persistent_compile_cache(settings: Settings) -> str:
     """Point torch.compile's cache (Inductor's, ``TORCHINDUCTOR_CACHE_DIR``) into the
     voxline cache unless the environment already names one; returns the directory.
@@ -415,8 +405,7 @@ def make_engine_core(wake: Callable[[], None], settings: Mapping[str, Any] | Non
                       speculate_after_ms=resolved.speculate_after_ms,
                       warm_prefill=resolved.warm_prefill,
                       early_pause_transcript=resolved.early_pause_transcript,
-                      generation_lead_ms=resolved.generation_lead_s * 1000 or None,
-                      llm_wide_threads=wide_llm_threads(resolved))
+                      generation_lead_ms=resolved.generation_lead_s * 1000 or None)
 
 
 DEFAULT_CORE = "voxline.engines.factory:make_engine_core"

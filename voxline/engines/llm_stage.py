@@ -160,7 +160,6 @@ class PlanEntry:
 @dataclass
 class StepPlan:
     entries: list[PlanEntry]
-    threads: int = 0  # intra-op threads to run it with; 0: the worker's own
 
     @property
     def slots(self) -> list[int]:
@@ -208,20 +207,6 @@ class LLMStage:
         self._in_flight: set[int] = set()  # slots of the step scheduled and not yet updated
         self._shapes = PlanShapes()
         self._stream = StageStream(getattr(model, "device", None))
-        self._wide_threads = 0
-        self._alone: Callable[[], bool] = lambda: False
-        self.wide_plans = 0  # plans run with `wide_threads` since the last load note
-
-    def run_wide_when_alone(self, threads: int, alone: Callable[[], bool]) -> None:
-        """Run a step with `threads` intra-op threads when `alone()` says, as it is
-        scheduled, that no other model is running or waiting (a CPU engine).
-
-        On a small CPU the models share the cores, so each gets a part of them; but the
-        first tokens of a reply are computed while the ASR is done and the speech has
-        not started, with the other cores idle. On a 2-core machine a SmolLM2-135M int8
-        decode step took 66-74 ms on one thread and 43-46 ms on two."""
-        self._wide_threads = threads
-        self._alone = alone
 
     def add(self, request: GenerationRequest) -> None:
         self.running[request.request_id] = request
@@ -305,30 +290,16 @@ class LLMStage:
         if plan is not None:
             self._in_flight.update(plan.slots)
             self._shapes.add(plan)
-            if self._wide_threads and self._alone():
-                plan.threads = self._wide_threads
-                self.wide_plans += 1
         return plan
 
     def load_note(self) -> str | None:
         """For the engine's stage load line: the shape of the plans since the last note."""
         shapes, self._shapes = self._shapes, PlanShapes()
-        note = shapes.describe()
-        if note is not None and self._wide_threads:
-            note += f"; {self.wide_plans} on {self._wide_threads} threads"
-        self.wide_plans = 0
-        return note
+        return shapes.describe()
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """Run the model on the plan (safe to call from a worker thread)."""
-        if not plan.threads:
-            return self._stream.run(self.model.forward, plan.slots, plan.tokens)
-        own = torch.get_num_threads()  # the worker thread's own (OpenMP's are per thread)
-        torch.set_num_threads(plan.threads)
-        try:
-            return self.model.forward(plan.slots, plan.tokens)
-        finally:
-            torch.set_num_threads(own)
+        return self._stream.run(self.model.forward, plan.slots, plan.tokens)
 
     def update(self, plan: StepPlan, logits: torch.Tensor) -> list[tuple[GenerationRequest, int]]:
         """Confirm the plan's tokens and sample; returns (request, new token) pairs.

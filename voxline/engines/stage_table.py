@@ -165,11 +165,6 @@ class StageTable:
     def has_work(self) -> bool:
         return any(slot.has_work() for slot in self)
 
-    def idle_except(self, *names: str) -> bool:
-        """No stage but `names` is running a plan or has one to start."""
-        return all(slot.worker.idle and not slot.has_work()
-                   for slot in self if slot.name not in names)
-
     def step(self) -> None:
         """Route every finished plan, then start every idle stage (both in table order)."""
         self.steps += 1

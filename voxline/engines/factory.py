@@ -78,10 +78,11 @@ def share_the_gil() -> None:
 def shape_free_attention() -> None:
     """Keep PyTorch's SDPA off cuDNN on a GPU (process-wide; before any graph capture).
 
-    cuDNN's attention builds an execution plan for every new shape: on an H200 the first
-    eager prefill of each prompt length took 52-72 ms instead of 10-14 ms, and a server's
-    prompts (and Moonshine's clips) are a new length nearly every time. Flash and
-    memory-efficient attention need no per-shape plan."""
+    cuDNN's attention builds an execution plan for every new shape: on an H200 an eager
+    Llama-3.2-1B prefill of a length not seen before took 57-105 ms, 12-26 ms the next
+    time, and a server's prompts (and Moonshine's clips) are a new length nearly every
+    time. With cuDNN off (flash or memory-efficient attention, no per-shape plan) a new
+    length took 17-32 ms (`benchmarks/bench_gpu_llm_cold.py`)."""
     if torch.cuda.is_available():
         torch.backends.cuda.enable_cudnn_sdp(False)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import os
 import threading
@@ -195,6 +196,16 @@ async def test_close_leaves_no_threads_processes_or_streams(kind: str) -> None:
     if tmpdir is not None:
         assert not exists(tmpdir)
     await c.close()  # idempotent
+
+
+async def test_a_stopped_engine_process_is_not_logged_as_failed(caplog) -> None:
+    c = make_client("multiprocess")
+    await asyncio.wait_for(c.start(), START_TIMEOUT)
+    with caplog.at_level(logging.INFO, logger="voxline.engines.process"):
+        await asyncio.wait_for(c.close(), STEP_TIMEOUT)
+    said = [r.getMessage() for r in caplog.records if r.name == "voxline.engines.process"]
+    assert "engine client closed (0 restarts)" in said
+    assert not [m for m in said if "failed" in m], said  # we stopped it: no failure
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -475,8 +475,10 @@ class MultiprocessEngineClient(EngineClient):
                     self._dispatch(outputs)
                 outputs = []
                 child.failure = msg.message
-                level = logging.INFO if child.stopping else logging.ERROR  # we stopped it
-                logger.log(level, "engine process %d failed: %s", child.process.pid, msg.message)
+                if child.stopping:  # we stopped it: its going is no failure
+                    logger.info("engine process %d stopping: %s", child.process.pid, msg.message)
+                else:
+                    logger.error("engine process %d failed: %s", child.process.pid, msg.message)
                 if not child.ready.done():
                     child.ready.set_exception(EngineError(f"engine failed to start: {msg.message}"))
                 elif child is self._child and not child.stopping:

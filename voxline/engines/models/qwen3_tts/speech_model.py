@@ -24,10 +24,10 @@ step. Only first chunks (first audio), and under the schedule's ``flush_below_s`
 chunks of streams short of unplayed audio, are decoded right after the step that made
 their frames: a stream's second chunk would otherwise leave two steps after its first,
 with one frame (80 ms) to cover them. The audio and texts are the same either way, and
-so are the chunks, except that text arriving between steps may cut them differently and a stream that
-stops on codec EOS right after a chunk was due ends with that chunk (``finished``)
-instead of an empty output after it; later chunks leave one step later, off the step's
-critical path.
+so are the chunks, except that text arriving between steps may cut them differently and
+a stream that stops on codec EOS right after a chunk was due ends with that chunk
+(``finished``) instead of an empty output after it; later chunks leave one step later,
+off the step's critical path.
 
 One stream per reply (streaming text input): a job started with ``more_text`` takes
 later segments (:meth:`Qwen3SpeechModel.append_text`) into the same talker stream, one text

@@ -4,8 +4,9 @@ spoken clause at batch 1, and decode tokens/s at batch 8.
 Variants (each the shipped SmolLM2 behind the engine's own `LLMStage` + `ChatLLM`, so
 continuous batching, per-stream KV slots and KV rollback are kept by every one of them):
 
-- ``int8``: the default: each linear decodes from int8 weights (weight-only, bfloat16
-  activations into aten's int8 GEMM), prefill keeps float32 (`VOXLINE_LLM_DTYPE=int8`);
+- ``int8``: the default: each linear reads int8 weights (weight-only, bfloat16
+  activations into aten's int8 GEMM), prefill too up to `int8_max_rows`
+  (`VOXLINE_LLM_DTYPE=int8`);
 - ``float32``: the default before int8;
 - ``bfloat16``: weights and KV cache in bfloat16 (`VOXLINE_LLM_DTYPE=bfloat16`);
 - ``compiled``: float32 with each decoder layer's math under `torch.compile`

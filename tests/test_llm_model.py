@@ -443,23 +443,44 @@ def test_second_load_comes_from_cache(smol_dir, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_int8_linear_decodes_from_int8_and_prefills_in_float32(bias: bool) -> None:
-    from voxline.kernels.int8_linear import INT8_MAX_ROWS, Int8Linear
+@pytest.mark.parametrize("max_rows", [None, 8])
+def test_int8_linear_reads_int8_weights_up_to_its_rows(bias: bool, max_rows: int | None) -> None:
+    from voxline.kernels.int8_linear import Int8Linear
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(96, 40, bias=bias)
-    q = Int8Linear(linear)
+    q = Int8Linear(linear, max_rows=max_rows)
     assert q.qweight.dtype == torch.int8 and q.qweight.shape == (40, 96)
+    # a float32 copy only where large steps read it
+    assert hasattr(q, "weight") == (max_rows is not None)
     # Each weight is within half a step of its channel's int8 grid.
     step = q.scales.float()[:, None]
     assert ((q.qweight.float() * step - linear.weight).abs() <= 0.51 * step + 1e-3).all()
-    small = torch.randn(2, 3, 96)  # 6 rows: the int8 path
-    got, ref = q(small), linear(small).detach()
-    assert got.shape == (2, 3, 40) and got.dtype == torch.float32
-    assert not torch.equal(got, ref)
-    assert (got - ref).norm() / ref.norm() < 0.02
-    big = torch.randn(INT8_MAX_ROWS + 1, 96)  # a prefill: the float32 weights, exactly
-    assert torch.equal(q(big), linear(big).detach())
+    for shape in ((2, 3, 96), (1, 40, 96)):  # a decode step's rows, a prefill's
+        x = torch.randn(*shape)
+        got, ref = q(x), linear(x).detach()
+        assert got.shape == (*shape[:-1], 40) and got.dtype == torch.float32
+        if max_rows is not None and shape[1] > max_rows:
+            assert torch.equal(got, ref)  # the float32 copy, exactly
+            continue
+        assert not torch.equal(got, ref)
+        assert (got - ref).norm() / ref.norm() < 0.02
+    # Each int8 row's result does not depend on the rows beside it, so a prompt prefilled
+    # in pieces (warm prefill, a KV rollback) reads exactly what one prefill would.
+    x = torch.randn(41, 96)
+    if max_rows is None:
+        assert torch.equal(q(x), torch.cat([q(x[:33]), q(x[33:40]), q(x[40:])]))
+    assert torch.equal(q(x[:8]), torch.cat([q(x[:5]), q(x[5:8])]))
+
+
+def test_int8_rows_follow_the_cpu_kernels(monkeypatch) -> None:
+    from voxline.kernels import int8_linear
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert int8_linear.int8_max_rows() is None
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert int8_linear.int8_max_rows() == int8_linear.AVX2_MAX_ROWS
+    assert int8_linear.Int8Linear(torch.nn.Linear(8, 4)).max_rows == int8_linear.AVX2_MAX_ROWS
 
 
 def test_int8_model_stays_close_to_float32_and_refuses_other_dtypes() -> None:
@@ -474,9 +495,11 @@ def test_int8_model_stays_close_to_float32_and_refuses_other_dtypes() -> None:
         out.append(model.forward_batch([0], [ids]))
         prefill_kv.append(cache.k[:, 0, :, : len(ids)].clone())
         for tok in random_ids(6, 9):
-            out.append(model.forward_batch([0], [[tok]]))  # decode: one row, int8
+            out.append(model.forward_batch([0], [[tok]]))  # decode: one row
     ref, got = torch.cat(ref_logits), torch.cat(got_logits)
-    assert torch.equal(*prefill_kv)  # the prefill's 12 rows read the float32 weights
+    ref_kv, got_kv = prefill_kv
+    assert not torch.equal(ref_kv, got_kv)  # the prefill's 12 rows read the int8 weights
+    assert (got_kv - ref_kv).norm() / ref_kv.norm() < 0.02
     assert 0 < (got - ref).abs().max() < 0.05 * ref.abs().max()
     bf16 = LlamaModel.from_state_dict(hf.config, hf.state_dict(), dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="float32 model on the CPU"):

@@ -215,8 +215,9 @@ class LlamaModel(nn.Module):
         """Decode from int8 weights in every linear, the LM head included (CPU, in place).
 
         Decoding is memory-bound on a CPU: a quarter of the bytes per token is most of the
-        win. Activations, norms, attention and the KV cache stay float32; prefill steps
-        keep the float32 weights (see :mod:`voxline.kernels.int8_linear`).
+        win. Activations, norms, attention and the KV cache stay float32; prefill steps read
+        the int8 weights too where that is faster on this CPU (see
+        :mod:`voxline.kernels.int8_linear`).
         """
         if self.device.type != "cpu" or self.dtype != torch.float32:
             raise ValueError(f"int8 weights need a float32 model on the CPU, not "

@@ -55,6 +55,19 @@ def test_more_coming_by_either_waits_long_else_a_finished_sound_shortens_the_wor
         assert eot.decide(eagerness, words, heard) == wait, (words, heard)
 
 
+def test_a_trailing_comma_alone_is_overruled_by_a_finished_sound():
+    complete, _, incomplete = eot.SILENCE_MS["auto"]
+    for text in ("How far is the moon from the earth,", "Well, let me think,", "Milk; eggs:"):
+        assert eot.ending(text) == Ending.INCOMPLETE and eot.comma_only(text), text
+        assert eot.decide("auto", eot.ending(text), Sound.FINISHED, True) == complete
+        for heard in (Sound.UNSURE, Sound.GOING_ON, Sound.AWAITED, None):  # the rules alone
+            assert eot.decide("auto", eot.ending(text), heard, True) == incomplete, (text, heard)
+    # a comma after a connective or a filler is still more to come, and no comma is none
+    for text in ("I would like to book a table for,", "So, um,", "Paris is nice", "Is it?", ""):
+        assert not eot.comma_only(text), text
+    assert eot.decide("auto", Ending.INCOMPLETE, Sound.FINISHED, False) == incomplete
+
+
 def test_eagerness_sets_how_sure_the_model_must_be():
     assert eot.sound("high", 0.85) == Sound.FINISHED
     assert eot.sound("medium", 0.85) == Sound.UNSURE
@@ -144,6 +157,11 @@ class TurnHarness(CoreDriver):
     ("Paris is nice", 0.05, 2.2, True),
     # trailing words wait whatever the model hears
     ("I would like to book a table for", 0.99, 1.0, False),
+    ("I would like to book a table for,", 0.99, 1.0, False),
+    # a trailing comma alone: a finished sound ends the turn at COMPLETE's 250 ms, an
+    # unsure one waits INCOMPLETE's 2 s
+    ("How far is the moon from the earth,", 0.95, 0.4, True),
+    ("How far is the moon from the earth,", 0.5, 1.0, False),
 ])
 def test_semantic_vad_in_the_engine_combines_words_and_sound(text, probability, pause_s, ends):
     h = TurnHarness(text, probability)

@@ -15,7 +15,8 @@ Two witnesses judge each pause in a turn:
 trail off (a sentence that grammatically goes on is not ended by its intonation) or a
 sound confidently mid-phrase (ASR often writes "to the," as "to that."). Otherwise a
 finished sound moves the words' verdict one step shorter, and both agreeing on
-"finished" waits least:
+"finished" waits least. A trailing comma alone (after a word that could end the
+sentence) is the one "more is coming" a finished sound overrules: it reads as NEUTRAL.
 
     words / sound   FINISHED   UNSURE       GOING_ON     AWAITED      none
     COMPLETE        AGREED     COMPLETE     INCOMPLETE   COMPLETE     COMPLETE
@@ -110,6 +111,16 @@ def ending(text: str) -> Ending:
     return Ending.NEUTRAL
 
 
+def comma_only(text: str) -> bool:
+    """`text` is INCOMPLETE by its trailing comma (colon, semicolon) alone, after a word
+    that could end a sentence: weak evidence, as Moonshine writes one at the end of many
+    finished questions ("How far is the moon from the earth,")."""
+    text = text.strip()
+    if not text.endswith((",", ":", ";")):
+        return False
+    return ending(text.rstrip(",:; ")) != Ending.INCOMPLETE
+
+
 def silence_ms(eagerness: str, end: Ending) -> int:
     """The pause that ends a turn ending like `end`."""
     return SILENCE_MS[eagerness][end]
@@ -123,10 +134,14 @@ def sound(eagerness: str, probability: float) -> Sound:
     return Sound.GOING_ON if probability < going_on else Sound.UNSURE
 
 
-def decide(eagerness: str, words: Ending | None, heard: Sound | None) -> int:
+def decide(eagerness: str, words: Ending | None, heard: Sound | None,
+           comma: bool = False) -> int:
     """The pause (ms) that ends a turn whose words end like `words` (None: not transcribed
     yet) and which sounds like `heard` (None: no model, or not yet); the module docstring
-    has the table."""
+    has the table. `comma`: the words are INCOMPLETE by a trailing comma alone
+    (`comma_only`), which a finished sound overrules: they read as NEUTRAL."""
+    if comma and words == Ending.INCOMPLETE and heard == Sound.FINISHED:
+        words = Ending.NEUTRAL
     if words is None:
         if heard is None:
             return silence_ms(eagerness, Ending.NEUTRAL)

@@ -48,6 +48,7 @@ class TurnDetector:
     paused: bool = False
     silence_ms: float = 0.0
     words: end_of_turn.Ending | None = None  # this pause's, once transcribed
+    comma: bool = False  # ... INCOMPLETE by a trailing comma alone (`end_of_turn.comma_only`)
     heard: end_of_turn.Sound | None = None  # this pause's, once the model has answered
 
     def __post_init__(self) -> None:
@@ -64,6 +65,7 @@ class TurnDetector:
         depends on how `transcript` (the turn so far) ends. Server VAD ignores it."""
         if self.params.eagerness is not None and self.paused:
             self.words = end_of_turn.ending(transcript)
+            self.comma = end_of_turn.comma_only(transcript)
             self._decide(self.params.eagerness)
 
     def hear(self, probability: float) -> None:
@@ -87,7 +89,7 @@ class TurnDetector:
             self._decide(self.params.eagerness)
 
     def _decide(self, eagerness: str) -> None:
-        self.silence_ms = float(end_of_turn.decide(eagerness, self.words, self.heard))
+        self.silence_ms = float(end_of_turn.decide(eagerness, self.words, self.heard, self.comma))
 
     def update(self, prob: float, frame_start_ms: float, frame_ms: float) -> TurnEvent | None:
         """Feed one frame's speech probability; returns an event when a turn starts, pauses,
@@ -133,7 +135,7 @@ class TurnDetector:
 
     def _end_pause(self) -> None:
         self.paused = False
-        self.words, self.heard = None, None
+        self.words, self.heard, self.comma = None, None, False
         self.silence_ms = self.base_silence_ms()
 
     def reset(self) -> None:

@@ -23,7 +23,8 @@ Every variant is started up front and the utterances are interleaved between the
   client is (24 kHz PCM16 appends at real time, server VAD with its defaults, the
   session's own `response.create`): what a client hears, pacing included. Latency is
   from sending the last speech chunk to the first `response.output_audio.delta` of a
-  reply created after the speech ended.
+  reply created after the speech ended. `--turn-detection server_vad,semantic_vad`
+  runs each session's turn detection both ways (one server each, interleaved).
 
 each with speculation on and/or off (`--speculation on,off`: `speculate_after_ms` 160 or
 0; one server per setting in ws mode). Besides the questions, some utterances pause for
@@ -122,6 +123,8 @@ PAUSED = [
 ]
 WARMUP_QUESTION = "Hello, can you hear me clearly?"
 MODES = ("inprocess", "process", "ws")
+# What each --turn-detection asks for (the realtime protocol's defaults for each type)
+TURN_DETECTION = {"server_vad": p.TurnParams(), "semantic_vad": p.TurnParams(eagerness="auto")}
 SPECULATE_MS = 160  # the engine default
 READY_MS = 50  # first audio this soon after speech_stopped was made before it
 BENCH_CORE = "bench_pipeline:bench_core"  # benchmarks/ is on sys.path (this script's folder)
@@ -277,11 +280,12 @@ class TurnTiming:
 
 
 async def run_turn(client: EngineClient, mode: str, stream_id: str, clip: Clip,
-                   partials: bool, full_reply: bool) -> TurnTiming:
+                   partials: bool, full_reply: bool, detection: str = "server_vad") -> TurnTiming:
     """Feed one spoken question at real time on a fresh stream; time the reply."""
     timing = TurnTiming(mode, clip.text)
     stream = await client.open_stream(stream_id, p.StreamConfig(
-        transcribe_partials=partials, auto_response=AUTO_RESPONSE))
+        transcribe_partials=partials, auto_response=AUTO_RESPONSE,
+        turn_detection=TURN_DETECTION[detection]))
     audio = np.concatenate([np.zeros(clip.lead, np.float32), clip.speech])
     speech_chunks = len(audio) // CHUNK
     finished = asyncio.Event()
@@ -363,9 +367,10 @@ class WsServer:
     """`voxline serve` in a subprocess on a free loopback port (one per variant)."""
 
     def __init__(self, label: str, speculate_ms: float, threads: int,
-                 warm_prefill: bool = True) -> None:
+                 warm_prefill: bool = True, turn_detection: str = "server_vad") -> None:
         self.label, self.speculate_ms, self.threads = label, speculate_ms, threads
         self.warm_prefill = warm_prefill
+        self.turn_detection = turn_detection  # what each session asks for in session.update
         self.proc: subprocess.Popen[bytes] | None = None
         self.base = ""
 
@@ -449,8 +454,11 @@ async def run_ws_turn(server: WsServer, clip: Clip, full_reply: bool) -> TurnTim
                 connect(url, max_size=None) as ws:
             created = json.loads(await ws.recv())
             assert created["type"] == "session.created", created
+            audio_in: dict[str, object] = {"transcription": {"model": "asr"}}
+            if server.turn_detection != "server_vad":  # else the protocol's default, untouched
+                audio_in["turn_detection"] = {"type": server.turn_detection}
             await ws.send(json.dumps({"type": "session.update", "session": {
-                "type": "realtime", "audio": {"input": {"transcription": {"model": "asr"}}}}}))
+                "type": "realtime", "audio": {"input": audio_in}}}))
 
             async def feed() -> None:
                 t0 = time.perf_counter()
@@ -632,16 +640,20 @@ def markdown_table(results: dict[str, list[TurnTiming]]) -> None:
     first audio came within `READY_MS` of `speech_stopped`, i.e. it was already made
     (held) when the turn was committed."""
     print(f"\n| variant | `speech_stopped` -> first audio p50 / p95 | end of speech -> first "
-          f"audio p50 / p95 | ready at the stop (<= {READY_MS} ms) | turns | false cuts |")
-    print("|---|---|---|---|---|---|")
+          f"audio p50 / p95 | the same, complete questions | ready at the stop (<= {READY_MS} "
+          f"ms) | turns | false cuts (paused) |")
+    print("|---|---|---|---|---|---|---|")
     for mode, turns in results.items():
         a = [t.from_speech_end for t in turns if t.from_speech_end is not None]
         b = [t.from_stopped for t in turns if t.from_stopped is not None]
+        whole = [t.from_speech_end for t in turns
+                 if t.from_speech_end is not None and " ... " not in t.text]
+        paused = sum(" ... " in t.text for t in turns)
         if a and b:
             ready = sum(v <= READY_MS for v in b)
             print(f"| {mode} | {pct(b, 50):.0f} / {pct(b, 95):.0f} ms | {pct(a, 50):.0f} / "
-                  f"{pct(a, 95):.0f} ms | {ready}/{len(b)} | {len(b)} | "
-                  f"{sum(t.false_cut for t in turns)} |")
+                  f"{pct(a, 95):.0f} ms | {pct(whole, 50):.0f} / {pct(whole, 95):.0f} ms | "
+                  f"{ready}/{len(b)} | {len(b)} | {sum(t.false_cut for t in turns)} / {paused} |")
 
 
 class TraceRecords(logging.Handler):
@@ -682,6 +694,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help=f"comma-separated steps of the latency ladder, run side by side "
                          f"instead of --speculation x --warm-prefill: {', '.join(LADDER)} "
                          "(inprocess/process modes; ws runs only baseline, early, early-cold)")
+    ap.add_argument("--turn-detection", default="server_vad",
+                    help="comma-separated: server_vad (the protocol default, 500 ms), "
+                         "semantic_vad (the engine's detector: Smart Turn + transcript rules, "
+                         "eagerness auto); each runs as its own server or engine, interleaved "
+                         "(default: server_vad)")
     ap.add_argument("--voice", choices=["espeak", "piper"], default="espeak",
                     help="who speaks the questions (default espeak-ng)")
     ap.add_argument("--no-partials", action="store_true",
@@ -708,6 +725,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.warm_prefill = [choices.get(v.strip()) for v in args.warm_prefill.split(",") if v.strip()]
     if not args.warm_prefill or None in args.warm_prefill:
         ap.error("--warm-prefill takes on, off or on,off")
+    args.turn_detection = [v.strip() for v in args.turn_detection.split(",") if v.strip()]
+    if not args.turn_detection or any(v not in TURN_DETECTION for v in args.turn_detection):
+        ap.error(f"--turn-detection takes a comma-separated subset of {','.join(TURN_DETECTION)}")
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     if any(n not in LADDER for n in names):
         ap.error(f"--variants takes a comma-separated subset of {','.join(LADDER)}")
@@ -715,7 +735,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--variants spec-text and held need --mode inprocess or process: the "
                  "server has no settings for them")
     args.variants = {n: LADDER[n] for n in names}
-    if args.trace and (args.modes != ["inprocess"] or len(variant_grid(args)) != 1):
+    if args.trace and (args.modes != ["inprocess"] or len(variant_grid(args)) != 1
+                       or len(args.turn_detection) != 1):
         ap.error("--trace needs --mode inprocess and one variant (the milestones of "
                  "interleaved engines would mix)")
     return args
@@ -747,6 +768,7 @@ async def amain(args: argparse.Namespace) -> int:
           f"{'run to the end' if args.full_replies else 'cancelled after their first audio chunk'}")
 
     variants: dict[str, EngineClient | WsServer] = {}
+    detections: dict[str, str] = {}  # engine-client variants' turn detection
     traced = TraceRecords()
     if args.trace:
         trace_logger = logging.getLogger("voxline.trace")
@@ -759,22 +781,28 @@ async def amain(args: argparse.Namespace) -> int:
                 speculate = SPECULATE_MS if v.speculate else 0
                 t0 = time.perf_counter()
                 if mode == "ws":
-                    server = WsServer(label, speculate, args.threads, v.warm)
-                    variants[label] = server
-                    await server.start()
-                else:
-                    kwargs: dict[str, object] = {"speculate_after_ms": speculate,
-                                                 "warm_prefill": v.warm,
-                                                 "early_pause_transcript": v.early_pause,
-                                                 "speculate_speech": v.speech}
-                    if args.threads:
-                        kwargs["threads"] = args.threads
+                    for detection in args.turn_detection:
+                        named = label + (":semantic" if detection == "semantic_vad" else "")
+                        server = WsServer(named, speculate, args.threads, v.warm, detection)
+                        variants[named] = server
+                        await server.start()
+                        print(f"{named} ready in {time.perf_counter() - t0:.1f} s")
+                    continue
+                kwargs: dict[str, object] = {"speculate_after_ms": speculate,
+                                             "warm_prefill": v.warm,
+                                             "early_pause_transcript": v.early_pause,
+                                             "speculate_speech": v.speech}
+                if args.threads:
+                    kwargs["threads"] = args.threads
+                for detection in args.turn_detection:
+                    named = label + (":semantic" if detection == "semantic_vad" else "")
                     client: EngineClient = (
                         InProcessEngineClient(BENCH_CORE, kwargs) if mode == "inprocess"
                         else MultiprocessEngineClient(BENCH_CORE, kwargs, restart=False))
-                    variants[label] = client
+                    variants[named] = client
+                    detections[named] = detection
                     await client.start()
-                print(f"{label} ready in {time.perf_counter() - t0:.1f} s")
+                    print(f"{named} ready in {time.perf_counter() - t0:.1f} s")
         from voxline.config import load_settings
         from voxline.engines.factory import model_threads
 
@@ -787,7 +815,7 @@ async def amain(args: argparse.Namespace) -> int:
             if isinstance(target, WsServer):
                 return await run_ws_turn(target, clip, args.full_replies)
             return await run_turn(target, label, name, clip, not args.no_partials,
-                                  args.full_replies)
+                                  args.full_replies, detections[label])
 
         for label in variants:
             for w in range(args.warmup):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -11,9 +12,11 @@ import torch
 from conftest import TIME_FACTOR
 from speech import espeak
 
+from voxline.config import load_settings
 from voxline.engines import protocol as p
 from voxline.engines.core import EngineCore
-from voxline.engines.factory import load_models
+from voxline.engines.factory import load_models, load_reply_model
+from voxline.engines.model_memory import LLM_POSITIONS
 
 pytestmark = pytest.mark.slow
 
@@ -75,25 +78,45 @@ def hf_greedy(models, prompt: list[int], max_new: int) -> str:
 QUESTIONS = ["What is the capital of France?", "Name three colors.", "What is two plus two?"]
 
 
-def test_engine_greedy_equals_transformers_generate_alone_and_batched(driver, models):
-    cfg = p.ResponseConfig(audio=False, max_output_tokens=24)
-    # alone
-    driver.send(p.OpenStream("solo"), p.AddItem("solo", "u", "user", QUESTIONS[0]),
-                p.CreateResponse("solo", "r", "a", cfg))
-    driver.run_until(driver.done_count(1))
-    # batched: three streams decoding in the same steps
-    for i, q in enumerate(QUESTIONS):
-        driver.send(p.OpenStream(f"b{i}"), p.AddItem(f"b{i}", "u", "user", q),
-                    p.CreateResponse(f"b{i}", "r", "a", cfg))
-    driver.run_until(driver.done_count(4))
-    llm = models.llm
+def greedy_replies(models) -> dict[str, str]:
+    """Greedy replies of one stream alone, then of three decoding in the same steps."""
+    driver = Driver(models)
+    try:
+        cfg = p.ResponseConfig(audio=False, max_output_tokens=24)
+        driver.send(p.OpenStream("solo"), p.AddItem("solo", "u", "user", QUESTIONS[0]),
+                    p.CreateResponse("solo", "r", "a", cfg))
+        driver.run_until(driver.done_count(1))
+        for i, q in enumerate(QUESTIONS):
+            driver.send(p.OpenStream(f"b{i}"), p.AddItem(f"b{i}", "u", "user", q),
+                        p.CreateResponse(f"b{i}", "r", "a", cfg))
+        driver.run_until(driver.done_count(4))
+        llm = models.llm
+        system = llm.render_message("system", p.StreamConfig().instructions)
+        replies = {}
+        for sid, q in [("solo", QUESTIONS[0])] + [(f"b{i}", q) for i, q in enumerate(QUESTIONS)]:
+            done, = driver.of(p.ResponseFinished, sid)
+            assert done.input_tokens == len(system + llm.render_message("user", q)
+                                            + llm.generation_header())
+            replies[sid] = done.text
+        return replies
+    finally:
+        driver.core.close()
+
+
+def test_engine_greedy_equals_transformers_generate_alone_and_batched(models):
+    # float32 weights: exactly transformers' generate on the same weights and prompts
+    f32 = dataclasses.replace(models, llm=load_reply_model(
+        load_settings(llm_dtype="float32"), None, max_slots=8, max_len=LLM_POSITIONS))
+    llm = f32.llm
     system = llm.render_message("system", p.StreamConfig().instructions)
+    replies = greedy_replies(f32)
     for sid, q in [("solo", QUESTIONS[0])] + [(f"b{i}", q) for i, q in enumerate(QUESTIONS)]:
         prompt = system + llm.render_message("user", q) + llm.generation_header()
-        done, = driver.of(p.ResponseFinished, sid)
-        assert done.text == hf_greedy(models, prompt, 24), sid
-        assert done.input_tokens == len(prompt)
-    assert "Paris" in driver.of(p.ResponseFinished, "solo")[0].text
+        assert replies[sid] == hf_greedy(f32, prompt, 24), sid
+    # the default int8 weights: batching changes nothing, and the answer is still right
+    int8 = greedy_replies(models)
+    assert int8["solo"] == int8["b0"]
+    assert "Paris" in int8["solo"]
 
 
 def test_second_turn_reuses_the_cached_conversation(driver):

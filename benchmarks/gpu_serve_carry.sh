@@ -23,7 +23,8 @@ mkdir -p $out/a/whl $out/a/stub/silero_vad/data $out/a/stub/moonshine_cpp/models
 names="aioice aiortc annotated-types av cffi cryptography dnspython fastapi google-crc32c
 ifaddr jsonschema jsonschema-specifications mcp msgspec pycparser pydantic pydantic-core
 pydantic-settings pyee pyjwt pylibsrtp pyopenssl python-dotenv python-multipart pyzmq
-referencing rpds-py soxr sse-starlette starlette typing-inspection uvicorn websockets gguf"
+referencing rpds-py soxr sse-starlette starlette typing-inspection uvicorn websockets gguf httpx2
+mcp-types opentelemetry-api httpcore2 truststore"
 pins=$($PY - $names <<'EOF'
 import sys
 from importlib.metadata import PackageNotFoundError, version

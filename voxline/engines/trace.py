@@ -47,8 +47,8 @@ def _pct(values: list[float], q: float) -> float:
 
 def timeline(lines: Iterable[str]) -> str:
     """Median milestones of the turns that spoke, from trace messages (``t=... stream=...
-    event ...``), in ms after the engine saw the speech fall silent (``speech_ended``, 64 ms
-    into the silence), plus the LLM's work by the reply's first text and first segment.
+    event ...``), in ms after the engine saw the speech fall silent (``speech_ended``,
+    `input_audio.SPEECH_END_MS` into the silence), plus the LLM's work by the reply's first text and first segment.
     A turn counts once it has both stopped and reached first audio, in either order (a
     speculative reply's first audio is often ready before the turn stops)."""
     turns: list[dict[str, float]] = []
@@ -75,7 +75,8 @@ def timeline(lines: Iterable[str]) -> str:
             turns.append(current.pop(stream))
     if not turns:
         return "trace: no turn reached its first audio"
-    out = [f"trace: median of {len(turns)} turns, ms after speech_ended (64 ms into the silence)"]
+    out = [f"trace: median of {len(turns)} turns, ms after speech_ended (where the engine "
+           "saw the speech fall silent)"]
     for step in TIMELINE_STEPS:
         vals = [tr[step] for tr in turns if step in tr]
         if vals:

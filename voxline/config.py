@@ -80,8 +80,8 @@ class Settings(BaseSettings):
                                "transcript prefills the reply's prompt (embedded LLM, idle "
                                "cycles only), so at the end of the turn only the last words "
                                "are new")
-    early_pause_transcript: bool = Field(default=True, description="32 ms (one VAD frame) into a silence the "
-                                         "turn so far is transcribed, and that take is the "
+    early_pause_transcript: bool = Field(default=True, description="32 ms (one VAD frame) "
+                                         "into a silence the turn so far is transcribed, and that take is the "
                                          "pause (and final) transcript when no voice followed: "
                                          "the transcript is ready when the silence window "
                                          "closes (costs one or two extra ASR runs a turn)")

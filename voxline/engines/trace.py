@@ -48,7 +48,8 @@ def _pct(values: list[float], q: float) -> float:
 def timeline(lines: Iterable[str]) -> str:
     """Median milestones of the turns that spoke, from trace messages (``t=... stream=...
     event ...``), in ms after the engine saw the speech fall silent (``speech_ended``,
-    `input_audio.SPEECH_END_MS` into the silence), plus the LLM's work by the reply's first text and first segment.
+    `input_audio.SPEECH_END_MS` into the silence), plus the LLM's work by the reply's first
+    text and first segment.
     A turn counts once it has both stopped and reached first audio, in either order (a
     speculative reply's first audio is often ready before the turn stops)."""
     turns: list[dict[str, float]] = []

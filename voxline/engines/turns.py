@@ -17,8 +17,8 @@ verdict joins the words' in the stream's `TurnDetector`; a stale or failed one i
 ignored (the words decide alone).
 
 The pause transcript is taken early: where the turn's speech falls silent (`SpeechEnded`,
-one 32 ms VAD frame into the silence), before a pause can be reported, the turn so far goes to ASR
-as an *early take* (`EarlyTake`). When the pause comes with no voice since that frame
+one 32 ms VAD frame into the silence), before a pause can be reported, the turn so far
+goes to ASR as an *early take* (`EarlyTake`). When the pause comes with no voice since that frame
 (the detector's last voice unchanged), the take is the pause transcript: already in, the
 pause needs no ASR at all; still running, the pause waits for it (moved ahead of the
 partials). Otherwise (voice since, or early takes off) the pause is transcribed as it

@@ -28,6 +28,8 @@ over 126 tokens the next-token choice agrees with float32 on 94 % of positions (
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor, nn
 
@@ -48,7 +50,7 @@ class Int8Linear(nn.Module):
     the weight, which is kept only when ``max_rows`` is set (default: `int8_max_rows`).
     """
 
-    def __init__(self, linear: nn.Linear, max_rows: int | None | str = "auto") -> None:
+    def __init__(self, linear: nn.Linear, max_rows: int | None | Literal["auto"] = "auto") -> None:
         super().__init__()
         weight = linear.weight.detach().to(torch.float32)
         if weight.device.type != "cpu":

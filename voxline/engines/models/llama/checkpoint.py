@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from voxline.errors import ModelUnavailableError
+from voxline.kernels.int8_linear import int8_max_rows
 from voxline.logs import timed
 
 from .model import LlamaModel
@@ -113,6 +114,10 @@ def load_llm(
         model = LlamaModel.from_state_dict(config, state, dtype=float_dtype, device=device)
         if int8:
             model.quantize_int8()
+            rows = int8_max_rows()
+            logger.info("int8 weights: %s (aten's %s kernels)",
+                        "every step" if rows is None else f"steps of up to {rows} rows, "
+                        "float32 above", torch.backends.cpu.get_cpu_capability())
         tokenizer = fix_tokenizer(AutoTokenizer.from_pretrained(directory))
     return LoadedLLM(model, tokenizer, config)
 

@@ -754,6 +754,11 @@ def variant_grid(args: argparse.Namespace) -> dict[str, Variant]:
     return grid
 
 
+def detection_label(label: str, detection: str) -> str:
+    """A variant's label with its turn detection (server VAD, the default, unmarked)."""
+    return label + (":semantic" if detection == "semantic_vad" else "")
+
+
 async def amain(args: argparse.Namespace) -> int:
     print("command: " + shlex.join([sys.executable, *sys.argv]))
     print(f"machine: {load_note()}. The CPUs are shared with other work, so numbers are "
@@ -782,7 +787,7 @@ async def amain(args: argparse.Namespace) -> int:
                 t0 = time.perf_counter()
                 if mode == "ws":
                     for detection in args.turn_detection:
-                        named = label + (":semantic" if detection == "semantic_vad" else "")
+                        named = detection_label(label, detection)
                         server = WsServer(named, speculate, args.threads, v.warm, detection)
                         variants[named] = server
                         await server.start()
@@ -795,7 +800,7 @@ async def amain(args: argparse.Namespace) -> int:
                 if args.threads:
                     kwargs["threads"] = args.threads
                 for detection in args.turn_detection:
-                    named = label + (":semantic" if detection == "semantic_vad" else "")
+                    named = detection_label(label, detection)
                     client: EngineClient = (
                         InProcessEngineClient(BENCH_CORE, kwargs) if mode == "inprocess"
                         else MultiprocessEngineClient(BENCH_CORE, kwargs, restart=False))

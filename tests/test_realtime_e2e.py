@@ -402,7 +402,7 @@ async def test_live_session_events_validate_strictly(server, dialect):
             def buffer_ended(e: dict) -> bool:
                 return (e["type"] in ("output_audio_buffer.stopped", "output_audio_buffer.cleared")
                         and e["response_id"] == last["id"])
-            if not any(map(buffer_ended, c.events)):  # (it may have come before its done)
+            if not any(map(buffer_ended, c.events)):  # (a barged-in reply is cleared before its done)
                 await c.until(buffer_ended)
     finally:
         await ws.close()

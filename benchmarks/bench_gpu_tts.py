@@ -61,7 +61,7 @@ from voxline.engines.models.qwen3_tts.talker import Talker
 from voxline.engines.models.qwen3_tts.tokenizer import Qwen3TextTokenizer
 from voxline.engines.speech_model import SpeechJob
 from voxline.engines.tts_stage import SpeechOwner, TTSStage
-from voxline.kernels import gemv
+from voxline.kernels import gemv, qkv_attention
 from voxline.kernels.cuda_graphs import bucket_for
 
 TEXT = "A longer sentence about the lazy dog and the brown fox."
@@ -513,6 +513,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="decode every chunk in the step that made its frames (round-3 behaviour)")
     ap.add_argument("--no-gemv", action="store_true", help="cuBLAS for the decode projections "
                     "instead of the small-row linear kernel (round-3 behaviour)")
+    ap.add_argument("--qkv-attention", choices=("on", "off", "ab"), default="on",
+                    help="the code predictor's one-kernel attention block (voxline.kernels."
+                         "qkv_attention): on, off, or ab (each mode twice, off then on)")
     ap.add_argument("--check", action="store_true", help="validate every frame's codes (slow)")
     ap.add_argument("--tiny", action="store_true", help="a toy-width model (CPU runs; timings mean nothing)")
     ap.add_argument("--arrivals", help="open loop: Poisson arrival rates in jobs/s, e.g. 4,8,12,16,24")
@@ -540,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     torch._dynamo.config.suppress_errors = True
     conc = [int(x) for x in args.concurrency.split(",")]
     gemv.set_enabled(not args.no_gemv)
+    qkv_attention.set_enabled(args.qkv_attention != "off")
     graphed_talker.DEFAULT_ATTENTION = args.attention  # every generator this run builds
     graphed_talker.DEFAULT_PREDICTOR_ATTENTION = args.predictor_attention
     buckets = [int(x) for x in args.buckets.split(",")] if args.buckets else None
@@ -560,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         frames_per_job=args.frames, batch_buckets=buckets or "powers of two", attention=args.attention,
         predictor_attention=args.predictor_attention, chunking="initial_chunk_frames=1, chunk_frames=4",
         overlap_codec=not args.no_overlap, small_row_linear_kernel=not args.no_gemv,
+        fused_qkv_attention=args.qkv_attention,
         predictor_top_k_cap=graphed_talker.PREDICTOR_TOP_K_CAP,
         sampling="published settings (temperature 0.9, top-k 50), seeded; EOS masked",
         qwen_tts_reference="not run: the qwen-tts package is not installable on the device machine",
@@ -580,7 +585,11 @@ def main(argv: list[str] | None = None) -> int:
         report["twin_check"] = twin_check(model, tok, 12)
         print("twin check", report["twin_check"], flush=True)
     sampling = TalkerSampling(min_frames=args.frames)
-    for mode in args.modes.split(","):
+    states = [False, True] if args.qkv_attention == "ab" else [args.qkv_attention == "on"]
+    for mode, fused in ((m, f) for m in args.modes.split(",") for f in states):
+        # A/B: both runs in this process, results keyed "<mode>/qkv_off" and "<mode>/qkv_on".
+        label = f"{mode}/qkv_{'on' if fused else 'off'}" if args.qkv_attention == "ab" else mode
+        qkv_attention.set_enabled(fused)
         t0 = time.perf_counter()
         stage = Qwen3SpeechModel(model, tok, max_streams=max(conc), max_len=args.max_len,
                                  max_frames=args.frames, sampling=sampling, graphs=mode != "eager",
@@ -594,25 +603,25 @@ def main(argv: list[str] | None = None) -> int:
             if mode == "fused":
                 stage.generator.prepare()
         load = time.perf_counter() - t0
-        print(f"{mode}: stage ready in {load:.1f} s", flush=True)
-        report.setdefault("load_s", {})[mode] = round(load, 2)
+        print(f"{label}: stage ready in {load:.1f} s", flush=True)
+        report.setdefault("load_s", {})[label] = round(load, 2)
         cs = conc if mode != "eager" else [c for c in conc if str(c) in args.eager_concurrency.split(",")]
         if args.check:
             add_checks(stage)
         for c in cs:
             row = measure(stage, c, runs=5 if c == 1 else (2 if mode != "eager" else 1))
-            report["results"].setdefault(mode, []).append(row)
-            report["breakdown"].setdefault(mode, {})[str(c)] = breakdown(stage, c)
-            print(mode, row, report["breakdown"][mode][str(c)], flush=True)
+            report["results"].setdefault(label, []).append(row)
+            report["breakdown"].setdefault(label, {})[str(c)] = breakdown(stage, c)
+            print(label, row, report["breakdown"][label][str(c)], flush=True)
             save(report, args.out)  # partial results survive a time limit
         del stage
         torch.cuda.empty_cache()
     save(report, args.out)
-    print(f"{'mode':7s} {'c':>3s} {'first p50':>10s} {'p95':>8s} {'RTF':>7s} {'step RTF':>9s} "
+    print(f"{'mode':18s} {'c':>3s} {'first p50':>10s} {'p95':>8s} {'RTF':>7s} {'step RTF':>9s} "
           f"{'audio-s/s':>10s} {'underruns':>9s}")
     for mode, rows in report["results"].items():
         for r in rows:
-            print(f"{mode:7s} {r['concurrency']:3d} {r['first_audio_ms_p50']:10.1f} "
+            print(f"{mode:18s} {r['concurrency']:3d} {r['first_audio_ms_p50']:10.1f} "
                   f"{r['first_audio_ms_p95']:8.1f} {r['rtf_mean']:7.3f} {r['step_rtf']:9.3f} "
                   f"{r['audio_s_per_s']:10.1f} {r['underruns']:9d}")
     return 0

@@ -17,6 +17,7 @@ from voxline.kernels.decode_attention import attend_decode
 from voxline.kernels.decoder_step import attn_mlp, attn_out_mlp, attn_prep, concat_weights
 from voxline.kernels.gemv import small_linear
 from voxline.kernels.layer_ops import rms_norm
+from voxline.kernels.qkv_attention import fused_available, qkv_attention
 from voxline.kernels.sampling import sample_rows
 
 from .layers import DecoderLayer
@@ -66,11 +67,24 @@ def predictor_substep(
     """One code-predictor sub-step as one function (one compiled region on a GPU): every
     layer with its key/value write (out of place: the per-frame buffers are tiny), then
     :func:`predictor_head`. Returns the pick, its embedding, the next input, and the
-    updated keys and values."""
+    updated keys and values.
+
+    On CUDA in bf16/fp16 a layer's attention block (after the QKV projection, up to the
+    output projection) is one kernel instead (:func:`~voxline.kernels.qkv_attention.qkv_attention`,
+    when :func:`~voxline.kernels.qkv_attention.fused_available`): it writes the keys and
+    values into the given buffers in place, and those same buffers are returned."""
     h = x
     new_k: list[Tensor] = []
     new_v: list[Tensor] = []
     for (prep_w, post_w), k_buf, v_buf, mask in zip(layers, keys, values, masks, strict=True):
+        if fused_available(h, pos, k_buf, v_buf, mask, *prep_w):
+            out = qkv_attention(h, pos, inv_freq, k_buf, v_buf, mask, *prep_w)
+            new_k.append(k_buf)
+            new_v.append(v_buf)
+            b, q_len, _ = out.shape
+            heads = out.view(b, q_len, -1, prep_w[-1]).transpose(1, 2)  # [B, Hq, Q, D], no copy
+            h = attn_out_mlp(h, heads, *post_w)
+            continue
         q, k, v = attn_prep(h, pos, inv_freq, *prep_w)
         k_buf = k_buf.index_copy(2, q_idx, k)
         v_buf = v_buf.index_copy(2, q_idx, v)

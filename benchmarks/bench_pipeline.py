@@ -42,7 +42,9 @@ variant of the same run (inprocess/process modes; ws takes only the server's def
 - spec-text: a pause speculates the reply's text only (its speech waits for the commit);
 - held: the speculation also speaks its first words, audio held until the commit;
 - early: + the pause transcript taken where the speech fell silent (the engine default);
-- early-cold: the same with warm prefill off.
+- early-cold: the same with warm prefill off;
+- early-refeed: warm prefill on, but a reply over exactly its prompt feeds the prompt's
+  last token again instead of sampling from the logits the warm prefill kept.
 
 By default the reply is cancelled once its first audio chunk arrives (the rest of the
 reply does not affect the measurement and would make the run much longer); the
@@ -141,11 +143,12 @@ class Variant:
     speech: bool = True  # ... and speaks its first words, held until the commit
     early_pause: bool = True  # the pause transcript is taken where the speech fell silent
     warm: bool = True  # partial transcripts prefill the reply's prompt
+    kept: bool = True  # ... and a reply over exactly that prompt samples from its logits
 
     @property
     def server_default(self) -> bool:
-        """What the ws servers run (they are started with `speech` and `early_pause` on)."""
-        return self.speech and self.early_pause
+        """What the ws servers run (started with `speech`, `early_pause` and `kept` on)."""
+        return self.speech and self.early_pause and self.kept
 
 
 LADDER = {
@@ -154,18 +157,22 @@ LADDER = {
     "held": Variant(early_pause=False),
     "early": Variant(),
     "early-cold": Variant(warm=False),
+    "early-refeed": Variant(kept=False),
 }
 
 
 def bench_core(wake: Callable[[], None], settings: dict | None = None, *,
-               speculate_speech: bool = True, **fields: object) -> object:
+               speculate_speech: bool = True, kept_logits: bool = True,
+               **fields: object) -> object:
     """The engine's own core (`make_engine_core`, settings such as `early_pause_transcript`
-    in `fields`) with the one ladder step that has no setting, held first-words audio,
-    switched as asked (core spec ``bench_pipeline:bench_core``)."""
+    in `fields`) with the ladder steps that have no setting, held first-words audio and
+    the warm prefill's kept logits, switched as asked (core spec
+    ``bench_pipeline:bench_core``)."""
     from voxline.engines.factory import make_engine_core
 
     core = make_engine_core(wake, settings, **fields)
     core.responses.speculate_speech = speculate_speech
+    core.llm.keep_logits = kept_logits
     return core
 
 
@@ -367,8 +374,10 @@ class WsServer:
     """`voxline serve` in a subprocess on a free loopback port (one per variant)."""
 
     def __init__(self, label: str, speculate_ms: float, threads: int,
-                 warm_prefill: bool = True, turn_detection: str = "server_vad") -> None:
+                 warm_prefill: bool = True, turn_detection: str = "server_vad",
+                 log_prefix: str = "") -> None:
         self.label, self.speculate_ms, self.threads = label, speculate_ms, threads
+        self.log_prefix = log_prefix  # the server's log goes to prefix + label + .log
         self.warm_prefill = warm_prefill
         self.turn_detection = turn_detection  # what each session asks for in session.update
         self.proc: subprocess.Popen[bytes] | None = None
@@ -382,12 +391,15 @@ class WsServer:
         env = dict(os.environ)
         if self.threads:
             env["VOXLINE_THREADS"] = str(self.threads)
-        return subprocess.Popen(
-            [sys.executable, "-c", "from voxline.cli import main; raise SystemExit(main())",
-             "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--speculate-after-ms", str(self.speculate_ms),
-             "--warm-prefill" if self.warm_prefill else "--no-warm-prefill"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cmd = [sys.executable, "-c", "from voxline.cli import main; raise SystemExit(main())",
+               "serve", "--host", "127.0.0.1", "--port", str(port),
+               "--speculate-after-ms", str(self.speculate_ms),
+               "--warm-prefill" if self.warm_prefill else "--no-warm-prefill"]
+        if not self.log_prefix:
+            return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+        with open(f"{self.log_prefix}{self.label}.log", "wb") as log:  # the child keeps a copy
+            return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
 
     async def start(self) -> None:
         self.proc = self._spawn()
@@ -712,6 +724,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="also print the median timeline of the engine's turn milestones "
                          "(pause transcript, speculation, first token, first segment, first "
                          "audio); one variant, --mode inprocess")
+    ap.add_argument("--trace-file", default="",
+                    help="with --trace: also write every milestone line there, for per-turn reading")
+    ap.add_argument("--server-log", default="",
+                    help="--mode ws: write each server's log to this prefix + variant + .log "
+                         "(with VOXLINE_TRACE=1 in the environment, its turn milestones too)")
     args = ap.parse_args(argv)
     args.modes = [m.strip() for m in args.mode.split(",") if m.strip()]
     if not args.modes or any(m not in MODES for m in args.modes):
@@ -732,8 +749,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if any(n not in LADDER for n in names):
         ap.error(f"--variants takes a comma-separated subset of {','.join(LADDER)}")
     if "ws" in args.modes and any(not LADDER[n].server_default for n in names):
-        ap.error("--variants spec-text and held need --mode inprocess or process: the "
-                 "server has no settings for them")
+        ap.error("--variants spec-text, held and early-refeed need --mode inprocess or "
+                 "process: the server has no settings for them")
     args.variants = {n: LADDER[n] for n in names}
     if args.trace and (args.modes != ["inprocess"] or len(variant_grid(args)) != 1
                        or len(args.turn_detection) != 1):
@@ -788,7 +805,8 @@ async def amain(args: argparse.Namespace) -> int:
                 if mode == "ws":
                     for detection in args.turn_detection:
                         named = detection_label(label, detection)
-                        server = WsServer(named, speculate, args.threads, v.warm, detection)
+                        server = WsServer(named, speculate, args.threads, v.warm, detection,
+                                          log_prefix=args.server_log)
                         variants[named] = server
                         await server.start()
                         print(f"{named} ready in {time.perf_counter() - t0:.1f} s")
@@ -796,7 +814,8 @@ async def amain(args: argparse.Namespace) -> int:
                 kwargs: dict[str, object] = {"speculate_after_ms": speculate,
                                              "warm_prefill": v.warm,
                                              "early_pause_transcript": v.early_pause,
-                                             "speculate_speech": v.speech}
+                                             "speculate_speech": v.speech,
+                                             "kept_logits": v.kept}
                 if args.threads:
                     kwargs["threads"] = args.threads
                 for detection in args.turn_detection:
@@ -846,6 +865,9 @@ async def amain(args: argparse.Namespace) -> int:
         markdown_table(results)
         if args.trace:
             print(trace_timeline(traced.lines))
+            if args.trace_file:
+                await asyncio.to_thread(Path(args.trace_file).write_text,
+                                        "\n".join(traced.lines) + "\n")
         print(f"machine at end: {load_note()}")
     finally:
         for target in variants.values():

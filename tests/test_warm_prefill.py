@@ -207,6 +207,62 @@ def test_rolling_a_slot_back_ends_its_tentative_request():
     assert slot.tokens == [] == lm.cache[slot.index]
 
 
+def _warmed(lm, prompt: list[int]) -> tuple[LLMStage, Slot]:
+    """A stage whose slot holds `prompt`, computed by a warm prefill."""
+    stage = LLMStage(lm)
+    slot = Slot(lm.alloc_slot())
+    stage.add(GenerationRequest("s#warm", slot, lambda: prompt, 0, tentative=True))
+    while stage.has_work():
+        run_step(stage)
+    return stage, slot
+
+
+def _reply_tokens(stage: LLMStage, slot: Slot, prompt: list[int]) -> list[int]:
+    reply = GenerationRequest("s#1", slot, lambda: prompt, 4)
+    stage.add(reply)
+    while reply.finish is None:
+        run_step(stage)
+    return reply.generated
+
+
+def test_a_reply_over_exactly_the_warm_prompt_samples_its_first_token_from_the_kept_logits():
+    prompt = [1, 5, 3, 17, 2, 1, 9, 3]
+    cold_lm = CountingLM(stop_after=3)
+    cold_slot = Slot(cold_lm.alloc_slot())
+    cold = _reply_tokens(LLMStage(cold_lm), cold_slot, prompt)
+    lm = CountingLM(stop_after=3)
+    stage, slot = _warmed(lm, prompt)
+    calls = len(lm.calls)
+    reply = GenerationRequest("s#1", slot, lambda: prompt, 4)
+    stage.add(reply)
+    plan, new = run_step(stage)
+    assert plan.tokens == [] and plan.entries[0].kept is not None
+    assert len(lm.calls) == calls  # no forward: the first token came from the kept logits
+    assert [tok for _, tok in new] == cold[:1]
+    while reply.finish is None:
+        run_step(stage)
+    assert reply.generated == cold  # and the reply goes on as a cold one
+    assert slot.tokens == lm.cache[slot.index] == cold_slot.tokens
+
+
+def test_kept_logits_are_not_used_once_the_slot_holds_other_tokens():
+    prompt = [1, 5, 3, 17, 2, 1, 9, 3]
+    lm = CountingLM(stop_after=3)
+    stage, slot = _warmed(lm, prompt)
+    stage.roll_back(slot, 4)  # (a discarded speculation, say): the tail is gone
+    other = prompt[:4] + [22, 1, 9, 3]
+    stage.add(GenerationRequest("s#1", slot, lambda: other, 4))
+    calls = len(lm.calls)
+    plan, _ = run_step(stage)
+    assert plan.tokens == [other[4:]] and len(lm.calls) == calls + 1
+    # a reply over a prefix of the warm prompt re-feeds its own last token
+    lm = CountingLM(stop_after=3)
+    stage, slot = _warmed(lm, prompt)
+    stage.add(GenerationRequest("s#2", slot, lambda: prompt[:6], 4))
+    plan, _ = run_step(stage)
+    assert plan.tokens == [[prompt[5]]]
+
+
 # ------------------------------------------------------------- a real Llama model
 
 
@@ -271,3 +327,18 @@ def test_on_a_real_llama_the_warm_prefill_gives_the_same_cache_logits_and_tokens
         torch.testing.assert_close(v, cv, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(logits, cold_logits, atol=1e-4, rtol=1e-4)
     assert done.cached_tokens > cold_done.cached_tokens  # the partial's tokens were reused
+
+
+def test_on_a_real_llama_the_kept_logits_are_a_cold_prefills(tiny_chat_factory):
+    lm = tiny_chat_factory()
+    prompt = lm.render_message("user", "book a table for four people please.") \
+        + lm.generation_header()
+    stage, slot = _warmed(lm, prompt)
+    cold_lm = tiny_chat_factory()
+    cold_slot = cold_lm.alloc_slot()
+    cold_logits = cold_lm.forward([cold_slot], [prompt])[0]
+    assert slot.kept is not None
+    torch.testing.assert_close(slot.kept, cold_logits, atol=1e-4, rtol=1e-4)
+    cold_lm.truncate(cold_slot, 0)
+    assert _reply_tokens(stage, slot, prompt) == _reply_tokens(
+        LLMStage(cold_lm), Slot(cold_slot), prompt)

@@ -16,7 +16,10 @@ of its playout) sits out of the batch, keeping its slot, until it is unpaused.
 A `tentative` request (a warm prefill, `voxline.engines.warm_prefill`) only computes its
 prompt's K/V: it samples nothing, runs only in a step no other request wants (lowest
 priority, `TENTATIVE_CHUNK` tokens at a time, so a reply that arrives waits at most one
-small chunk) and ends once its prompt is cached. Rolling its slot back ends it too.
+small chunk) and ends once its prompt is cached. Rolling its slot back ends it too. The
+slot keeps the logits of its last step (`Slot.kept`): a reply whose prompt is exactly
+the slot's tokens samples its first token from them, with no forward at all, instead of
+feeding its last prompt token again.
 
 Every step a request's prompt is recomputed as `target()`; only the part after the
 longest common prefix with the slot's confirmed tokens is fed. That one rule covers
@@ -103,6 +106,13 @@ class Slot:
     index: int
     tokens: list[int] = field(default_factory=list)
     stale: bool = False  # the cache may hold more than `tokens` (see `LLMStage.roll_back`)
+    # A warm prefill's logits after its last token, and the tokens they follow.
+    kept: torch.Tensor | None = None
+    kept_after: list[int] = field(default_factory=list)
+
+    def kept_logits(self) -> torch.Tensor | None:
+        """The kept logits, if the slot still holds exactly the tokens they follow."""
+        return self.kept if self.kept is not None and self.tokens == self.kept_after else None
 
 
 @dataclass
@@ -155,6 +165,7 @@ class PlanEntry:
     tokens: list[int]
     epoch: int
     samples: bool  # this chunk reaches the end of the target: sample a token from it
+    kept: torch.Tensor | None = None  # no tokens fed: sample from the slot's kept logits
 
 
 @dataclass
@@ -162,12 +173,17 @@ class StepPlan:
     entries: list[PlanEntry]
 
     @property
+    def fed(self) -> list[PlanEntry]:
+        """The entries the model runs (not those sampled from kept logits), in row order."""
+        return [e for e in self.entries if e.kept is None]
+
+    @property
     def slots(self) -> list[int]:
-        return [e.request.slot.index for e in self.entries]
+        return [e.request.slot.index for e in self.fed]
 
     @property
     def tokens(self) -> list[list[int]]:
-        return [e.tokens for e in self.entries]
+        return [e.tokens for e in self.fed]
 
 
 @dataclass
@@ -182,12 +198,13 @@ class PlanShapes:
     max_tokens: int = 0
 
     def add(self, plan: StepPlan) -> None:
-        prompts = [len(e.tokens) for e in plan.entries if len(e.tokens) > 1]
+        fed = plan.fed
+        prompts = [len(e.tokens) for e in fed if len(e.tokens) > 1]
         self.plans += 1
-        self.decode_rows += len(plan.entries) - len(prompts)
+        self.decode_rows += len(fed) - len(prompts)
         self.prompt_plans += bool(prompts)
         self.prompt_tokens += sum(prompts)
-        self.max_tokens = max(self.max_tokens, sum(len(e.tokens) for e in plan.entries))
+        self.max_tokens = max(self.max_tokens, sum(len(e.tokens) for e in fed))
 
     def describe(self) -> str | None:
         if not self.plans:
@@ -207,6 +224,7 @@ class LLMStage:
         self._in_flight: set[int] = set()  # slots of the step scheduled and not yet updated
         self._shapes = PlanShapes()
         self._stream = StageStream(getattr(model, "device", None))
+        self.keep_logits = True  # warm prefills keep their logits (off: benchmarks A/B it)
 
     def add(self, request: GenerationRequest) -> None:
         self.running[request.request_id] = request
@@ -272,7 +290,8 @@ class LLMStage:
                 req.finish = FinishReason.STOP
                 del self.running[req.request_id]
                 continue
-            if keep == len(target):  # fully cached: re-feed the last token to get logits
+            kept = req.slot.kept_logits() if keep == len(target) == len(req.slot.tokens) else None
+            if keep == len(target) and kept is None:  # fully cached: re-feed the last token
                 keep -= 1
             if keep < len(req.slot.tokens) or req.slot.stale:
                 self.model.truncate(req.slot.index, keep)
@@ -281,6 +300,9 @@ class LLMStage:
             if req.cached_tokens < 0:
                 req.cached_tokens = keep
                 req.prompt_tokens = len(target)
+            if kept is not None:  # a warm prefill computed this prompt whole: no forward
+                entries.append(PlanEntry(req, [], req.epoch, samples=True, kept=kept))
+                continue
             todo = target[keep:]
             chunk = todo[:min(budget, TENTATIVE_CHUNK) if req.tentative else budget]
             budget -= len(chunk)
@@ -298,7 +320,10 @@ class LLMStage:
         return shapes.describe()
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
-        """Run the model on the plan (safe to call from a worker thread)."""
+        """Run the model on the plan (safe to call from a worker thread); rows in
+        `StepPlan.fed` order (none: a plan sampled from kept logits only)."""
+        if not plan.fed:
+            return torch.empty(0)
         return self._stream.run(self.model.forward, plan.slots, plan.tokens)
 
     def update(self, plan: StepPlan, logits: torch.Tensor) -> list[tuple[GenerationRequest, int]]:
@@ -307,26 +332,31 @@ class LLMStage:
         Finished requests (EOS, length, context error) leave the batch here.
         """
         self._in_flight.clear()
-        sampled_rows: list[int] = []
-        for row, entry in enumerate(plan.entries):
+        sampled: list[tuple[GenerationRequest, torch.Tensor]] = []
+        rows = iter(range(len(plan.entries)))  # the logits' rows: the fed entries, in order
+        for entry in plan.entries:
             req = entry.request
+            row = next(rows) if entry.kept is None else -1
             if req.epoch != entry.epoch or req.request_id not in self.running:
-                # Inputs changed mid-step: roll back what this step wrote.
-                self.model.truncate(req.slot.index, len(req.slot.tokens))
+                if row >= 0:  # inputs changed mid-step: roll back what this step wrote
+                    self.model.truncate(req.slot.index, len(req.slot.tokens))
                 continue
             req.slot.tokens.extend(entry.tokens)
             if 0 < req.shared_prefix <= len(req.slot.tokens):
                 self.model.save_prefix(req.slot.index, req.slot.tokens[:req.shared_prefix])
                 req.shared_prefix = 0  # saved (or already kept)
-            if req.tentative and len(req.slot.tokens) >= len(req.target()):
-                req.finish = FinishReason.STOP  # its prompt is cached
+            if req.tentative:
+                if self.keep_logits:  # a reply over exactly these tokens samples from them
+                    req.slot.kept, req.slot.kept_after = logits[row].clone(), list(req.slot.tokens)
+                if len(req.slot.tokens) >= len(req.target()):
+                    req.finish = FinishReason.STOP  # its prompt is cached
             if entry.samples:
-                sampled_rows.append(row)
+                sampled.append((req, logits[row] if entry.kept is None else entry.kept))
         new_tokens: list[tuple[GenerationRequest, int]] = []
-        if sampled_rows:
-            reqs = [plan.entries[r].request for r in sampled_rows]
+        if sampled:
+            reqs = [req for req, _ in sampled]
             toks = self.model.sample(
-                logits[sampled_rows],
+                torch.stack([row for _, row in sampled]),
                 [r.temperature for r in reqs],
                 [r.generator for r in reqs],
             )

@@ -380,6 +380,7 @@ class Responses:
         if run is None or run.speculative is None:
             return
         spec = run.speculative
+        trace(stream.internal_id, "speculation_discarded")
         del self._runs[stream.internal_id]
         self._stop(run)
         if spec.user_item is not None and stream.conversation.has(spec.user_item):

@@ -345,6 +345,7 @@ class Turns:
         utt.pause_text, utt.pause_asr_ms = text, asr_ms
         if stream.input.utterance is utt and stream.input.detector is not None:
             stream.input.detector.judge(text)
+            trace(stream.internal_id, "words_judged", silence_ms=stream.input.detector.silence_ms)
         if self.speculate_after_ms > 0 and self.responses.in_progress() < self.max_responses:
             self.responses.speculate(stream, utt.item_id, text)
 
@@ -358,6 +359,8 @@ class Turns:
         utt = job.utterance
         if stream.input.utterance is utt and job.generation == utt.generation:
             stream.input.detector.hear(probability)
+            trace(stream.internal_id, "sound_heard", probability=round(probability, 3),
+                  silence_ms=stream.input.detector.silence_ms)
 
     def turn_end_failed(self, job: EndOfTurnJob, error: Exception) -> None:
         """A failed verdict is only missing: the words decide that pause alone (logged by

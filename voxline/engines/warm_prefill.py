@@ -2,13 +2,15 @@
 
 Each partial transcript of a turn (`Turns.on_transcript`) may start a *tentative* LLM
 request (`GenerationRequest.tentative`) over the prompt a reply to the turn so far would
-read: the conversation, the partial text as the user message, the generation header, less
-its last token (the one a reply feeds anyway to get its first logits). Its K/V go into
-the stream's slot; nothing is sampled or sent, and the conversation is not touched (the
-user message exists only in the request's tokens). When the reply (or its speculation)
+read: the conversation, the partial text as the user message, the generation header. Its
+K/V go into the stream's slot and the logits after its last token are kept there
+(`Slot.kept`); nothing is sampled or sent, and the conversation is not touched (the user
+message exists only in the request's tokens). When the reply (or its speculation)
 starts, its request finds those tokens in the slot: the longest common prefix is kept and
 only the words that changed since the partial are computed (the one rule of
-`LLMStage.schedule`), so at the pause only the last words are new.
+`LLMStage.schedule`), so at the pause only the last words are new; where none changed
+(the pause transcript is the partial) the first token is sampled from the kept logits
+without running the model.
 
 Spare capacity only: a partial starts one only for a stream that answers its turns
 (`auto_response`), with no response of its own and no final transcript pending, while
@@ -99,8 +101,8 @@ class WarmPrefills:
 
     def _prompt(self, stream: StreamState, item_id: str,
                 text: str) -> tuple[list[int], int] | None:
-        """The tokens a reply to `text` as the next user message would read, less the
-        last, and how many of them are the system prompt (None: they do not fit)."""
+        """The tokens a reply to `text` as the next user message would read, and how
+        many of them are the system prompt (None: they do not fit)."""
         cfg = stream.config.auto_response
         assert cfg is not None
         frame = self.responses.prompt_frame(stream, cfg)
@@ -115,7 +117,7 @@ class WarmPrefills:
         tokens = window.prompt(view, system, budget - len(system), stream.config.truncation)
         window.dropped = dropped
         target = tokens + header
-        return (target[:-1], len(system)) if len(target) + 1 <= self.model.max_len else None
+        return (target, len(system)) if len(target) + 1 <= self.model.max_len else None
 
     def adopt(self, stream: StreamState) -> int | None:
         """A reply starts on the stream: it takes over the warm tokens. Returns the slot's

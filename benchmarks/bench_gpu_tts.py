@@ -61,7 +61,7 @@ from voxline.engines.models.qwen3_tts.talker import Talker
 from voxline.engines.models.qwen3_tts.tokenizer import Qwen3TextTokenizer
 from voxline.engines.speech_model import SpeechJob
 from voxline.engines.tts_stage import SpeechOwner, TTSStage
-from voxline.kernels import gemv, prologue_gemv, qkv_attention
+from voxline.kernels import gemv, qkv_attention
 from voxline.kernels.cuda_graphs import bucket_for
 
 TEXT = "A longer sentence about the lazy dog and the brown fox."
@@ -516,13 +516,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--qkv-attention", choices=("on", "off", "ab"), default="on",
                     help="the code predictor's one-kernel attention block (voxline.kernels."
                          "qkv_attention): on, off, or ab (each mode twice, off then on)")
-    ap.add_argument("--prologue-gemv", choices=("on", "off", "ab"), default="off",
-                    help="the code predictor's norm/SwiGLU-in-prologue projections (voxline.kernels."
-                         "prologue_gemv, few rows only; off by default, slower in round 6): on, off, "
-                         "or ab (each mode twice, off then on)")
-    ap.add_argument("--prologue-norm", choices=("on", "off"), default="off",
-                    help="with --prologue-gemv on/ab: the norm prologues too (off by default: slower on an "
-                         "H200 in round 6), not only the SwiGLU one")
     ap.add_argument("--check", action="store_true", help="validate every frame's codes (slow)")
     ap.add_argument("--tiny", action="store_true", help="a toy-width model (CPU runs; timings mean nothing)")
     ap.add_argument("--arrivals", help="open loop: Poisson arrival rates in jobs/s, e.g. 4,8,12,16,24")
@@ -551,8 +544,6 @@ def main(argv: list[str] | None = None) -> int:
     conc = [int(x) for x in args.concurrency.split(",")]
     gemv.set_enabled(not args.no_gemv)
     qkv_attention.set_enabled(args.qkv_attention != "off")
-    prologue_gemv.set_enabled(args.prologue_gemv != "off")
-    prologue_gemv.set_norm_enabled(args.prologue_norm == "on")
     graphed_talker.DEFAULT_ATTENTION = args.attention  # every generator this run builds
     graphed_talker.DEFAULT_PREDICTOR_ATTENTION = args.predictor_attention
     buckets = [int(x) for x in args.buckets.split(",")] if args.buckets else None
@@ -573,9 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         frames_per_job=args.frames, batch_buckets=buckets or "powers of two", attention=args.attention,
         predictor_attention=args.predictor_attention, chunking="initial_chunk_frames=1, chunk_frames=4",
         overlap_codec=not args.no_overlap, small_row_linear_kernel=not args.no_gemv,
-        fused_qkv_attention=args.qkv_attention, prologue_gemv=args.prologue_gemv, prologue_norm=args.prologue_norm,
-        prologue_unrolled=prologue_gemv.UNROLL_MAIN_LOOP,
-        prologue_gemv_max_rows={"norm": prologue_gemv.NORM_MAX_ROWS, "swiglu": prologue_gemv.SWIGLU_MAX_ROWS},
+        fused_qkv_attention=args.qkv_attention,
         predictor_top_k_cap=graphed_talker.PREDICTOR_TOP_K_CAP,
         sampling="published settings (temperature 0.9, top-k 50), seeded; EOS masked",
         qwen_tts_reference="not run: the qwen-tts package is not installable on the device machine",
@@ -596,19 +585,11 @@ def main(argv: list[str] | None = None) -> int:
         report["twin_check"] = twin_check(model, tok, 12)
         print("twin check", report["twin_check"], flush=True)
     sampling = TalkerSampling(min_frames=args.frames)
-    qkv_states = [False, True] if args.qkv_attention == "ab" else [args.qkv_attention == "on"]
-    pro_states = [False, True] if args.prologue_gemv == "ab" else [args.prologue_gemv == "on"]
-    runs = [(m, f, p) for m in args.modes.split(",") for f in qkv_states for p in pro_states]
-    for mode, fused, pro in runs:
-        # A/B: all runs in this process, results keyed "<mode>/qkv_<on|off>" (--qkv-attention ab)
-        # and/or "<mode>/prologue_<on|off>" (--prologue-gemv ab).
-        label = mode
-        if args.qkv_attention == "ab":
-            label += f"/qkv_{'on' if fused else 'off'}"
-        if args.prologue_gemv == "ab":
-            label += f"/prologue_{'on' if pro else 'off'}"
+    states = [False, True] if args.qkv_attention == "ab" else [args.qkv_attention == "on"]
+    for mode, fused in ((m, f) for m in args.modes.split(",") for f in states):
+        # A/B: both runs in this process, results keyed "<mode>/qkv_off" and "<mode>/qkv_on".
+        label = f"{mode}/qkv_{'on' if fused else 'off'}" if args.qkv_attention == "ab" else mode
         qkv_attention.set_enabled(fused)
-        prologue_gemv.set_enabled(pro)
         t0 = time.perf_counter()
         stage = Qwen3SpeechModel(model, tok, max_streams=max(conc), max_len=args.max_len,
                                  max_frames=args.frames, sampling=sampling, graphs=mode != "eager",
@@ -636,11 +617,11 @@ def main(argv: list[str] | None = None) -> int:
         del stage
         torch.cuda.empty_cache()
     save(report, args.out)
-    print(f"{'mode':26s} {'c':>3s} {'first p50':>10s} {'p95':>8s} {'RTF':>7s} {'step RTF':>9s} "
+    print(f"{'mode':18s} {'c':>3s} {'first p50':>10s} {'p95':>8s} {'RTF':>7s} {'step RTF':>9s} "
           f"{'audio-s/s':>10s} {'underruns':>9s}")
     for mode, rows in report["results"].items():
         for r in rows:
-            print(f"{mode:26s} {r['concurrency']:3d} {r['first_audio_ms_p50']:10.1f} "
+            print(f"{mode:18s} {r['concurrency']:3d} {r['first_audio_ms_p50']:10.1f} "
                   f"{r['first_audio_ms_p95']:8.1f} {r['rtf_mean']:7.3f} {r['step_rtf']:9.3f} "
                   f"{r['audio_s_per_s']:10.1f} {r['underruns']:9d}")
     return 0

@@ -91,20 +91,16 @@ def fused_available(
 def qkv_attention(
     x: Tensor, pos: Tensor, inv_freq: Tensor, k_buf: Tensor, v_buf: Tensor, mask: Tensor,
     ln_w: Tensor, eps: float, qkv_w: Tensor, qkv_b: Tensor | None, q_out: int, kv_out: int,
-    qn_w: Tensor | None, kn_w: Tensor | None, qk_eps: float, head_dim: int, parts: Tensor | None = None,
+    qn_w: Tensor | None, kn_w: Tensor | None, qk_eps: float, head_dim: int,
 ) -> Tensor:
     """:func:`~voxline.kernels.decoder_step.attn_prep` of ``x [B, Q, hidden]`` at positions
     ``pos [B, Q]``, its keys/values written into ``k_buf``/``v_buf [B, Hkv, L, D]`` at those
     positions (in place), and attention of its queries over the buffers under ``mask``:
     returns the attention output ``[B, Q, Hq * D]`` (heads flattened, the output
-    projection's input). Only where :func:`fused_available` holds. ``parts``: the QKV
-    projection's float32 partials ``[split, B*Q, N]`` of ``rms_norm(x)`` when the caller
-    made them already (:func:`~voxline.kernels.prologue_gemv.norm_linear`); then ``x``
-    only gives the shape."""
+    projection's input). Only where :func:`fused_available` holds."""
     b, q_len, hidden = x.shape
-    if parts is None:
-        h = rms_norm(x, ln_w, eps).reshape(-1, hidden)
-        parts = torch.ops.voxline.gemv_partials(h, qkv_w, split_for(qkv_w.shape[0], hidden))
+    h = rms_norm(x, ln_w, eps).reshape(-1, hidden)
+    parts = torch.ops.voxline.gemv_partials(h, qkv_w, split_for(qkv_w.shape[0], hidden))
     out = torch.ops.voxline.qkv_rope_attention(parts, qkv_b, pos, inv_freq, qn_w, kn_w, k_buf, v_buf, mask,
                                                q_len, q_out // head_dim, qk_eps, head_dim ** -0.5)
     return out.view(b, q_len, q_out)

@@ -9,15 +9,13 @@ Uncompiled they are the eager twins.
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from voxline.engines.models.layers import RMSNorm
-from voxline.kernels import prologue_gemv
 from voxline.kernels.decode_attention import attend_decode
 from voxline.kernels.decoder_step import attn_mlp, attn_out_mlp, attn_prep, concat_weights
-from voxline.kernels.gemv import small_linear, split_for
+from voxline.kernels.gemv import small_linear
 from voxline.kernels.layer_ops import rms_norm
 from voxline.kernels.qkv_attention import fused_available, qkv_attention
 from voxline.kernels.sampling import sample_rows
@@ -74,26 +72,11 @@ def predictor_substep(
     On CUDA in bf16/fp16 a layer's attention block (after the QKV projection, up to the
     output projection) is one kernel instead (:func:`~voxline.kernels.qkv_attention.qkv_attention`,
     when :func:`~voxline.kernels.qkv_attention.fused_available`): it writes the keys and
-    values into the given buffers in place, and those same buffers are returned. Where
-    :func:`~voxline.kernels.prologue_gemv.layer_available` holds too (few rows), the
-    layer's SwiGLU product runs in the down projection's prologue and, with the norm
-    prologues on, its norms and residual adds in its projections' (:func:`_prologue_layer`:
-    five launches a layer), the last residual add and the final norm in the codebook
-    head's. Only when compiled (the served path), so the uncompiled eager twin stays the
-    unfused reference; the module is off by default (slower on an H200 in round 6)."""
+    values into the given buffers in place, and those same buffers are returned."""
     h = x
-    pending: Tensor | None = None  # float32 partials of the last down projection, not yet added to h
     new_k: list[Tensor] = []
     new_v: list[Tensor] = []
     for (prep_w, post_w), k_buf, v_buf, mask in zip(layers, keys, values, masks, strict=True):
-        if torch.compiler.is_compiling() and fused_available(h, pos, k_buf, v_buf, mask, *prep_w) \
-                and prologue_gemv.layer_available(h, pending, prep_w, post_w):
-            h, pending = _prologue_layer(h, pending, pos, inv_freq, k_buf, v_buf, mask, prep_w, post_w,
-                                         norm=prologue_gemv.norm_enabled())
-            new_k.append(k_buf)
-            new_v.append(v_buf)
-            continue
-        h, pending = _add_pending(h, pending), None  # (fused into the next norm by the compiler)
         if fused_available(h, pos, k_buf, v_buf, mask, *prep_w):
             out = qkv_attention(h, pos, inv_freq, k_buf, v_buf, mask, *prep_w)
             new_k.append(k_buf)
@@ -108,48 +91,8 @@ def predictor_substep(
         new_k.append(k_buf)
         new_v.append(v_buf)
         h = attn_mlp(h, q, k_buf, v_buf, mask, *post_w, attention=attention)
-    norm_w, eps, lm_w = head[:3]
-    if pending is not None and h.shape[1] == 1 and prologue_gemv.norm_enabled() \
-            and prologue_gemv.norm_available(h[:, -1], pending, norm_w, lm_w):
-        # The last residual add and the final norm in the codebook head's prologue.
-        parts, _ = prologue_gemv.norm_linear(h[:, -1], pending, norm_w, eps, lm_w)
-        code, emb, x = _sample_embed(parts.sum(0).to(h.dtype).float(), *head[3:])
-    else:
-        code, emb, x = predictor_head(_add_pending(h, pending)[:, -1], *head)
+    code, emb, x = predictor_head(h[:, -1], *head)
     return code, emb, x, new_k, new_v
-
-
-def _add_pending(h: Tensor, pending: Tensor | None) -> Tensor:
-    """The deferred residual add of a down projection's partials (as ``small_linear``'s
-    caller: summed in float32, rounded, then added)."""
-    return h if pending is None else h + pending.sum(0).to(h.dtype).view(h.shape)
-
-
-def _prologue_layer(
-    h: Tensor, pending: Tensor | None, pos: Tensor, inv_freq: Tensor, k_buf: Tensor, v_buf: Tensor,
-    mask: Tensor, prep_w: tuple, post_w: tuple, norm: bool = True,
-) -> tuple[Tensor, Tensor]:
-    """One predictor layer with ``norm`` in five launches (:mod:`voxline.kernels.prologue_gemv`): QKV
-    projection of ``rms_norm(h + pending)``, the attention block (keys/values written in
-    place), output projection, gate/up projection of ``rms_norm(residual + output)``, down
-    projection of ``silu(gate) * up``. Returns the residual and the down projection's
-    partials, whose add the next layer's (or the head's) prologue does. ``norm`` False:
-    only the SwiGLU prologue (``pending`` added first, the rest as :func:`attn_out_mlp`)."""
-    ln_w, eps, qkv_w = prep_w[:3]
-    o_w, _, post_ln_w, post_eps, gu_w, _, down_w, _ = post_w
-    if not norm:
-        h = _add_pending(h, pending)  # (fused into the QKV norm by the compiler)
-        out = qkv_attention(h, pos, inv_freq, k_buf, v_buf, mask, *prep_w)
-        h = h + small_linear(out, o_w)
-        hn = rms_norm(h, post_ln_w, post_eps).reshape(-1, h.shape[-1])
-        gu_parts = torch.ops.voxline.gemv_partials(hn, gu_w, split_for(gu_w.shape[0], gu_w.shape[1]))
-        return h, prologue_gemv.swiglu_linear(gu_parts, down_w)
-    qkv_parts, h = prologue_gemv.norm_linear(h, pending, ln_w, eps, qkv_w)
-    out = qkv_attention(h, pos, inv_freq, k_buf, v_buf, mask, *prep_w, parts=qkv_parts)
-    out = out.view(-1, out.shape[-1])
-    o_parts = torch.ops.voxline.gemv_partials(out, o_w, split_for(o_w.shape[0], o_w.shape[1]))
-    gu_parts, h = prologue_gemv.norm_linear(h, o_parts, post_ln_w, post_eps, gu_w)
-    return h, prologue_gemv.swiglu_linear(gu_parts, down_w)
 
 
 def predictor_head(
@@ -162,14 +105,6 @@ def predictor_head(
     embedding (talker width) and next input (predictor width, ``[B, 1, D]``, a row of
     ``next_table``: the codebook's table through the predictor's input projection)."""
     logits = small_linear(rms_norm(h, norm_w, eps), lm_w).float()
-    return _sample_embed(logits, table, next_table, temperature, top_k, top_p, seed, counter, max_top_k)
-
-
-def _sample_embed(
-    logits: Tensor, table: Tensor, next_table: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor,
-    seed: Tensor, counter: Tensor, max_top_k: int = 0,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`predictor_head` after its logits."""
     code = sample_rows(logits, temperature, top_k, top_p, seed, counter, max_top_k)
     emb = F.embedding(code, table)
     x = F.embedding(code, next_table)

@@ -752,6 +752,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--variants spec-text, held and early-refeed need --mode inprocess or "
                  "process: the server has no settings for them")
     args.variants = {n: LADDER[n] for n in names}
+    if args.trace_file and not args.trace:
+        ap.error("--trace-file needs --trace")
+    if args.server_log and "ws" not in args.modes:
+        ap.error("--server-log needs --mode ws (the other modes start no server)")
     if args.trace and (args.modes != ["inprocess"] or len(variant_grid(args)) != 1
                        or len(args.turn_detection) != 1):
         ap.error("--trace needs --mode inprocess and one variant (the milestones of "

@@ -333,23 +333,22 @@ class LLMStage:
         """
         self._in_flight.clear()
         sampled: list[tuple[GenerationRequest, torch.Tensor]] = []
-        rows = iter(range(len(plan.entries)))  # the logits' rows: the fed entries, in order
+        row = -1  # the logits' row of the entry: the fed entries', in order
         for entry in plan.entries:
             req = entry.request
-            row = next(rows) if entry.kept is None else -1
+            row += entry.kept is None
             if req.epoch != entry.epoch or req.request_id not in self.running:
-                if row >= 0:  # inputs changed mid-step: roll back what this step wrote
+                if entry.kept is None:  # inputs changed mid-step: roll back what it wrote
                     self.model.truncate(req.slot.index, len(req.slot.tokens))
                 continue
             req.slot.tokens.extend(entry.tokens)
             if 0 < req.shared_prefix <= len(req.slot.tokens):
                 self.model.save_prefix(req.slot.index, req.slot.tokens[:req.shared_prefix])
                 req.shared_prefix = 0  # saved (or already kept)
-            if req.tentative:
+            if req.tentative and len(req.slot.tokens) >= len(req.target()):
+                req.finish = FinishReason.STOP  # its prompt is cached
                 if self.keep_logits:  # a reply over exactly these tokens samples from them
                     req.slot.kept, req.slot.kept_after = logits[row].clone(), list(req.slot.tokens)
-                if len(req.slot.tokens) >= len(req.target()):
-                    req.finish = FinishReason.STOP  # its prompt is cached
             if entry.samples:
                 sampled.append((req, logits[row] if entry.kept is None else entry.kept))
         new_tokens: list[tuple[GenerationRequest, int]] = []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import pytest
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
@@ -9,6 +12,7 @@ from starlette.websockets import WebSocketDisconnect
 from voxline.config import load_settings
 from voxline.engines.client import InProcessEngineClient
 from voxline.realtime.app import create_app
+from voxline.realtime.websocket import open_sessions
 
 ECHO = "echo_core:make_echo_core"
 
@@ -37,14 +41,34 @@ def test_api_key_is_required_when_configured():
                 ws.receive_json()
 
 
+def _closed(client: TestClient, ws: Any) -> None:
+    """Close `ws` and wait until the server has finished with it: the test client's own
+    exit cancels a handler still cleaning up, which surfaced as a CancelledError there."""
+    ws.close()
+    deadline = time.monotonic() + 30
+    while open_sessions(client.app).count:
+        assert time.monotonic() < deadline, "the server never finished the closed session"
+        time.sleep(0.01)
+
+
+def _ready(client: TestClient) -> None:
+    """Wait until the engine is up (before it, a session is refused as not ready)."""
+    deadline = time.monotonic() + 30
+    while client.get("/health").status_code != 200:
+        assert time.monotonic() < deadline, "the engine never became ready"
+        time.sleep(0.01)
+
+
 def test_sessions_over_the_limit_are_refused_with_a_reason():
     with make_client(max_sessions=1) as client:
+        _ready(client)
         with client.websocket_connect("/v1/realtime") as first:
             assert first.receive_json()["type"] == "session.created"
             with client.websocket_connect("/v1/realtime") as second:
                 with pytest.raises(WebSocketDisconnect) as refused:
                     second.receive_json()
             assert refused.value.code == 1013 and "limit of 1 sessions" in refused.value.reason
+            _closed(client, first)
         metrics = client.get("/metrics").text
         assert "voxline_sessions_total 1" in metrics
         assert "voxline_sessions_refused_total 1" in metrics

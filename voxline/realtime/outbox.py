@@ -16,7 +16,6 @@ client that stopped reading.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -103,8 +102,9 @@ class Outbox:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
+            # gather, not suppress(BaseException): a cancel of this task (the handler's, at
+            # a disconnect) must propagate, not be swallowed with the writer's own
+            await asyncio.gather(self._task, return_exceptions=True)
 
 
 async def close_after(ws: WebSocket, outbox: Outbox, code: int, reason: str,

@@ -16,6 +16,7 @@ client that stopped reading.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -102,9 +103,8 @@ class Outbox:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            # gather, not suppress(BaseException): a cancel of this task (the handler's, at
-            # a disconnect) must propagate, not be swallowed with the writer's own
-            await asyncio.gather(self._task, return_exceptions=True)
+            with contextlib.suppress(BaseException):
+                await self._task
 
 
 async def close_after(ws: WebSocket, outbox: Outbox, code: int, reason: str,

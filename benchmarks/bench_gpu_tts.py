@@ -61,7 +61,7 @@ from voxline.engines.models.qwen3_tts.talker import Talker
 from voxline.engines.models.qwen3_tts.tokenizer import Qwen3TextTokenizer
 from voxline.engines.speech_model import SpeechJob
 from voxline.engines.tts_stage import SpeechOwner, TTSStage
-from voxline.kernels import gemv, qkv_attention
+from voxline.kernels import gemv, qkv_attention, qkv_decode_attention
 from voxline.kernels.cuda_graphs import bucket_for
 
 TEXT = "A longer sentence about the lazy dog and the brown fox."
@@ -513,9 +513,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="decode every chunk in the step that made its frames (round-3 behaviour)")
     ap.add_argument("--no-gemv", action="store_true", help="cuBLAS for the decode projections "
                     "instead of the small-row linear kernel (round-3 behaviour)")
-    ap.add_argument("--qkv-attention", choices=("on", "off", "ab"), default="on",
+    ap.add_argument("--qkv-attention", choices=("on", "off", "ab"),
                     help="the code predictor's one-kernel attention block (voxline.kernels."
-                         "qkv_attention): on, off, or ab (each mode twice, off then on)")
+                         "qkv_attention): on (default), off, or ab (each mode twice, off then on)")
+    ap.add_argument("--arms", help="A/B arms in one process (instead of --qkv-attention): each a "
+                    "'+'-joined set of the switches that are on, of qkv (the predictor's one-kernel "
+                    "attention block) and talker (the talker's, voxline.kernels.qkv_decode_attention), "
+                    "or none; e.g. qkv,qkv+talker; results keyed '<mode>/<arm>'")
     ap.add_argument("--check", action="store_true", help="validate every frame's codes (slow)")
     ap.add_argument("--tiny", action="store_true", help="a toy-width model (CPU runs; timings mean nothing)")
     ap.add_argument("--arrivals", help="open loop: Poisson arrival rates in jobs/s, e.g. 4,8,12,16,24")
@@ -537,6 +541,14 @@ def main(argv: list[str] | None = None) -> int:
     for name in (args.schedules.split(",") + extra if args.arrivals else []):
         if name not in SCHEDULES:
             ap.error(f"--schedules: unknown schedule {name!r} (known: {', '.join(SCHEDULES)})")
+    if args.arms and args.qkv_attention is not None:
+        ap.error("--arms and --qkv-attention both pick the A/B arms: give one")
+    if args.arms and args.arrivals:
+        ap.error("--arms: the open loop (--arrivals) runs one arm, the switches' defaults")
+    args.qkv_attention = args.qkv_attention or "on"
+    for arm in args.arms.split(",") if args.arms else []:
+        if not set(arm.split("+")) <= {"qkv", "talker", "none"}:
+            ap.error(f"--arms: unknown switch in {arm!r} (known: qkv, talker, none)")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("voxline.kernels.cuda_graphs").setLevel(logging.INFO)  # capture progress
     # A compile failure falls back to eager (counted below) instead of killing the run.
@@ -564,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         frames_per_job=args.frames, batch_buckets=buckets or "powers of two", attention=args.attention,
         predictor_attention=args.predictor_attention, chunking="initial_chunk_frames=1, chunk_frames=4",
         overlap_codec=not args.no_overlap, small_row_linear_kernel=not args.no_gemv,
-        fused_qkv_attention=args.qkv_attention,
+        fused_qkv_attention="per arm" if args.arms else args.qkv_attention,
         predictor_top_k_cap=graphed_talker.PREDICTOR_TOP_K_CAP,
         sampling="published settings (temperature 0.9, top-k 50), seeded; EOS masked",
         qwen_tts_reference="not run: the qwen-tts package is not installable on the device machine",
@@ -585,11 +597,18 @@ def main(argv: list[str] | None = None) -> int:
         report["twin_check"] = twin_check(model, tok, 12)
         print("twin check", report["twin_check"], flush=True)
     sampling = TalkerSampling(min_frames=args.frames)
-    states = [False, True] if args.qkv_attention == "ab" else [args.qkv_attention == "on"]
-    for mode, fused in ((m, f) for m in args.modes.split(",") for f in states):
-        # A/B: both runs in this process, results keyed "<mode>/qkv_off" and "<mode>/qkv_on".
-        label = f"{mode}/qkv_{'on' if fused else 'off'}" if args.qkv_attention == "ab" else mode
-        qkv_attention.set_enabled(fused)
+    # (label suffix, switches on): A/B arms all run in this process.
+    if args.arms:
+        arms = [(a, set(a.split("+")) - {"none"}) for a in args.arms.split(",")]
+    elif args.qkv_attention == "ab":
+        arms = [("qkv_off", {"talker"}), ("qkv_on", {"qkv", "talker"})]
+    else:
+        arms = [("", {"talker"} | ({"qkv"} if args.qkv_attention == "on" else set()))]
+    report["arms"] = {name: sorted(on) for name, on in arms}
+    for mode, (arm, on) in ((m, a) for m in args.modes.split(",") for a in arms):
+        label = f"{mode}/{arm}" if arm else mode
+        qkv_attention.set_enabled("qkv" in on)
+        qkv_decode_attention.set_enabled("talker" in on)
         t0 = time.perf_counter()
         stage = Qwen3SpeechModel(model, tok, max_streams=max(conc), max_len=args.max_len,
                                  max_frames=args.frames, sampling=sampling, graphs=mode != "eager",

@@ -24,7 +24,10 @@ sub-step (every layer, its key/value writes, the head and sampling) is one compi
 function, and a pick's next input is a row of its codebook table pre-projected to the
 predictor's width. The talker decode attends through
 :func:`~voxline.kernels.decode_attention.attend_decode` by default: one Triton launch per
-layer reading the streams' cache rows in place (SDPA off CUDA or outside bf16/fp16).
+layer reading the streams' cache rows in place (SDPA off CUDA or outside bf16/fp16); with
+it, on CUDA in bf16/fp16, the whole attention block from the QKV partials to the output
+projection's input (norms, RoPE, cache write, attention) is one launch
+(:mod:`voxline.kernels.qkv_decode_attention`).
 
 Batches or lengths past the largest bucket run eagerly on the modules. Only the first
 codes go to the host (one copy per step, needed to see EOS); frames and hidden states
@@ -56,7 +59,12 @@ from voxline.kernels.attention import attend, attend_matmul, attend_sum, positio
 from voxline.kernels.compiled import maybe_compile
 from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, pow2_buckets
 from voxline.kernels.decode_attention import attend_decode
-from voxline.kernels.decoder_step import attn_mlp, attn_prep
+from voxline.kernels.decoder_step import attn_mlp, attn_out_mlp, attn_prep
+from voxline.kernels.qkv_decode_attention import (
+    decode_fused_available,
+    qkv_decode_attention,
+    qkv_partials,
+)
 from voxline.kernels.sampling import sample_rows
 
 from .generation import (
@@ -155,6 +163,8 @@ class GraphedTalkerGenerator(TalkerGenerator):
         self._post = maybe_compile(attn_mlp, self.compiled)
         self._head = maybe_compile(predictor_head, self.compiled)
         self._post_gather = maybe_compile(gathered_attn_mlp, self.compiled)
+        self._qkv_parts = maybe_compile(qkv_partials, self.compiled)
+        self._out_mlp = maybe_compile(attn_out_mlp, self.compiled)
         self._substep = maybe_compile(predictor_substep, self.compiled)
         self._attention = ATTENTION[attention]
         self._cp_attention = ATTENTION[predictor_attention]
@@ -436,7 +446,12 @@ class GraphedTalkerGenerator(TalkerGenerator):
         return code
 
     def _decode_forward(self, x: Tensor, slot: Tensor, pos: Tensor, length: int) -> tuple[Tensor, Tensor]:
-        """One new position per row at ``pos`` of ``slot``, attending over ``[0, length)``."""
+        """One new position per row at ``pos`` of ``slot``, attending over ``[0, length)``.
+
+        With the ``triton`` attention on CUDA in bf16/fp16, a layer's attention block (after
+        the QKV projection, up to the output projection: q/k norm, RoPE, the cache write,
+        attention) is one kernel (:func:`~voxline.kernels.qkv_decode_attention.qkv_decode_attention`,
+        called between two compiled regions so the cache's in-place write stays out of them)."""
         t, cache = self.talker, self.cache
         b = x.shape[0]
         q_pos = pos[:, None]
@@ -445,8 +460,16 @@ class GraphedTalkerGenerator(TalkerGenerator):
         h = x[:, None]
         for i, window in enumerate(t.windows):
             prep_w, post_w = self._talker_w[i]
-            q, k, v = self._prep(h, q_pos, t.rope.inv_freq, *prep_w)
             ck, cv = cache.k[i], cache.v[i]  # [S, Hkv, L, D]
+            if self._attention is attend_decode and \
+                    decode_fused_available(h, q_pos, slot, ck, cv, length, masks[window], *prep_w):
+                ln_w, eps, qkv_w, qkv_b, q_out, _, qn_w, kn_w, qk_eps, head_dim = prep_w
+                parts = self._qkv_parts(h, ln_w, eps, qkv_w)
+                out = qkv_decode_attention(parts, q_pos, slot, t.rope.inv_freq, ck, cv, length, masks[window],
+                                           qkv_b, q_out, qn_w, kn_w, qk_eps, head_dim)
+                h = self._out_mlp(h, out, *post_w)
+                continue
+            q, k, v = self._prep(h, q_pos, t.rope.inv_freq, *prep_w)
             ck[slot, :, pos] = k[:, :, 0]
             cv[slot, :, pos] = v[:, :, 0]
             h = self._post_gather(h, q, ck, cv, slot, length, masks[window], post_w, self._attention)

@@ -29,19 +29,23 @@ def test_more_coming_by_either_waits_long_else_a_finished_sound_shortens_the_wor
     assert agreed < complete < neutral < incomplete
     table = {
         (Ending.COMPLETE, Sound.FINISHED): agreed,
+        (Ending.COMPLETE, Sound.LEANS_FINISHED): agreed,  # agreeing needs less than overruling
         (Ending.COMPLETE, Sound.UNSURE): complete,
         (Ending.COMPLETE, None): complete,
         (Ending.COMPLETE, Sound.GOING_ON): incomplete,  # "to the," written "to that."
         (Ending.NEUTRAL, Sound.FINISHED): complete,
+        (Ending.NEUTRAL, Sound.LEANS_FINISHED): neutral,
         (Ending.NEUTRAL, Sound.UNSURE): neutral,
         (Ending.NEUTRAL, None): neutral,
         (Ending.NEUTRAL, Sound.GOING_ON): incomplete,
         (Ending.INCOMPLETE, Sound.FINISHED): incomplete,
+        (Ending.INCOMPLETE, Sound.LEANS_FINISHED): incomplete,
         (Ending.INCOMPLETE, None): incomplete,
         (Ending.INCOMPLETE, Sound.GOING_ON): incomplete,
-        # no transcript yet: a confident "finished" need not wait for it, an unsure
+        # no transcript yet: a confident "finished" need not wait for it, a less sure
         # sound waits for it, and with no model the wait is the rules' own
         (None, Sound.FINISHED): complete,
+        (None, Sound.LEANS_FINISHED): incomplete,
         (None, Sound.UNSURE): incomplete,
         (None, Sound.GOING_ON): incomplete,
         (None, None): neutral,
@@ -60,7 +64,7 @@ def test_a_trailing_comma_alone_is_overruled_by_a_finished_sound():
     for text in ("How far is the moon from the earth,", "Well, let me think,", "Milk; eggs:"):
         assert eot.ending(text) == Ending.INCOMPLETE and eot.comma_only(text), text
         assert eot.decide("auto", eot.ending(text), Sound.FINISHED, True) == complete
-        for heard in (Sound.UNSURE, Sound.GOING_ON, Sound.AWAITED, None):  # the rules alone
+        for heard in (Sound.LEANS_FINISHED, Sound.UNSURE, Sound.GOING_ON, Sound.AWAITED, None):
             assert eot.decide("auto", eot.ending(text), heard, True) == incomplete, (text, heard)
     # a comma after a connective or a filler is still more to come, and no comma is none
     for text in ("I would like to book a table for,", "So, um,", "Paris is nice", "Is it?", ""):
@@ -70,9 +74,13 @@ def test_a_trailing_comma_alone_is_overruled_by_a_finished_sound():
 
 def test_eagerness_sets_how_sure_the_model_must_be():
     assert eot.sound("high", 0.85) == Sound.FINISHED
-    assert eot.sound("medium", 0.85) == Sound.UNSURE
+    assert eot.sound("medium", 0.85) == Sound.LEANS_FINISHED
     assert eot.sound("auto", 0.92) == Sound.FINISHED
-    assert eot.sound("low", 0.92) == Sound.UNSURE
+    assert eot.sound("low", 0.92) == Sound.LEANS_FINISHED
+    assert eot.sound("low", 0.6) == Sound.UNSURE
+    assert eot.sound("high", 0.45) == Sound.LEANS_FINISHED
+    assert eot.sound("medium", 0.5) == Sound.LEANS_FINISHED  # Smart Turn's own threshold
+    assert eot.sound("medium", 0.49) == Sound.UNSURE
     assert eot.sound("medium", 0.05) == Sound.GOING_ON
     assert eot.sound("medium", 0.15) == Sound.UNSURE
 
@@ -98,6 +106,22 @@ def test_detector_takes_whichever_verdict_comes_first_and_forgets_both_when_spee
     assert det.update(1.0, t, 32) == TurnEvent.RESUMED
     assert (det.words, det.heard) == (None, None)
     assert det.silence_ms == eot.SILENCE_MS["medium"][Ending.NEUTRAL]
+
+
+def test_complete_words_and_a_sound_leaning_finished_end_the_turn_at_the_agreed_pause():
+    """Through the detector: a sound leaning finished (0.6 at medium) waits for the words,
+    then agrees with complete ones ("What time is it?": the agreed pause); after words
+    with no sign either way it waits as if unheard, and it overrules no trailing comma."""
+    for text, wait in (("What time is it?", eot.AGREED_MS["medium"]),
+                       ("What time is it", eot.SILENCE_MS["medium"][Ending.NEUTRAL]),
+                       ("What time is it,", eot.SILENCE_MS["medium"][Ending.INCOMPLETE])):
+        det = TurnDetector(p.TurnParams(eagerness="medium"), pause_ms=160)
+        _pause(det)
+        det.hear(0.6)
+        assert det.heard == Sound.LEANS_FINISHED
+        assert det.silence_ms == eot.SILENCE_MS["medium"][Ending.INCOMPLETE]  # the words, first
+        det.judge(text)
+        assert det.silence_ms == wait, text
 
 
 def test_a_pause_being_judged_waits_for_a_witness_and_a_failed_verdict_leaves_the_words():

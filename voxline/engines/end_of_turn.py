@@ -9,20 +9,24 @@ Two witnesses judge each pause in a turn:
   words are pending.
 - the sound: an end-of-turn model (Smart Turn v3.2, `models.smart_turn`) hears the last
   8 s and gives the probability that the speaker sounds finished; `sound` reads it as
-  FINISHED, UNSURE or GOING_ON by the eagerness's thresholds (`SOUND_THRESHOLDS`).
+  FINISHED, LEANS_FINISHED, UNSURE or GOING_ON by the eagerness's thresholds
+  (`SOUND_THRESHOLDS`).
 
 `decide` combines them. Either witness saying "more is coming" waits long: words that
 trail off (a sentence that grammatically goes on is not ended by its intonation) or a
 sound confidently mid-phrase (ASR often writes "to the," as "to that."). Otherwise a
 finished sound moves the words' verdict one step shorter, and both agreeing on
-"finished" waits least. A trailing comma alone (after a word that could end the
-sentence) is the one "more is coming" a finished sound overrules: it reads as NEUTRAL.
+"finished" waits least. Agreeing takes less than overruling: complete words need only a
+sound that leans finished (at `medium` the model's own decision threshold, 0.5), where
+shortening words with no sign either way takes a confidently finished one. A trailing
+comma alone (after a word that could end the sentence) is the one "more is coming" a
+finished sound overrules: it reads as NEUTRAL.
 
-    words / sound   FINISHED   UNSURE       GOING_ON     AWAITED      none
-    COMPLETE        AGREED     COMPLETE     INCOMPLETE   COMPLETE     COMPLETE
-    NEUTRAL         COMPLETE   NEUTRAL      INCOMPLETE   NEUTRAL      NEUTRAL
-    INCOMPLETE      INCOMPLETE INCOMPLETE   INCOMPLETE   INCOMPLETE   INCOMPLETE
-    pending         COMPLETE   INCOMPLETE*  INCOMPLETE   INCOMPLETE*  NEUTRAL
+    words / sound   FINISHED   LEANS        UNSURE       GOING_ON     AWAITED      none
+    COMPLETE        AGREED     AGREED       COMPLETE     INCOMPLETE   COMPLETE     COMPLETE
+    NEUTRAL         COMPLETE   NEUTRAL      NEUTRAL      INCOMPLETE   NEUTRAL      NEUTRAL
+    INCOMPLETE      INCOMPLETE INCOMPLETE   INCOMPLETE   INCOMPLETE   INCOMPLETE   INCOMPLETE
+    pending         COMPLETE   INCOMPLETE*  INCOMPLETE*  INCOMPLETE   INCOMPLETE*  NEUTRAL
 
 Each verdict is a pause length per eagerness (`SILENCE_MS`, `AGREED_MS`): INCOMPLETE
 waits up to OpenAI's documented maxima (8 / 4 / 2 s for `low` / `medium` / `high`).
@@ -30,7 +34,7 @@ waits up to OpenAI's documented maxima (8 / 4 / 2 s for `low` / `medium` / `high
 the table is the words' rules alone, as before the model. The model usually answers
 before the transcript (a Whisper-tiny encoder over 8 s against Moonshine over the whole
 turn), so a confidently finished-sounding pause ends the turn at the COMPLETE length
-without waiting for the words; *an unsure one waits for them (the transcript re-decides
+without waiting for the words; *a less certain one waits for them (the transcript re-decides
 when it lands) rather than timing out at NEUTRAL while a slow transcript is still coming;
 *so does a pause whose model verdict is still being computed (AWAITED) while no words
 are in either: on a loaded machine neither witness may answer within NEUTRAL's wait.
@@ -66,15 +70,17 @@ class Sound(enum.IntEnum):
     UNSURE = 1
     GOING_ON = 2  # mid-phrase intonation: more is coming
     AWAITED = 3  # the model is judging this pause (never a reading of a probability)
+    LEANS_FINISHED = 4  # more finished than not, short of FINISHED: agrees, never overrules
 
 
-# (finished at or above, going on below) the model's probability, per eagerness: a
-# more eager detector believes "finished" sooner.
-SOUND_THRESHOLDS: dict[str, tuple[float, float]] = {
-    "high": (0.8, 0.1),
-    "medium": (0.9, 0.1),
-    "auto": (0.9, 0.1),
-    "low": (0.95, 0.1),
+# (finished at or above, leans finished at or above, going on below) the model's
+# probability, per eagerness: a more eager detector believes "finished" sooner. 0.5 is
+# Smart Turn's own decision threshold.
+SOUND_THRESHOLDS: dict[str, tuple[float, float, float]] = {
+    "high": (0.8, 0.4, 0.1),
+    "medium": (0.9, 0.5, 0.1),
+    "auto": (0.9, 0.5, 0.1),
+    "low": (0.95, 0.7, 0.1),
 }
 
 _FILLERS = frozenset({"um", "umm", "uh", "uhh", "er", "erm", "hmm", "mm", "ah", "eh"})
@@ -128,9 +134,11 @@ def silence_ms(eagerness: str, end: Ending) -> int:
 
 def sound(eagerness: str, probability: float) -> Sound:
     """How the end-of-turn model's `probability` (speaker finished) reads at `eagerness`."""
-    finished, going_on = SOUND_THRESHOLDS[eagerness]
+    finished, leans, going_on = SOUND_THRESHOLDS[eagerness]
     if probability >= finished:
         return Sound.FINISHED
+    if probability >= leans:
+        return Sound.LEANS_FINISHED
     return Sound.GOING_ON if probability < going_on else Sound.UNSURE
 
 
@@ -149,8 +157,8 @@ def decide(eagerness: str, words: Ending | None, heard: Sound | None,
                           else Ending.INCOMPLETE)
     if heard == Sound.GOING_ON:
         return silence_ms(eagerness, Ending.INCOMPLETE)
-    if words == Ending.INCOMPLETE or heard in (None, Sound.UNSURE, Sound.AWAITED):
-        return silence_ms(eagerness, words)
-    if words == Ending.COMPLETE:  # and FINISHED
+    if words == Ending.COMPLETE and heard in (Sound.FINISHED, Sound.LEANS_FINISHED):
         return AGREED_MS[eagerness]
-    return silence_ms(eagerness, Ending.COMPLETE)  # NEUTRAL words, FINISHED
+    if words == Ending.NEUTRAL and heard == Sound.FINISHED:
+        return silence_ms(eagerness, Ending.COMPLETE)
+    return silence_ms(eagerness, words)

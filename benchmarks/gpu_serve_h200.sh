@@ -4,10 +4,13 @@
 # call may take, so the work is split over two calls on the same warm machine.
 #   phase a (carry .devcarry/a): wheels + stubs of the two model packages -> /tmp/site,
 #            the random checkpoints -> /tmp/ckpt, a load check of the GPU models
-#   phase b (carry .devcarry/b): Moonshine's ORT files -> /tmp/site, then serve + bench
+#   phase b (carry .devcarry/b and .devcarry/s): Moonshine's ORT files and Smart Turn's
+#            package stub -> /tmp/site, then serve + bench (without .devcarry/s the engine
+#            does not start: pipecat-ai, which holds Smart Turn's ONNX file, is missing)
 # .devcarry/a: whl/*.whl (python 3.12 manylinux), stub/{silero_vad,moonshine_cpp}/ (data
 # files only: silero_vad.onnx, tokenizer.bin), q/*.wav (questions, espeak-ng);
-# .devcarry/b: enc.ort.gz, dec.ort.gz (moonshine-cpp's base-en encoder/decoder, gzipped).
+# .devcarry/b: enc.ort.gz, dec.ort.gz (moonshine-cpp's base-en encoder/decoder, gzipped);
+# .devcarry/s: pipecat_stub.tgz (Smart Turn's ONNX file and the metadata that finds it).
 set -u
 phase=$1; shift
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD

@@ -15,42 +15,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
+from test_qkv_attention import _inv_freq, _layer, _partials
 
 from voxline.kernels import qkv_decode_attention as qd
 from voxline.kernels.attention import attend, position_mask
 from voxline.kernels.decoder_step import attn_prep
 from voxline.kernels.gemv import small_linear
-from voxline.kernels.layer_ops import rms_norm
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-def _layer(hidden: int, hq: int, hkv: int, dim: int, *, bias: bool, norms: bool, device: str = "cpu",
-           dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple:
-    """attn_prep's weight arguments for random Q/K/V weights."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    n = (hq + 2 * hkv) * dim
-
-    def rand(*shape: int, s: float = 1.0) -> torch.Tensor:
-        return (torch.randn(*shape, device=device, generator=g) * s).to(dtype)
-
-    qn = 1.0 + rand(dim, s=0.1) if norms else None
-    kn = 1.0 + rand(dim, s=0.1) if norms else None
-    return (1.0 + rand(hidden, s=0.1), 1e-6, rand(n, hidden, s=hidden ** -0.5),
-            rand(n, s=0.1) if bias else None, hq * dim, hkv * dim, qn, kn, 1e-6, dim)
-
-
-def _inv_freq(dim: int, device: str = "cpu") -> torch.Tensor:
-    return 1.0 / (1e6 ** (torch.arange(0, dim, 2, device=device).float() / dim))
-
-
-def _partials(x: torch.Tensor, prep: tuple, split: int) -> torch.Tensor:
-    """The QKV projection of ``rms_norm(x)`` as ``split`` float32 partial products over K."""
-    ln_w, eps, w = prep[0], prep[1], prep[2]
-    h = rms_norm(x, ln_w, eps).reshape(-1, x.shape[-1]).float()
-    k = h.shape[-1] // split
-    return torch.stack([F.linear(h[:, i * k:(i + 1) * k], w[:, i * k:(i + 1) * k].float()) for i in range(split)])
 
 
 def _op(parts, prep, pos, slot, inv_freq, ck, cv, length, mask, fn=None):

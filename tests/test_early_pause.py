@@ -363,3 +363,15 @@ def test_only_a_sentence_ending_take_under_semantic_vad_speculates_before_the_pa
     feed(h, silence(0.1))  # the pause (160 ms in) speculates as before
     h.run_until(lambda _: speculating(h) is not None)
     h.close()
+
+
+def test_no_reply_starts_from_a_take_when_the_turn_could_end_before_its_pause():
+    # a 900 ms pause point past high eagerness's 500 ms wait for words with no sign either
+    # way: the turn may stop before any pause, so the take is not the pause's to adopt
+    h = harness(asr=FixedASRText("What time is it?"), speculate_after_ms=900)
+    h.send(p.OpenStream("s1", p.StreamConfig(auto_response=AUTO,
+                                             turn_detection=p.TurnParams(eagerness="high"))))
+    feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.1)]))
+    take_landed(h)
+    assert speculating(h) is None and not h.of(p.Speculation)
+    h.close()

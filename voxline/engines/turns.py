@@ -315,9 +315,13 @@ class Turns:
                 self.warm.partial(stream, job.item_id, text)
 
     def _speculates_on_take(self, stream: StreamState, take: EarlyTake, text: str) -> bool:
-        td = stream.config.turn_detection
+        """Semantic VAD, a fresh take whose words end a sentence, and a pause that comes
+        before the turn can end (which the pause then adopts as its transcript)."""
+        td, det = stream.config.turn_detection, stream.input.detector
         return (self.speculate_on_take and self.speculate_after_ms > 0 and td is not None
-                and td.eagerness is not None and self._fresh_take(stream, take.utterance) is take
+                and td.eagerness is not None and det is not None
+                and stream.input.pause_ms < det.base_silence_ms()
+                and self._fresh_take(stream, take.utterance) is take
                 and end_of_turn.ending(text) == end_of_turn.Ending.COMPLETE
                 and self.responses.in_progress() < self.max_responses)
 

@@ -28,6 +28,8 @@ turn's final transcript when no speech follows. Moonshine's encoder is not incre
 a take is the whole utterance so far, only started earlier. A take replaces the turn's
 queued partials and stops a running one early (it covers them); made stale by voice, it
 is dropped unrun if still queued (`ASRJob.early`), and reports as a partial if it ran.
+Under semantic turn detection a fresh take whose words end a sentence also starts the
+speculative reply as it lands (the pause, when it comes, adopts it); voice first discards it.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from voxline.engines import end_of_turn
 from voxline.engines import protocol as p
 from voxline.engines.asr_stage import ASRJob, ASRStage, TranscriptionOptions
+from voxline.engines.end_of_turn import Ending, ending
 from voxline.engines.end_of_turn_stage import EndOfTurnJob, EndOfTurnStage
 from voxline.engines.input_audio import (
     PartialDue,
@@ -322,7 +324,7 @@ class Turns:
                 and td.eagerness is not None and det is not None
                 and stream.input.pause_ms < det.base_silence_ms()
                 and self._fresh_take(stream, take.utterance) is take
-                and end_of_turn.ending(text) == end_of_turn.Ending.COMPLETE
+                and ending(text) == Ending.COMPLETE
                 and self.responses.in_progress() < self.max_responses)
 
     def asr_failed(self, job: ASRJob, error: Exception) -> None:

@@ -44,9 +44,7 @@ variant of the same run (inprocess/process modes; ws takes only the server's def
 - early: + the pause transcript taken where the speech fell silent (the engine default);
 - early-cold: the same with warm prefill off;
 - early-refeed: warm prefill on, but a reply over exactly its prompt feeds the prompt's
-  last token again instead of sampling from the logits the warm prefill kept;
-- early-at-pause: semantic VAD's speculation starts at the pause only, not when a take
-  whose words end a sentence lands before it (the engine default).
+  last token again instead of sampling from the logits the warm prefill kept.
 
 By default the reply is cancelled once its first audio chunk arrives (the rest of the
 reply does not affect the measurement and would make the run much longer); the
@@ -146,13 +144,11 @@ class Variant:
     early_pause: bool = True  # the pause transcript is taken where the speech fell silent
     warm: bool = True  # partial transcripts prefill the reply's prompt
     kept: bool = True  # ... and a reply over exactly that prompt samples from its logits
-    take_spec: bool = True  # semantic VAD: a sentence-ending take starts the reply as it lands
 
     @property
     def server_default(self) -> bool:
-        """What the ws servers run (started with `speech`, `early_pause`, `kept` and
-        `take_spec` on)."""
-        return self.speech and self.early_pause and self.kept and self.take_spec
+        """What the ws servers run (started with `speech`, `early_pause` and `kept` on)."""
+        return self.speech and self.early_pause and self.kept
 
 
 LADDER = {
@@ -162,23 +158,21 @@ LADDER = {
     "early": Variant(),
     "early-cold": Variant(warm=False),
     "early-refeed": Variant(kept=False),
-    "early-at-pause": Variant(take_spec=False),
 }
 
 
 def bench_core(wake: Callable[[], None], settings: dict | None = None, *,
                speculate_speech: bool = True, kept_logits: bool = True,
-               speculate_on_take: bool = True, **fields: object) -> object:
+               **fields: object) -> object:
     """The engine's own core (`make_engine_core`, settings such as `early_pause_transcript`
-    in `fields`) with the ladder steps that have no setting, held first-words audio, the
-    warm prefill's kept logits and the take-started speculation, switched as asked (core
-    spec ``bench_pipeline:bench_core``)."""
+    in `fields`) with the ladder steps that have no setting, held first-words audio and
+    the warm prefill's kept logits, switched as asked (core spec
+    ``bench_pipeline:bench_core``)."""
     from voxline.engines.factory import make_engine_core
 
     core = make_engine_core(wake, settings, **fields)
     core.responses.speculate_speech = speculate_speech
     core.llm.keep_logits = kept_logits
-    core.turns.speculate_on_take = speculate_on_take
     return core
 
 
@@ -755,8 +749,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if any(n not in LADDER for n in names):
         ap.error(f"--variants takes a comma-separated subset of {','.join(LADDER)}")
     if "ws" in args.modes and any(not LADDER[n].server_default for n in names):
-        ap.error("--variants spec-text, held, early-refeed and early-at-pause need --mode "
-                 "inprocess or process: the server has no settings for them")
+        ap.error("--variants spec-text, held and early-refeed need --mode inprocess or "
+                 "process: the server has no settings for them")
     args.variants = {n: LADDER[n] for n in names}
     if args.trace_file and not args.trace:
         ap.error("--trace-file needs --trace")
@@ -825,8 +819,7 @@ async def amain(args: argparse.Namespace) -> int:
                                              "warm_prefill": v.warm,
                                              "early_pause_transcript": v.early_pause,
                                              "speculate_speech": v.speech,
-                                             "kept_logits": v.kept,
-                                             "speculate_on_take": v.take_spec}
+                                             "kept_logits": v.kept}
                 if args.threads:
                     kwargs["threads"] = args.threads
                 for detection in args.turn_detection:

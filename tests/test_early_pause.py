@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from fakes import EnergyVAD, tone
 from test_engine_core import Harness, has
-from test_speculation import AUTO, CFG, BurstASR, feed, silence, speculating
+from test_speculation import CFG, BurstASR, feed, silence, speculating
 
 from voxline.engines import protocol as p
 from voxline.engines.asr_stage import ASRJob, ASRStage
@@ -289,89 +289,3 @@ def test_a_speculated_turn_logs_its_milestones_in_order(caplog):
              "first_segment", "first_audio", "turn_stopped", "commit"]
     assert [names.index(n) for n in order] == sorted(names.index(n) for n in order), names
     assert lines[names.index("first_audio")].endswith("held=True")
-
-
-# ------------------------------------ semantic VAD: the take that ends a sentence speculates
-
-SEMANTIC = p.StreamConfig(auto_response=AUTO, turn_detection=p.TurnParams(eagerness="auto"))
-
-
-def take_harness(text: str) -> Harness:
-    return harness(asr=FixedASRText(text))
-
-
-class FixedASRText(RecordingASR):
-    """Records each clip; every transcript is `text`."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-    def transcribe(self, audio: np.ndarray) -> str:
-        super().transcribe(audio)
-        return self.text
-
-
-def take_landed(h: Harness) -> None:
-    """Run until the take has landed (it reports as a partial, after the speculation's
-    decision)."""
-    h.run_until(has(p.TranscriptPartial))
-
-
-def test_a_sentence_ending_take_starts_the_reply_before_the_pause_and_the_turn_commits_it():
-    h = take_harness("What time is it?")
-    h.send(p.OpenStream("s1", SEMANTIC))
-    feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.1)]))  # the pause is 160 ms in
-    take_landed(h)
-    stream = h.core.streams["s1"]
-    assert not stream.input.detector.paused and not h.of(p.VoiceStopped)
-    assert speculating(h) is not None and [o.outcome for o in h.of(p.Speculation)] == ["started"]
-    assert len(h.core.asr.model.clips) == 1  # the take; the pause will need no ASR of its own
-    feed(h, silence(0.6))  # complete words, no model: the turn ends 350 ms into the silence
-    h.run_until(has(p.VoiceStopped))
-    h.send(p.CreateResponse("s1", "r1", "a1", AUTO))
-    h.run_until(has(p.ResponseFinished))
-    assert [o.outcome for o in h.of(p.Speculation)] == ["started", "committed"]
-    assert len(h.core.asr.model.clips) == 1
-    assert [i.text for i in stream.conversation.items][0] == "What time is it?"
-    h.close()
-
-
-def test_voice_after_the_take_discards_its_reply_before_any_pause():
-    h = take_harness("What time is it?")
-    h.send(p.OpenStream("s1", SEMANTIC))
-    feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.1)]))
-    take_landed(h)
-    assert speculating(h) is not None
-    feed(h, tone(0.3))  # the turn goes on: no pause was ever reported
-    stream = h.core.streams["s1"]
-    assert speculating(h) is None and [o.outcome for o in h.of(p.Speculation)] == ["started", "discarded"]
-    assert not stream.conversation.items and not h.of(p.VoiceStopped)
-    h.close()
-
-
-@pytest.mark.parametrize("text, config", [
-    ("I would like a table for", SEMANTIC),  # words that trail off wait for the pause
-    ("What time is it?", p.StreamConfig(auto_response=AUTO)),  # server VAD: the pause only
-])
-def test_only_a_sentence_ending_take_under_semantic_vad_speculates_before_the_pause(text, config):
-    h = take_harness(text)
-    h.send(p.OpenStream("s1", config))
-    feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.1)]))
-    take_landed(h)
-    assert speculating(h) is None and not h.of(p.Speculation)
-    feed(h, silence(0.1))  # the pause (160 ms in) speculates as before
-    h.run_until(lambda _: speculating(h) is not None)
-    h.close()
-
-
-def test_no_reply_starts_from_a_take_when_the_turn_could_end_before_its_pause():
-    # a 900 ms pause point past high eagerness's 500 ms wait for words with no sign either
-    # way: the turn may stop before any pause, so the take is not the pause's to adopt
-    h = harness(asr=FixedASRText("What time is it?"), speculate_after_ms=900)
-    h.send(p.OpenStream("s1", p.StreamConfig(auto_response=AUTO,
-                                             turn_detection=p.TurnParams(eagerness="high"))))
-    feed(h, np.concatenate([silence(0.3), tone(0.6), silence(0.1)]))
-    take_landed(h)
-    assert speculating(h) is None and not h.of(p.Speculation)
-    h.close()

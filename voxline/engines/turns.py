@@ -28,8 +28,6 @@ turn's final transcript when no speech follows. Moonshine's encoder is not incre
 a take is the whole utterance so far, only started earlier. A take replaces the turn's
 queued partials and stops a running one early (it covers them); made stale by voice, it
 is dropped unrun if still queued (`ASRJob.early`), and reports as a partial if it ran.
-Under semantic turn detection a fresh take whose words end a sentence also starts the
-speculative reply as it lands (the pause, when it comes, adopts it); voice first discards it.
 """
 
 from __future__ import annotations
@@ -42,7 +40,6 @@ import numpy as np
 
 from voxline.engines import protocol as p
 from voxline.engines.asr_stage import ASRJob, ASRStage, TranscriptionOptions
-from voxline.engines.end_of_turn import Ending, ending
 from voxline.engines.end_of_turn_stage import EndOfTurnJob, EndOfTurnStage
 from voxline.engines.input_audio import (
     PartialDue,
@@ -80,7 +77,6 @@ class EarlyTake:
     voice_ms: float  # the detector's last voice then: the take is fresh while it holds
     text: str | None = None  # once landed
     asr_ms: float = 0.0
-    speculated: bool = False  # a speculative reply started from it (see `_take_landed`)
 
 
 class Turns:
@@ -91,19 +87,15 @@ class Turns:
     `end_of_turn` (None: rules over the words alone) hears semantic-VAD pauses.
     `warm` (None: off) prefills the reply's prompt from each partial transcript.
     `early_pause`: take the pause transcript where the speech fell silent (see above).
-    `speculate_on_take`: under semantic turn detection, a take whose words end a sentence
-    starts the speculative reply when it lands, before the pause (`_take_landed`).
     """
 
     def __init__(self, registry: StreamRegistry, vad: VADStage, asr: ASRStage,
                  responses: Responses, emit: Callable[[p.EngineOutput], None],
                  speculate_after_ms: float, max_responses: int,
                  end_of_turn: EndOfTurnStage | None = None,
-                 warm: WarmPrefills | None = None, early_pause: bool = True,
-                 speculate_on_take: bool = True) -> None:
+                 warm: WarmPrefills | None = None, early_pause: bool = True) -> None:
         self.registry = registry
         self.early_pause = early_pause
-        self.speculate_on_take = speculate_on_take
         self._takes: dict[StreamId, EarlyTake] = {}  # each stream's latest early take
         self.warm = warm
         self.end_of_turn = end_of_turn
@@ -183,11 +175,6 @@ class Turns:
         cfg = stream.config
         turn = stream.input.on_frame(frame, prob, cfg.transcribe_partials, cfg.partial_interval_ms)
         sid = stream.external_id
-        take = self._takes.get(stream.internal_id)
-        det = stream.input.detector
-        if take is not None and take.speculated and det is not None and det.last_voice_ms != take.voice_ms:
-            take.speculated = False  # voice since the take: the turn goes on
-            self.responses.discard_speculation(stream)
         match turn:
             case TurnStarted():
                 self._takes.pop(stream.internal_id, None)
@@ -299,33 +286,16 @@ class Turns:
                         self.warm.partial(stream, job.item_id, text)
 
     def _take_landed(self, stream: StreamState, job: ASRJob, text: str, seconds: float) -> None:
-        """An early take landed before any pause: kept for one, and a partial meanwhile.
-        Under semantic turn detection, words that end a sentence start the speculative
-        reply now rather than at the pause (the turn may end soon after it); voice before
-        the pause discards it (`_on_frame`), and the pause adopts it (same words)."""
+        """An early take landed before any pause: kept for one, and a partial meanwhile."""
         take = self._takes.get(stream.internal_id)
         if take is not None and take.job is job:
             take.text, take.asr_ms = text, seconds * 1000
-            if self._speculates_on_take(stream, take, text):
-                take.speculated = True
-                self.responses.speculate(stream, take.utterance.item_id, text)
         utt = stream.input.utterance
         if text and stream.config.transcribe_partials and utt is not None \
                 and utt.item_id == job.item_id:
             self._emit(p.TranscriptPartial(stream.external_id, job.item_id, text))
             if self.warm is not None:
                 self.warm.partial(stream, job.item_id, text)
-
-    def _speculates_on_take(self, stream: StreamState, take: EarlyTake, text: str) -> bool:
-        """Semantic VAD, a fresh take whose words end a sentence, and a pause that comes
-        before the turn can end (which the pause then adopts as its transcript)."""
-        td, det = stream.config.turn_detection, stream.input.detector
-        return (self.speculate_on_take and self.speculate_after_ms > 0 and td is not None
-                and td.eagerness is not None and det is not None
-                and stream.input.pause_ms < det.base_silence_ms()
-                and self._fresh_take(stream, take.utterance) is take
-                and ending(text) == Ending.COMPLETE
-                and self.responses.in_progress() < self.max_responses)
 
     def asr_failed(self, job: ASRJob, error: Exception) -> None:
         """A failed final lands as failed; a failed partial, early take or pause transcript

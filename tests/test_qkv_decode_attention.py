@@ -311,3 +311,25 @@ def test_graphed_talker_decode_takes_the_kernel_as_closely_as_the_unfused_step(m
         assert torch.equal(torch.where(written, buf0, got), buf0), "only the rows' slots and positions change"
         base = _rel(ref.masked_select(written), want.masked_select(written))
         assert _rel(got.masked_select(written), want.masked_select(written)) <= 2 * base + 1e-3
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("q_len, length", [(1, 150), (2, 64), (1, 7)])
+def test_attend_decode_kernel_reads_the_named_rows_as_attend_does(dtype, q_len, length):
+    """``attend_decode``'s kernel (the streaming softmax it shares with the fused block,
+    `decode_attention.stream_attend`) over cache rows ``slot`` and their first ``length``
+    positions, across key blocks, against ``attend`` over the gathered rows in float32."""
+    from voxline.kernels.decode_attention import attend_decode
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    ck = torch.randn(6, 2, 192, 64, device="cuda", generator=g).to(dtype)
+    cv = torch.randn(6, 2, 192, 64, device="cuda", generator=g).to(dtype)
+    q = torch.randn(3, 8, q_len, 64, device="cuda", generator=g).to(dtype)
+    slot = torch.tensor([5, 0, 2], device="cuda")
+    q_pos = torch.tensor([[length - q_len + t for t in range(q_len)]] * 3, device="cuda")
+    mask = position_mask(q_pos, torch.arange(length, device="cuda").expand(3, length))
+    got = attend_decode(q, ck, cv, mask, slot=slot, length=length)
+    want = attend(q.float(), ck[:, :, :length][slot].float(), cv[:, :, :length][slot].float(), mask)
+    err = float((got.float() - want).norm() / want.norm())
+    assert err < (1e-2 if dtype == torch.bfloat16 else 2e-3), err

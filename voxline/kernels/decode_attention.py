@@ -37,6 +37,36 @@ def decode_kernel_available(x: Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
+    def stream_attend(q, k_base, skk, v_base, svk, m_base, smq, smk, qi, real, d, scale,
+                      LENGTH: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+        """Attention of the query rows ``q [ROWS, D]`` (row r at query position ``qi[r]``;
+        ``real``: not padding) over the first ``LENGTH`` keys/values at ``k_base``/``v_base``
+        (``skk``/``svk`` apart), under the boolean mask at ``m_base + qi * smq + key * smk``,
+        in blocks of ``BLOCK_K`` keys with a streaming softmax: float32 ``[ROWS, D]``. Scores
+        and softmax in float32, probabilities rounded to the values' dtype before their
+        product. Shared by the decode kernel and the talker's fused attention block."""
+        m_i = tl.full((ROWS,), -1.0e30, tl.float32)
+        l_i = tl.zeros((ROWS,), tl.float32)
+        acc = tl.zeros((ROWS, HEAD_DIM), tl.float32)
+        for start in range(0, LENGTH, BLOCK_K):
+            kk = start + tl.arange(0, BLOCK_K)
+            inside = kk < LENGTH
+            k = tl.load(k_base + kk[:, None] * skk + d[None, :], mask=inside[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k)) * scale  # [ROWS, BLOCK_K], float32
+            allowed = tl.load(m_base + qi[:, None] * smq + kk[None, :] * smk,
+                              mask=real[:, None] & inside[None, :], other=0) != 0
+            s = tl.where(allowed, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_base + kk[:, None] * svk + d[None, :], mask=inside[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        return acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+
+    @triton.jit
     def _decode_attn_kernel(
         q_ptr, k_ptr, v_ptr, m_ptr, slot_ptr, o_ptr,
         sqb, sqh, sqq, skb, skh, skk, svb, svh, svk, smb, smq, smk,
@@ -54,27 +84,9 @@ if triton is not None:
         h = hkv * GROUP + g
         q = tl.load(q_ptr + b * sqb + h[:, None] * sqh + qi[:, None] * sqq + d[None, :],
                     mask=real[:, None], other=0.0)
-        m_i = tl.full((ROWS,), -1.0e30, tl.float32)
-        l_i = tl.zeros((ROWS,), tl.float32)
-        acc = tl.zeros((ROWS, HEAD_DIM), tl.float32)
-        k_base = k_ptr + slot * skb + hkv * skh
-        v_base = v_ptr + slot * svb + hkv * svh
-        for start in range(0, LENGTH, BLOCK_K):
-            kk = start + tl.arange(0, BLOCK_K)
-            inside = kk < LENGTH
-            k = tl.load(k_base + kk[:, None] * skk + d[None, :], mask=inside[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale  # [ROWS, BLOCK_K], float32
-            allowed = tl.load(m_ptr + b * smb + qi[:, None] * smq + kk[None, :] * smk,
-                              mask=real[:, None] & inside[None, :], other=0) != 0
-            s = tl.where(allowed, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_base + kk[:, None] * svk + d[None, :], mask=inside[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        out = stream_attend(q, k_ptr + slot * skb + hkv * skh, skk, v_ptr + slot * svb + hkv * svh, svk,
+                            m_ptr + b * smb, smq, smk, qi, real, d, scale,
+                            LENGTH, ROWS, HEAD_DIM, BLOCK_K)
         o_off = ((b * (tl.num_programs(1) * GROUP) + h[:, None]) * Q_LEN + qi[:, None]) * HEAD_DIM + d[None, :]
         tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=real[:, None])
 

@@ -142,6 +142,25 @@ if triton is not None:
         return tl.cos(ang).to(DT).to(tl.float32), tl.sin(ang).to(DT).to(tl.float32)
 
     @triton.jit
+    def _new_kv(parts_ptr, bias_ptr, pos_ptr, kn_ptr, b, spb, spq, k_col, v_col, d, d_rot, sign, freq,
+                MN, N, eps, SPLIT: tl.constexpr, Q_LEN: tl.constexpr, QP: tl.constexpr,
+                HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KN: tl.constexpr, DT: tl.constexpr):
+        """Row ``b``'s new key (normed, rotated) and value ``[QP, D]`` in ``DT`` at each of its
+        query positions, with those positions ``[QP]`` and the rows' validity ``[QP, D]``: the
+        part both fused kernels share before writing them to their own buffers."""
+        t = tl.arange(0, QP)
+        t_ok = t < Q_LEN
+        t_pos = tl.load(pos_ptr + b * spb + t * spq, mask=t_ok, other=0)
+        ok = t_ok[:, None] & (d[None, :] < HEAD_DIM)
+        row = (b * Q_LEN + t)[:, None] + d[None, :] * 0
+        cos, sin = _tables(t_pos, freq, DT)
+        k = _norm_rope(_projected(parts_ptr, bias_ptr, row, k_col + d[None, :], ok, MN, N, SPLIT, HAS_BIAS),
+                       _projected(parts_ptr, bias_ptr, row, k_col + d_rot[None, :], ok, MN, N, SPLIT, HAS_BIAS),
+                       kn_ptr, d, d_rot, sign, cos, sin, eps, HEAD_DIM, HAS_KN, DT)
+        v = _projected(parts_ptr, bias_ptr, row, v_col + d[None, :], ok, MN, N, SPLIT, HAS_BIAS).to(DT)
+        return k, v, t_pos, ok
+
+    @triton.jit
     def _qkv_attn_kernel(
         parts_ptr, bias_ptr, pos_ptr, freq_ptr, qn_ptr, kn_ptr, k_ptr, v_ptr, m_ptr, o_ptr,
         M, N, spb, spq, skb, skh, skl, svb, svh, svl, smb, smq, sml, eps, scale,
@@ -162,17 +181,9 @@ if triton is not None:
         k_col = q_cols + hkv * HEAD_DIM
         v_col = q_cols + n_kv * HEAD_DIM + hkv * HEAD_DIM
 
-        # This row's new key and value at each of its query positions t.
-        t = tl.arange(0, QP)
-        t_ok = t < Q_LEN
-        t_pos = tl.load(pos_ptr + b * spb + t * spq, mask=t_ok, other=0)
-        ok = t_ok[:, None] & (d[None, :] < HEAD_DIM)
-        row = (b * Q_LEN + t)[:, None] + d[None, :] * 0
-        cos, sin = _tables(t_pos, freq, DT)
-        k = _norm_rope(_projected(parts_ptr, bias_ptr, row, k_col + d[None, :], ok, MN, N, SPLIT, HAS_BIAS),
-                       _projected(parts_ptr, bias_ptr, row, k_col + d_rot[None, :], ok, MN, N, SPLIT, HAS_BIAS),
-                       kn_ptr, d, d_rot, sign, cos, sin, eps, HEAD_DIM, HAS_KN, DT)
-        v = _projected(parts_ptr, bias_ptr, row, v_col + d[None, :], ok, MN, N, SPLIT, HAS_BIAS).to(DT)
+        # This row's new key and value at each of its query positions.
+        k, v, t_pos, ok = _new_kv(parts_ptr, bias_ptr, pos_ptr, kn_ptr, b, spb, spq, k_col, v_col, d, d_rot,
+                                  sign, freq, MN, N, eps, SPLIT, Q_LEN, QP, HEAD_DIM, HAS_BIAS, HAS_KN, DT)
         tl.store(k_ptr + b * skb + hkv * skh + t_pos[:, None] * skl + d[None, :], k, mask=ok)
         tl.store(v_ptr + b * svb + hkv * svh + t_pos[:, None] * svl + d[None, :], v, mask=ok)
         # The attention below reads those positions back through other threads of this
@@ -252,6 +263,30 @@ def _(parts: Tensor, bias: Tensor | None, pos: Tensor, inv_freq: Tensor, qn_w: T
     return k_buf.new_empty((parts.shape[1], q_heads * k_buf.shape[-1]))
 
 
+def projected_qkv(
+    parts: Tensor, bias: Tensor | None, pos: Tensor, inv_freq: Tensor, qn_w: Tensor | None,
+    kn_w: Tensor | None, q_heads: int, kv_heads: int, dim: int, eps: float, dtype: torch.dtype,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The unfused path from the projection's float32 partials ``[split, B*Q, N]`` to the
+    layer's q, k, v ``[B, H, Q, D]`` in `dtype` (the partials' sum plus bias, q/k RMSNorm,
+    RoPE at ``pos [B, Q]``): what both fused kernels' CPU references start with."""
+    b, q_len = pos.shape
+    y = parts.sum(0)
+    if bias is not None:
+        y = y + bias.float()
+    q, k, v = y.to(dtype).view(b, q_len, -1).split((q_heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
+    q = q.reshape(b, q_len, q_heads, dim)
+    k = k.reshape(b, q_len, kv_heads, dim)
+    if qn_w is not None:
+        q = rms_norm(q, qn_w, eps)
+    if kn_w is not None:
+        k = rms_norm(k, kn_w, eps)
+    cos, sin = rope_tables(pos, inv_freq, dtype)
+    q = apply_rope(q.transpose(1, 2), cos, sin)
+    k = apply_rope(k.transpose(1, 2), cos, sin)
+    return q, k, v.reshape(b, q_len, kv_heads, dim).transpose(1, 2)
+
+
 @_qkv_rope_attention.register_kernel("cpu")
 def _qkv_rope_attention_reference(
     parts: Tensor, bias: Tensor | None, pos: Tensor, inv_freq: Tensor, qn_w: Tensor | None,
@@ -261,22 +296,9 @@ def _qkv_rope_attention_reference(
     """The operator spelled with the unfused functions (what ``attn_prep``, the key/value
     write and ``attend`` do after the projection): its CPU kernel, the reference the Triton
     kernel is checked against (tests call it on CUDA tensors too)."""
-    _, m, n = parts.shape
+    m = parts.shape[1]
     b, hkv, _, dim = k_buf.shape
-    y = parts.sum(0)
-    if bias is not None:
-        y = y + bias.float()
-    q, k, v = y.to(k_buf.dtype).view(b, q_len, n).split((q_heads * dim, hkv * dim, hkv * dim), dim=-1)
-    q = q.reshape(b, q_len, q_heads, dim)
-    k = k.reshape(b, q_len, hkv, dim)
-    if qn_w is not None:
-        q = rms_norm(q, qn_w, eps)
-    if kn_w is not None:
-        k = rms_norm(k, kn_w, eps)
-    cos, sin = rope_tables(pos, inv_freq, k_buf.dtype)
-    q = apply_rope(q.transpose(1, 2), cos, sin)
-    k = apply_rope(k.transpose(1, 2), cos, sin)
-    v = v.reshape(b, q_len, hkv, dim).transpose(1, 2)
+    q, k, v = projected_qkv(parts, bias, pos, inv_freq, qn_w, kn_w, q_heads, hkv, dim, eps, k_buf.dtype)
     rows = torch.arange(b, device=k_buf.device)
     for t in range(q_len):
         k_buf[rows, :, pos[:, t]] = k[:, :, t]

@@ -32,8 +32,8 @@ from torch import Tensor
 
 from .attention import attend
 from .gemv import gemv_available, split_for
-from .layer_ops import apply_rope, rms_norm, rope_tables
-from .qkv_attention import _pow2
+from .layer_ops import rms_norm
+from .qkv_attention import _pow2, projected_qkv
 
 try:  # Triton ships with CUDA builds of PyTorch only.
     import triton
@@ -124,7 +124,8 @@ def qkv_decode_attention(
 
 
 if triton is not None:
-    from .qkv_attention import _TL_DTYPES, _norm_rope, _projected, _tables
+    from .decode_attention import stream_attend
+    from .qkv_attention import _TL_DTYPES, _new_kv, _norm_rope, _projected, _tables
 
     @triton.jit
     def _qkv_decode_kernel(
@@ -150,17 +151,9 @@ if triton is not None:
         k_base = k_ptr + slot * skb + hkv * skh
         v_base = v_ptr + slot * svb + hkv * svh
 
-        # This row's new key and value at each of its query positions t, into its slot.
-        t = tl.arange(0, QP)
-        t_ok = t < Q_LEN
-        t_pos = tl.load(pos_ptr + b * spb + t * spq, mask=t_ok, other=0)
-        ok = t_ok[:, None] & (d[None, :] < HEAD_DIM)
-        row = (b * Q_LEN + t)[:, None] + d[None, :] * 0
-        cos, sin = _tables(t_pos, freq, DT)
-        k = _norm_rope(_projected(parts_ptr, bias_ptr, row, k_col + d[None, :], ok, MN, N, SPLIT, HAS_BIAS),
-                       _projected(parts_ptr, bias_ptr, row, k_col + d_rot[None, :], ok, MN, N, SPLIT, HAS_BIAS),
-                       kn_ptr, d, d_rot, sign, cos, sin, eps, HEAD_DIM, HAS_KN, DT)
-        v = _projected(parts_ptr, bias_ptr, row, v_col + d[None, :], ok, MN, N, SPLIT, HAS_BIAS).to(DT)
+        # This row's new key and value at each of its query positions, into its slot.
+        k, v, t_pos, ok = _new_kv(parts_ptr, bias_ptr, pos_ptr, kn_ptr, b, spb, spq, k_col, v_col, d, d_rot,
+                                  sign, freq, MN, N, eps, SPLIT, Q_LEN, QP, HEAD_DIM, HAS_BIAS, HAS_KN, DT)
         tl.store(k_base + t_pos[:, None] * skl + d[None, :], k, mask=ok)
         tl.store(v_base + t_pos[:, None] * svl + d[None, :], v, mask=ok)
         # The attention below reads those positions back through other threads of this
@@ -181,26 +174,8 @@ if triton is not None:
                        _projected(parts_ptr, bias_ptr, q_row, q_col + d_rot[None, :], q_ok, MN, N, SPLIT, HAS_BIAS),
                        qn_ptr, d, d_rot, sign, cos, sin, eps, HEAD_DIM, HAS_QN, DT)
 
-        # Streaming softmax over the slot's positions, as attend_decode's kernel.
-        m_i = tl.full((ROWS,), -1.0e30, tl.float32)
-        l_i = tl.zeros((ROWS,), tl.float32)
-        acc = tl.zeros((ROWS, HEAD_DIM), tl.float32)
-        for start in range(0, LENGTH, BLOCK):
-            kk = start + tl.arange(0, BLOCK)
-            inside = kk < LENGTH
-            keys = tl.load(k_base + kk[:, None] * skl + d[None, :], mask=inside[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(keys)) * scale  # [ROWS, BLOCK], float32
-            allowed = tl.load(m_ptr + b * smb + qi[:, None] * smq + kk[None, :] * sml,
-                              mask=real[:, None] & inside[None, :], other=0) != 0
-            s = tl.where(allowed, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            values = tl.load(v_base + kk[:, None] * svl + d[None, :], mask=inside[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values)
-            m_i = m_new
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        out = stream_attend(q, k_base, skl, v_base, svl, m_ptr + b * smb, smq, sml, qi, real, d, scale,
+                            LENGTH, ROWS, HEAD_DIM, BLOCK)
         tl.store(o_ptr + q_row * q_cols + q_col + d[None, :], out.to(DT), mask=q_ok)
 
 
@@ -251,23 +226,10 @@ def _qkv_rope_decode_attention_reference(
     cache write and ``attend`` over the gathered rows do after the projection): its CPU
     kernel, the reference the Triton kernel is checked against (tests call it on CUDA
     tensors too)."""
-    _, m, n = parts.shape
-    b, q_len = pos.shape
+    m = parts.shape[1]
+    q_len = pos.shape[1]
     hkv, dim = k_cache.shape[1], k_cache.shape[3]
-    y = parts.sum(0)
-    if bias is not None:
-        y = y + bias.float()
-    q, k, v = y.to(k_cache.dtype).view(b, q_len, n).split((q_heads * dim, hkv * dim, hkv * dim), dim=-1)
-    q = q.reshape(b, q_len, q_heads, dim)
-    k = k.reshape(b, q_len, hkv, dim)
-    if qn_w is not None:
-        q = rms_norm(q, qn_w, eps)
-    if kn_w is not None:
-        k = rms_norm(k, kn_w, eps)
-    cos, sin = rope_tables(pos, inv_freq, k_cache.dtype)
-    q = apply_rope(q.transpose(1, 2), cos, sin)
-    k = apply_rope(k.transpose(1, 2), cos, sin)
-    v = v.reshape(b, q_len, hkv, dim).transpose(1, 2)
+    q, k, v = projected_qkv(parts, bias, pos, inv_freq, qn_w, kn_w, q_heads, hkv, dim, eps, k_cache.dtype)
     for t in range(q_len):
         k_cache[slot, :, pos[:, t]] = k[:, :, t]
         v_cache[slot, :, pos[:, t]] = v[:, :, t]

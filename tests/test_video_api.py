@@ -17,6 +17,7 @@ from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS  # noqa: E402
 from voxline.config import Settings  # noqa: E402
 from voxline.engines.client import InProcessEngineClient  # noqa: E402
 from voxline.realtime.app import create_app  # noqa: E402
+from voxline.realtime.videos_api import video_store  # noqa: E402
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -258,14 +259,14 @@ def png_bytes() -> bytes:
 ])
 async def test_input_reference_is_checked_and_image_to_video_refused_saying_so(client, app,
                                                                              data, words):
-    before = set(app.state.videos.videos)
+    before = set(video_store(app.state).videos)  # made on first use: this may be the module's first test
     files = {"input_reference": ("ref.png", data if data is not None else png_bytes(),
                                  "image/png")}
     response = await client.post("/v1/videos", data={"prompt": "dance monkey"}, files=files)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "input_reference" and all(w in error["message"] for w in words)
-    assert set(app.state.videos.videos) == before  # nothing kept for a refused request
+    assert set(video_store(app.state).videos) == before  # nothing kept for a refused request
 
 
 async def test_the_sdk_sends_seconds_and_input_reference(app):
@@ -301,7 +302,7 @@ async def test_retention_expires_finished_videos_and_their_files(client, app):
 async def test_shutdown_removes_the_videos_folder():
     from fastapi import FastAPI
 
-    from voxline.realtime.videos_api import close_videos, video_store
+    from voxline.realtime.videos_api import close_videos
 
     state = FastAPI().state
     store = video_store(state)

@@ -21,6 +21,7 @@ from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS
 from voxline.config import Settings
 from voxline.engines import protocol as p
 from voxline.realtime.app import create_app
+from voxline.realtime.videos_api import video_store
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -173,10 +174,11 @@ async def test_an_out_of_memory_fails_that_request_not_the_server(oom_server, ca
 
 async def test_a_refused_request_writes_nothing(oom_server):
     app, client = oom_server
-    before = sorted(p.name for p in app.state.videos.directory.iterdir())
-    records = set(app.state.videos.videos)
+    store = video_store(app.state)  # made on first use: this may be the module's first request
+    before = sorted(p.name for p in store.directory.iterdir())
+    records = set(store.videos)
     for body in ({"prompt": "x", "size": "20x16"}, {"prompt": "x", "seconds": "5"},
                  {"prompt": "x", "cache_backend": "teacache"}):
         assert (await client.post("/v1/videos", json=body)).status_code == 400
-    assert sorted(p.name for p in app.state.videos.directory.iterdir()) == before
-    assert set(app.state.videos.videos) == records
+    assert sorted(p.name for p in store.directory.iterdir()) == before
+    assert set(store.videos) == records

@@ -289,7 +289,7 @@ async def test_the_sdk_sends_seconds_and_input_reference(app):
 
 
 async def test_retention_expires_finished_videos_and_their_files(client, app):
-    store = app.state.videos
+    store = video_store(app.state)
     video = (await client.post("/v1/videos", json={"prompt": "dance monkey", **TINY})).json()
     done = await wait_done(client, video["id"])
     path = store.videos[video["id"]].path

@@ -61,7 +61,7 @@ from voxline.engines.models.qwen3_tts.talker import Talker
 from voxline.engines.models.qwen3_tts.tokenizer import Qwen3TextTokenizer
 from voxline.engines.speech_model import SpeechJob
 from voxline.engines.tts_stage import SpeechOwner, TTSStage
-from voxline.kernels import gemv, qkv_attention, qkv_decode_attention
+from voxline.kernels import fused_linear, gemv, qkv_attention, qkv_decode_attention, topk
 from voxline.kernels.cuda_graphs import bucket_for
 
 TEXT = "A longer sentence about the lazy dog and the brown fox."
@@ -518,8 +518,9 @@ def main(argv: list[str] | None = None) -> int:
                          "qkv_attention): on (default), off, or ab (each mode twice, off then on)")
     ap.add_argument("--arms", help="A/B arms in one process (instead of --qkv-attention): each a "
                     "'+'-joined set of the switches that are on, of qkv (the predictor's one-kernel "
-                    "attention block) and talker (the talker's, voxline.kernels.qkv_decode_attention), "
-                    "or none; e.g. qkv,qkv+talker; results keyed '<mode>/<arm>'")
+                    "attention block), talker (the talker's, voxline.kernels.qkv_decode_attention) and "
+                    "linear (projections with their norm and epilogue, voxline.kernels.fused_linear), "
+                    "or none; e.g. qkv+talker,qkv+talker+linear; results keyed '<mode>/<arm>'")
     ap.add_argument("--check", action="store_true", help="validate every frame's codes (slow)")
     ap.add_argument("--tiny", action="store_true", help="a toy-width model (CPU runs; timings mean nothing)")
     ap.add_argument("--arrivals", help="open loop: Poisson arrival rates in jobs/s, e.g. 4,8,12,16,24")
@@ -547,8 +548,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--arms: the open loop (--arrivals) runs one arm, the switches' defaults")
     args.qkv_attention = args.qkv_attention or "on"
     for arm in args.arms.split(",") if args.arms else []:
-        if not set(arm.split("+")) <= {"qkv", "talker", "none"}:
-            ap.error(f"--arms: unknown switch in {arm!r} (known: qkv, talker, none)")
+        if not set(arm.split("+")) <= {"qkv", "talker", "linear", "topk", "none"}:
+            ap.error(f"--arms: unknown switch in {arm!r} (known: qkv, talker, linear, topk, none)")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("voxline.kernels.cuda_graphs").setLevel(logging.INFO)  # capture progress
     # A compile failure falls back to eager (counted below) instead of killing the run.
@@ -601,14 +602,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.arms:
         arms = [(a, set(a.split("+")) - {"none"}) for a in args.arms.split(",")]
     elif args.qkv_attention == "ab":
-        arms = [("qkv_off", {"talker"}), ("qkv_on", {"qkv", "talker"})]
+        arms = [("qkv_off", {"talker", "linear", "topk"}), ("qkv_on", {"qkv", "talker", "linear", "topk"})]
     else:
-        arms = [("", {"talker"} | ({"qkv"} if args.qkv_attention == "on" else set()))]
+        arms = [("", {"talker", "linear", "topk"} | ({"qkv"} if args.qkv_attention == "on" else set()))]
     report["arms"] = {name: sorted(on) for name, on in arms}
     for mode, (arm, on) in ((m, a) for m in args.modes.split(",") for a in arms):
         label = f"{mode}/{arm}" if arm else mode
         qkv_attention.set_enabled("qkv" in on)
         qkv_decode_attention.set_enabled("talker" in on)
+        fused_linear.set_enabled("linear" in on)
+        topk.set_enabled("topk" in on)
         t0 = time.perf_counter()
         stage = Qwen3SpeechModel(model, tok, max_streams=max(conc), max_len=args.max_len,
                                  max_frames=args.frames, sampling=sampling, graphs=mode != "eager",

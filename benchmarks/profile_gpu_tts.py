@@ -34,7 +34,7 @@ from bench_gpu_tts import build_model  # noqa: E402
 from voxline.engines.models.qwen3_tts import graphed_talker  # noqa: E402
 from voxline.engines.models.qwen3_tts.graphed_code2wav import GraphedCode2Wav  # noqa: E402
 from voxline.engines.models.qwen3_tts.graphed_talker import GraphedTalkerGenerator  # noqa: E402
-from voxline.kernels import gemv, snake  # noqa: E402
+from voxline.kernels import fused_linear, gemv, snake  # noqa: E402
 from voxline.kernels.attention import attend, position_mask  # noqa: E402
 from voxline.kernels.decode_attention import attend_decode  # noqa: E402
 
@@ -211,8 +211,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--variants", default="r3:1:sdpa:0:0,r4:1:sdpa:1:64",
-                    help="name:fuse_predictor:attention[:gemv[:top_k_cap]],... (gemv: the small-row "
-                         "linear kernel on/off; top_k_cap: the predictor's top-k ranking, 0 = full sort)")
+                    help="name:fuse_predictor:attention[:gemv[:top_k_cap[:linear]]],... (gemv: the small-row "
+                         "linear kernel on/off; top_k_cap: the predictor's top-k ranking, 0 = full sort; "
+                         "linear: the fused residual projections of voxline.kernels.fused_linear on/off, default on)")
     ap.add_argument("--talker-attention", default="triton", help="attention of the talker decode steps")
     ap.add_argument("--codec", default="compiled")
     ap.add_argument("--codec-frames", default="1,4", help="chunk lengths (frames) of the code2wav steps")
@@ -245,7 +246,9 @@ def main() -> int:
         name, fuse, attention, *rest = spec.split(":")
         use_gemv = (rest[0] if rest else "1") == "1"
         cap = int(rest[1]) if len(rest) > 1 else graphed_talker.PREDICTOR_TOP_K_CAP
+        use_linear = (rest[2] if len(rest) > 2 else "1") == "1"
         gemv.set_enabled(use_gemv)
+        fused_linear.set_enabled(use_linear)
         gen = GraphedTalkerGenerator(model.talker, max_streams=max(batches), max_len=args.length,
                                      batch_buckets=batches, length_buckets=[args.length],
                                      prefill_buckets=[], attention=args.talker_attention,
@@ -254,15 +257,16 @@ def main() -> int:
         for b in batches:
             part(partial(gen.frame_steps.get, (b, cap)), f"predictor_frame/{name}/b{b}", steps, fill_hidden)
             save()
-        if (args.talker_attention, use_gemv) not in decode_done:
-            decode_done.add((args.talker_attention, use_gemv))
+        if (args.talker_attention, use_gemv, use_linear) not in decode_done:
+            decode_done.add((args.talker_attention, use_gemv, use_linear))
             for b in batches:
-                part(partial(gen.decode_steps.get, (b, args.length)),
-                     f"talker_decode/{args.talker_attention}{'_gemv' if use_gemv else ''}/b{b}", steps, fill_hidden)
+                tag = f"{args.talker_attention}{'_gemv' if use_gemv else ''}{'_linear' if use_linear else ''}"
+                part(partial(gen.decode_steps.get, (b, args.length)), f"talker_decode/{tag}/b{b}", steps, fill_hidden)
                 save()
         del gen
         torch.cuda.empty_cache()
     gemv.set_enabled(True)
+    fused_linear.set_enabled(True)
 
     fused = snake._fused
     for mode in [m for m in args.codec.split(",") if m]:

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from .attention import attend
+from .fused_linear import fused_available, linear_residual
 from .gemv import small_linear
 from .layer_ops import apply_rope, rms_norm, rope_tables, silu_mul
 
@@ -84,9 +85,19 @@ def attn_out_mlp(
     x: Tensor, out: Tensor, o_w: Tensor, o_b: Tensor | None, ln_w: Tensor, eps: float,
     gate_up_w: Tensor, gate_up_b: Tensor | None, down_w: Tensor, down_b: Tensor | None,
 ) -> Tensor:
-    """The rest of :func:`attn_mlp` given the attention output ``out [B, Hq, Q, D]``."""
+    """The rest of :func:`attn_mlp` given the attention output ``out [B, Hq, Q, D]``.
+
+    At decode rows on CUDA the output and down projections add their own split-K partials
+    and the residual (:func:`~voxline.kernels.fused_linear.linear_residual`: one launch each)."""
     b, _, q_len, _ = out.shape
-    x = x + small_linear(out.transpose(1, 2).reshape(b, q_len, -1), o_w, o_b)
+    x = _add_linear(x, out.transpose(1, 2).reshape(b, q_len, -1), o_w, o_b)
     h = rms_norm(x, ln_w, eps)
     gate, up = small_linear(h, gate_up_w, gate_up_b).chunk(2, dim=-1)
-    return x + small_linear(silu_mul(gate, up), down_w, down_b)
+    return _add_linear(x, silu_mul(gate, up), down_w, down_b)
+
+
+def _add_linear(resid: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``resid + small_linear(x, weight, bias)``: one launch where the fused kernel serves."""
+    if fused_available(x, weight, resid):
+        return linear_residual(x, weight, bias, resid)
+    return resid + small_linear(x, weight, bias)

@@ -81,10 +81,12 @@ def small_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tenso
 if triton is not None:
 
     @triton.jit
-    def _gemv_kernel(
-        x_ptr, w_ptr, out_ptr, M, N, sxm, swn,
+    def gemv_tile(
+        x_ptr, w_ptr, M, N, sxm, swn,
         K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
+        """This program's float32 tile of ``x [M, K] @ w[N, K].T`` over its K slice (program
+        ids: output block, K slice, row block), with its rows, columns and their masks."""
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         pid_m = tl.program_id(2)
@@ -100,7 +102,15 @@ if triton is not None:
             x = tl.load(x_base + kk + rk[None, :], mask=row_ok[:, None], other=0.0)
             w = tl.load(w_base + kk + rk[None, :], mask=col_ok[:, None], other=0.0)
             acc += tl.dot(x, tl.trans(w))
-        out = out_ptr + (pid_s * M + rm[:, None]) * N + rn[None, :]
+        return acc, rm, rn, row_ok, col_ok
+
+    @triton.jit
+    def _gemv_kernel(
+        x_ptr, w_ptr, out_ptr, M, N, sxm, swn,
+        K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        acc, rm, rn, row_ok, col_ok = gemv_tile(x_ptr, w_ptr, M, N, sxm, swn, K_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K)
+        out = out_ptr + (tl.program_id(1) * M + rm[:, None]) * N + rn[None, :]
         tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
 
 

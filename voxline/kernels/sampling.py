@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from .layer_ops import top_k_top_p_drop
+from .topk import topk_rows
 
 __all__ = ["bits_to_unit", "counter_uniform", "sample_rows"]
 
@@ -64,7 +65,7 @@ def sample_rows(
     sampled = temperature > 0
     temp = torch.where(sampled, temperature, torch.ones_like(temperature))
     if 0 < max_top_k < vocab:
-        scores, order = (logits / temp[:, None]).topk(max_top_k, dim=-1)
+        scores, order = topk_rows(logits / temp[:, None], max_top_k)
         vocab = max_top_k
     else:
         scores, order = (logits / temp[:, None]).sort(dim=-1, descending=True)

@@ -42,6 +42,7 @@ __all__ = ["MAX_ROWS", "fused_available", "linear_residual", "set_enabled"]
 MAX_ROWS = BLOCK_M  # one row block: the counters are one per output block
 _enabled = True
 _counters: dict[tuple[str, int], Tensor] = {}
+_retired: list[Tensor] = []
 
 
 def set_enabled(on: bool) -> bool:
@@ -64,12 +65,15 @@ def fused_available(x: Tensor, weight: Tensor, resid: Tensor) -> bool:
 
 def _counter(weight: Tensor) -> Tensor:
     """The weight's ticket counters, one per output block (zero between launches: the last
-    program resets its own). Never replaced once made: a captured graph keeps its address."""
+    program resets its own). A counter is never freed: a captured graph keeps its address,
+    and a freed weight's address may come back as another weight with more outputs."""
     key = (str(weight.device), weight.data_ptr())
+    blocks = -(-weight.shape[0] // BLOCK_N)
     c = _counters.get(key)
-    if c is None:
-        c = _counters[key] = torch.zeros(triton.cdiv(weight.shape[0], BLOCK_N), dtype=torch.int32,
-                                         device=weight.device)
+    if c is None or c.numel() < blocks:
+        if c is not None:
+            _retired.append(c)
+        c = _counters[key] = torch.zeros(blocks, dtype=torch.int32, device=weight.device)
     return c
 
 

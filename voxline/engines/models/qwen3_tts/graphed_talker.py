@@ -29,6 +29,10 @@ it, on CUDA in bf16/fp16, the whole attention block from the QKV partials to the
 projection's input (norms, RoPE, cache write, attention) is one launch
 (:mod:`voxline.kernels.qkv_decode_attention`).
 
+At up to 16 rows on CUDA a layer's output and down projections add their own split-K
+partials and the residual (:mod:`voxline.kernels.fused_linear`), and the predictor's
+top-k ranking is one Triton program per row (:mod:`voxline.kernels.topk`).
+
 Batches or lengths past the largest bucket run eagerly on the modules. Only the first
 codes go to the host (one copy per step, needed to see EOS); frames and hidden states
 stay on the device. :class:`~.graphed_code2wav.GraphedCode2Wav` does the same for the

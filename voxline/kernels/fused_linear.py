@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from .gemv import BLOCK_K, BLOCK_M, BLOCK_N, gemv_available, split_for
+from .switch import KernelSwitch
 
 try:  # Triton ships with CUDA builds of PyTorch only.
     import triton
@@ -40,17 +41,11 @@ except ImportError:  # pragma: no cover - depends on the installed torch build
 __all__ = ["MAX_ROWS", "fused_available", "linear_residual", "set_enabled"]
 
 MAX_ROWS = BLOCK_M  # one row block: the counters are one per output block
-_enabled = True
+_switch = KernelSwitch()
+set_enabled = _switch.set  # benchmarks A/B the kernel
 _counters: dict[tuple[str, int], Tensor] = {}
 _retired: list[Tensor] = []
 
-
-def set_enabled(on: bool) -> bool:
-    """Switch the fused projection on or off process-wide (benchmarks A/B it); returns
-    the old value. Only affects steps traced or run after the call."""
-    global _enabled
-    old, _enabled = _enabled, on
-    return old
 
 
 def fused_available(x: Tensor, weight: Tensor, resid: Tensor) -> bool:
@@ -58,7 +53,7 @@ def fused_available(x: Tensor, weight: Tensor, resid: Tensor) -> bool:
     ``resid [..., N]``: at most one row block (:data:`MAX_ROWS`), where it was measured
     faster (a batch-32 step gained nothing from it)."""
     rows = x.numel() // max(1, x.shape[-1])
-    return (_enabled and rows <= MAX_ROWS and gemv_available(x, weight) and resid.dtype == x.dtype
+    return (_switch.on and rows <= MAX_ROWS and gemv_available(x, weight) and resid.dtype == x.dtype
             and resid.device == x.device and resid.shape[-1] == weight.shape[0]
             and resid.numel() // weight.shape[0] == rows)
 

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .switch import KernelSwitch
+
 try:  # Triton ships with CUDA builds of PyTorch only.
     import triton
     import triton.language as tl
@@ -36,20 +38,14 @@ BLOCK_M = 16
 BLOCK_N = 32
 BLOCK_K = 128
 _TARGET_PROGRAMS = 264  # two per multiprocessor of an H100/H200
-_enabled = True
+_switch = KernelSwitch()
+set_enabled = _switch.set  # benchmarks A/B the kernel
 
-
-def set_enabled(on: bool) -> bool:
-    """Switch the kernel on or off process-wide (benchmarks A/B it); returns the old value.
-    Only affects steps traced or run after the call."""
-    global _enabled
-    old, _enabled = _enabled, on
-    return old
 
 
 def gemv_available(x: Tensor, weight: Tensor) -> bool:
     rows = x.numel() // max(1, x.shape[-1])
-    return (_enabled and triton is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+    return (_switch.on and triton is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
             and weight.dtype == x.dtype and rows <= MAX_ROWS and x.shape[-1] % BLOCK_K == 0
             and weight.stride(-1) == 1)
 

@@ -30,6 +30,7 @@ from torch import Tensor
 from .attention import attend
 from .gemv import gemv_available, split_for
 from .layer_ops import apply_rope, rms_norm, rope_tables
+from .switch import KernelSwitch
 
 try:  # Triton ships with CUDA builds of PyTorch only.
     import triton
@@ -42,15 +43,9 @@ __all__ = ["fused_available", "qkv_attention", "set_enabled"]
 # Score and output temporaries are [query rows, buffer positions, head dim] float32 per
 # program; past this many elements they would spill out of registers.
 _MAX_TILE = 16384
-_enabled = True
+_switch = KernelSwitch()
+set_enabled = _switch.set  # benchmarks A/B the kernel
 
-
-def set_enabled(on: bool) -> bool:
-    """Switch the fused kernel on or off process-wide (benchmarks A/B it); returns the old
-    value. Only affects steps traced or run after the call."""
-    global _enabled
-    old, _enabled = _enabled, on
-    return old
 
 
 def _pow2(n: int) -> int:
@@ -68,7 +63,7 @@ def fused_available(
     """Whether :func:`qkv_attention` serves these arguments (those of
     :func:`~voxline.kernels.decoder_step.attn_prep` plus the buffers ``[B, Hkv, L, D]`` and
     the boolean mask ``[B|1, 1, Q, L]``)."""
-    if not (_enabled and triton is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)):
+    if not (_switch.on and triton is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)):
         return False
     if mask is None or mask.dtype != torch.bool or not gemv_available(x, qkv_w) or x.dim() != 3:
         return False

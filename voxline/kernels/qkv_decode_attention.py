@@ -34,6 +34,7 @@ from .attention import attend
 from .gemv import gemv_available, split_for
 from .layer_ops import rms_norm
 from .qkv_attention import _pow2, projected_qkv
+from .switch import KernelSwitch
 
 try:  # Triton ships with CUDA builds of PyTorch only.
     import triton
@@ -45,15 +46,9 @@ __all__ = ["BLOCK_K", "decode_fused_available", "qkv_decode_attention", "qkv_par
 
 BLOCK_K = 64  # keys per block of the streaming softmax (as attend_decode)
 _ROWS = 16  # query rows per program, padded for the tensor cores
-_enabled = True
+_switch = KernelSwitch()
+set_enabled = _switch.set  # benchmarks A/B the kernel
 
-
-def set_enabled(on: bool) -> bool:
-    """Switch the fused kernel on or off process-wide (benchmarks A/B it); returns the old
-    value. Only affects steps traced or run after the call."""
-    global _enabled
-    old, _enabled = _enabled, on
-    return old
 
 
 def decode_fused_available(
@@ -65,7 +60,7 @@ def decode_fused_available(
     :func:`~voxline.kernels.decoder_step.attn_prep` (``x [B, Q, hidden]``, ``pos [B, Q]``),
     the cache rows ``slot [B]`` of ``k_cache``/``v_cache [S, Hkv, L, D]``, attended over
     their first ``length <= L`` positions under the boolean ``mask [B|1, 1, Q, length]``."""
-    if not (_enabled and triton is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)):
+    if not (_switch.on and triton is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)):
         return False
     return gemv_available(x, qkv_w) and serves(x, pos, slot, k_cache, v_cache, length, mask, qkv_w,
                                                q_out, kv_out, head_dim)

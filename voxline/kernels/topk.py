@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .switch import KernelSwitch
+
 try:  # Triton ships with CUDA builds of PyTorch only.
     import triton
     import triton.language as tl
@@ -29,15 +31,9 @@ except ImportError:  # pragma: no cover - depends on the installed torch build
 __all__ = ["set_enabled", "topk_available", "topk_rows"]
 
 _MAX_LEN = 8192  # keys per program: 64 KB of registers at most
-_enabled = True
+_switch = KernelSwitch()
+set_enabled = _switch.set  # benchmarks A/B the kernel
 
-
-def set_enabled(on: bool) -> bool:
-    """Switch the kernel on or off process-wide (benchmarks A/B it); returns the old value.
-    Only affects steps traced or run after the call."""
-    global _enabled
-    old, _enabled = _enabled, on
-    return old
 
 
 def _pow2(n: int) -> bool:
@@ -46,7 +42,7 @@ def _pow2(n: int) -> bool:
 
 def topk_available(x: Tensor, k: int) -> bool:
     n = x.shape[-1]
-    return (_enabled and triton is not None and x.is_cuda and x.dtype == torch.float32 and x.dim() == 2
+    return (_switch.on and triton is not None and x.is_cuda and x.dtype == torch.float32 and x.dim() == 2
             and _pow2(n) and _pow2(k) and k <= n <= _MAX_LEN)
 
 

@@ -153,9 +153,10 @@ def vad_probs(vad: SileroVAD, audio: np.ndarray) -> list[float]:
 
 
 def turn_end_ms(utt: Utterance, probs: list[float], td: TurnParams, judges: Judges,
-                use_words: bool, use_model: bool) -> float | None:
-    """When the first turn ends on the audio clock (None: it never ended)."""
-    inp = InputAudio(td, pause_ms=PAUSE_MS)
+                use_words: bool, use_model: bool, pause_ms: float = PAUSE_MS) -> float | None:
+    """When the first turn ends on the audio clock (None: it never ended), the pause
+    transcript and verdict taken `pause_ms` into each pause."""
+    inp = InputAudio(td, pause_ms=pause_ms)
     det = inp.detector
     assert det is not None
     due: list[tuple[float, str, object]] = []  # (audio ms, kind, value) for the current pause
@@ -188,7 +189,10 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def table(detectors: list[tuple[str, TurnParams, bool, bool]], complete: list[Utterance],
+Detector = tuple[str, TurnParams, bool, bool, float]  # name, params, words, model, pause ms
+
+
+def table(detectors: list[Detector], complete: list[Utterance],
           paused: list[Utterance], probs: dict[str, list[float]], judges: Judges,
           repeats: int) -> None:
     """One row per detector, pooled over `repeats` runs (verdicts re-timed each run)."""
@@ -197,16 +201,16 @@ def table(detectors: list[tuple[str, TurnParams, bool, bool]], complete: list[Ut
     results = {name: ([], 0, 0) for name, *_ in detectors}
     for _ in range(repeats):
         judges.forget()
-        for name, td, words, model in detectors:
+        for name, td, words, model, pause_ms in detectors:
             waits, never, cut = results[name]
             for u in complete:
-                end = turn_end_ms(u, probs[u.name], td, judges, words, model)
+                end = turn_end_ms(u, probs[u.name], td, judges, words, model, pause_ms)
                 if end is None:
                     never += 1
                 else:
                     waits.append(end - u.speech_end_ms)
             for u in paused:
-                end = turn_end_ms(u, probs[u.name], td, judges, words, model)
+                end = turn_end_ms(u, probs[u.name], td, judges, words, model, pause_ms)
                 cut += end is not None and end < u.speech_end_ms  # ended before the speaker did
             results[name] = (waits, never, cut)
     for name, (waits, never, cut) in results.items():
@@ -218,15 +222,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--eagerness", nargs="+", default=["auto", "high"])
     ap.add_argument("--repeats", type=int, default=1, help="runs pooled (verdicts re-timed)")
+    ap.add_argument("--pause-ms", type=float, nargs="+", default=[PAUSE_MS],
+                    help="where in a pause the semantic detectors judge it (one row each)")
     args = ap.parse_args()
     speaker, judges, vad = Speaker(), Judges(), SileroVAD.load(threads=1)
     complete, paused = utterances(speaker)
     probs = {u.name: vad_probs(vad, u.audio) for u in complete + paused}
-    detectors: list[tuple[str, TurnParams, bool, bool]] = [
-        ("server_vad 500 ms", TurnParams(silence_duration_ms=500), False, False)]
+    detectors: list[Detector] = [
+        ("server_vad 500 ms", TurnParams(silence_duration_ms=500), False, False, PAUSE_MS)]
     for e in args.eagerness:
-        detectors += [(f"rules ({e})", TurnParams(eagerness=e), True, False),
-                      (f"model+rules ({e})", TurnParams(eagerness=e), True, True)]
+        for pause in args.pause_ms:
+            at = "" if len(args.pause_ms) == 1 else f" @{pause:.0f}"
+            detectors += [(f"rules ({e}){at}", TurnParams(eagerness=e), True, False, pause),
+                          (f"model+rules ({e}){at}", TurnParams(eagerness=e), True, True, pause)]
     print(f"{len(complete)} complete sentences, {len(paused)} with a pause inside "
           f"({min(g for _, g, _ in PAUSED)}-{max(g for _, g, _ in PAUSED)} ms)\n")
     print("verdicts land after the wall time they took here:")

@@ -144,6 +144,7 @@ class Variant:
     early_pause: bool = True  # the pause transcript is taken where the speech fell silent
     warm: bool = True  # partial transcripts prefill the reply's prompt
     kept: bool = True  # ... and a reply over exactly that prompt samples from its logits
+    speculate_ms: float = SPECULATE_MS  # the pause that starts it (speculate_after_ms)
 
     @property
     def server_default(self) -> bool:
@@ -698,6 +699,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--speculation", default="on,off",
                     help="comma-separated: on, off -- each mode runs once per setting "
                          "(default: on,off, interleaved)")
+    ap.add_argument("--speculate-after-ms", default=str(SPECULATE_MS),
+                    help="comma-separated: with speculation on, the pause that starts it "
+                         "(speculate_after_ms); more than one runs each, interleaved "
+                         f"(default {SPECULATE_MS}, the engine default)")
     ap.add_argument("--warm-prefill", default="on",
                     help="comma-separated: on, off -- the warm_prefill setting (partial "
                          "transcripts prefill the reply's prompt); on,off runs both, "
@@ -739,6 +744,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.speculation = [choices.get(v.strip()) for v in args.speculation.split(",") if v.strip()]
     if not args.speculation or None in args.speculation:
         ap.error("--speculation takes on, off or on,off")
+    try:
+        args.speculate_after_ms = [float(v) for v in args.speculate_after_ms.split(",") if v.strip()]
+    except ValueError:
+        ap.error("--speculate-after-ms takes comma-separated milliseconds, e.g. 160,96")
+    if not args.speculate_after_ms or min(args.speculate_after_ms) <= 0:
+        ap.error("--speculate-after-ms takes positive milliseconds (--speculation off turns it off)")
     args.warm_prefill = [choices.get(v.strip()) for v in args.warm_prefill.split(",") if v.strip()]
     if not args.warm_prefill or None in args.warm_prefill:
         ap.error("--warm-prefill takes on, off or on,off")
@@ -769,9 +780,11 @@ def variant_grid(args: argparse.Namespace) -> dict[str, Variant]:
         return args.variants
     grid = {}
     for spec, warm in itertools.product(args.speculation, args.warm_prefill):
-        label = ("+spec" if spec else "") + (
-            ("+warm" if warm else "-warm") if len(args.warm_prefill) > 1 else "")
-        grid[label] = Variant(speculate=spec, warm=warm)
+        for ms in args.speculate_after_ms if spec else [SPECULATE_MS]:
+            label = ("+spec" if spec else "") + (
+                f"@{ms:g}" if spec and len(args.speculate_after_ms) > 1 else "") + (
+                ("+warm" if warm else "-warm") if len(args.warm_prefill) > 1 else "")
+            grid[label] = Variant(speculate=spec, warm=warm, speculate_ms=ms)
     return grid
 
 
@@ -804,7 +817,7 @@ async def amain(args: argparse.Namespace) -> int:
         for mode in args.modes:
             for name, v in variant_grid(args).items():
                 label = mode + (f":{name}" if args.variants else name)
-                speculate = SPECULATE_MS if v.speculate else 0
+                speculate = v.speculate_ms if v.speculate else 0
                 t0 = time.perf_counter()
                 if mode == "ws":
                     for detection in args.turn_detection:

@@ -406,7 +406,12 @@ async def test_live_session_events_validate_strictly(server, dialect):
                     and e["response_id"] == last["id"])
         if any(e["response_id"] == last["id"] for e in c.of("output_audio_buffer.started")) \
                 and not any(map(buffer_ended, c.events)):
-            await c.until(buffer_ended)
+            try:
+                await c.until(buffer_ended)
+            except TimeoutError:  # say what the session did last (a rare flake, stops 34-38)
+                pytest.fail(f"no buffer end for {last['id']}; last events: " + ", ".join(
+                    f"{e['type']}({e.get('response_id') or e.get('item_id') or ''})"
+                    for e in c.events[-60:] if not e["type"].endswith(".delta")))
     finally:
         await ws.close()
     assert not c.of("error"), c.of("error")

@@ -32,6 +32,20 @@ MAX_UTTERANCE_MS = 360_000  # manual-commit buffer; above one 15 MiB realtime ap
 SPEECH_END_MS = FRAME_MS
 
 
+# Loudness sub-windows per VAD frame (8 ms each): where in its last voiced frames the
+# speech stopped (`TurnDetector`'s end of voice).
+LEVELS_PER_FRAME = 4
+
+
+def frame_levels(frame: np.ndarray) -> list[float]:
+    """RMS of `frame` over `LEVELS_PER_FRAME` equal sub-windows, in order."""
+    n = len(frame) // LEVELS_PER_FRAME * LEVELS_PER_FRAME
+    if n == 0:
+        return []
+    sub = np.asarray(frame[:n], np.float32).reshape(LEVELS_PER_FRAME, -1)
+    return np.sqrt(np.mean(sub * sub, axis=1)).tolist()
+
+
 def new_item_id() -> str:
     return "item_" + uuid.uuid4().hex[:20]
 
@@ -166,7 +180,7 @@ class InputAudio:
         start_ms = self.audio_ms
         self.audio_ms += FRAME_MS
         self.history.append(frame)
-        event = det.update(prob, start_ms, FRAME_MS)
+        event = det.update(prob, start_ms, FRAME_MS, frame_levels(frame))
         if event == TurnEvent.STARTED:
             first_ms = max(0.0, det.speech_start_ms - det.params.prefix_padding_ms)
             n = min(len(self.history), int(round((self.audio_ms - first_ms) / FRAME_MS)))
@@ -189,7 +203,7 @@ class InputAudio:
             utt.pause_asr = False
             utt.pause_text = None
             return TurnResumed(utt)
-        silent_ms = self.audio_ms - det.last_voice_ms
+        silent_ms = self.audio_ms - det.voiced_until_ms
         if (self.pause_ms and det.state == TurnState.SPEECH and not det.paused
                 and SPEECH_END_MS <= silent_ms < SPEECH_END_MS + FRAME_MS):
             return SpeechEnded(utt)

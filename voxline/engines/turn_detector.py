@@ -2,11 +2,21 @@
 
 Time is the stream's own audio clock (milliseconds of input audio received), passed in
 with every frame, so the detector is deterministic and needs no wall clock.
+
+Where speech ended: Silero's probability stays high for one to three 32 ms frames after
+the sound stops (its context window; 7-88 ms, median about 55, on the pipeline bench's
+spoken questions), so the end of the last voiced frame is late. Given each frame's
+loudness (`levels`: RMS over equal sub-windows), the detector places the end of voice at
+the last sub-window within `QUIET_DB` of the turn's loudest, at most `MAX_TRIM_MS` before
+the end of the voiced frame (a quiet stretch the model still hears as voice, such as a
+breathy ending, is trimmed no further). Every pause, and so every turn end and its
+`audio_end_ms`, counts from there. With no levels, the voiced frame's end is used.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from voxline.engines import end_of_turn
@@ -17,6 +27,11 @@ from voxline.engines.protocol import TurnParams
 _NEG_MARGIN = 0.15
 # Speech shorter than this is a click or a cough, not a turn.
 _MIN_SPEECH_MS = 96
+# Where speech ended (see the module docstring): a sub-window this far below the turn's
+# loudest is quiet, and voice ends at most this much before its last voiced frame's end.
+QUIET_DB = 30.0
+MAX_TRIM_MS = 64.0
+_QUIET = 10 ** (-QUIET_DB / 20)
 
 
 class TurnState(enum.IntEnum):
@@ -44,7 +59,9 @@ class TurnDetector:
     pause_ms: float = 0.0
     state: TurnState = TurnState.SILENCE
     speech_start_ms: float = 0.0
-    last_voice_ms: float = 0.0
+    last_voice_ms: float = 0.0  # where the voice ended (pauses count from here)
+    voiced_until_ms: float = 0.0  # the end of the last frame that counted as voice
+    loudest: float = 0.0  # the (maybe) turn's loudest sub-window RMS so far
     paused: bool = False
     silence_ms: float = 0.0
     words: end_of_turn.Ending | None = None  # this pause's, once transcribed
@@ -91,9 +108,11 @@ class TurnDetector:
     def _decide(self, eagerness: str) -> None:
         self.silence_ms = float(end_of_turn.decide(eagerness, self.words, self.heard, self.comma))
 
-    def update(self, prob: float, frame_start_ms: float, frame_ms: float) -> TurnEvent | None:
-        """Feed one frame's speech probability; returns an event when a turn starts, pauses,
-        resumes or ends.
+    def update(self, prob: float, frame_start_ms: float, frame_ms: float,
+               levels: Sequence[float] | None = None) -> TurnEvent | None:
+        """Feed one frame's speech probability (and, optionally, its loudness: `levels`,
+        RMS over equal sub-windows in order); returns an event when a turn starts,
+        pauses, resumes or ends.
 
         STARTED is reported once speech has lasted `_MIN_SPEECH_MS` (its start time is
         `speech_start_ms`); STOPPED after `silence_ms` of silence (the turn ended
@@ -105,20 +124,21 @@ class TurnDetector:
             if voiced:
                 self.state = TurnState.MAYBE_SPEECH
                 self.speech_start_ms = frame_start_ms
-                self.last_voice_ms = end_ms
+                self.loudest = 0.0
+                self._voice(frame_start_ms, frame_ms, levels)
             return None
         if self.state == TurnState.MAYBE_SPEECH:
             if not voiced:
                 self.state = TurnState.SILENCE
                 return None
-            self.last_voice_ms = end_ms
+            self._voice(frame_start_ms, frame_ms, levels)
             if end_ms - self.speech_start_ms >= _MIN_SPEECH_MS:
                 self.state = TurnState.SPEECH
                 return TurnEvent.STARTED
             return None
         # SPEECH
         if prob >= self.params.threshold - _NEG_MARGIN:
-            self.last_voice_ms = end_ms
+            self._voice(frame_start_ms, frame_ms, levels)
             if self.paused and voiced:  # a breath below threshold does not resume a turn
                 self._end_pause()
                 return TurnEvent.RESUMED
@@ -132,6 +152,19 @@ class TurnDetector:
             self.paused = True
             return TurnEvent.PAUSED
         return None
+
+    def _voice(self, start_ms: float, frame_ms: float, levels: Sequence[float] | None) -> None:
+        """A frame counts as voice: where its voice ends (see the module docstring)."""
+        end_ms = start_ms + frame_ms
+        self.voiced_until_ms = end_ms
+        if not levels:
+            self.last_voice_ms = end_ms
+            return
+        self.loudest = max(self.loudest, *levels)
+        step = frame_ms / len(levels)
+        loud = [i for i, v in enumerate(levels) if v > self.loudest * _QUIET]
+        self.last_voice_ms = max(self.last_voice_ms, end_ms - MAX_TRIM_MS,
+                                 start_ms + (loud[-1] + 1) * step if loud else 0.0)
 
     def _end_pause(self) -> None:
         self.paused = False

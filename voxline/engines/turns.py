@@ -74,7 +74,7 @@ class EarlyTake:
 
     utterance: Utterance
     job: ASRJob
-    voice_ms: float  # the detector's last voice then: the take is fresh while it holds
+    voice_ms: float  # the detector's last voiced frame then: the take is fresh while it holds
     text: str | None = None  # once landed
     asr_ms: float = 0.0
 
@@ -227,7 +227,7 @@ class Turns:
         assert stream.input.detector is not None
         job = ASRJob(stream.internal_id, utt.item_id, utt.audio(), final=False,
                      options=transcription_options(stream.config))
-        take = EarlyTake(utt, job, stream.input.detector.last_voice_ms)
+        take = EarlyTake(utt, job, stream.input.detector.voiced_until_ms)
         self._takes[stream.internal_id] = take
 
         def wanted() -> bool:  # as a pause transcript, or still able to become one
@@ -245,7 +245,7 @@ class Turns:
         take = self._takes.get(stream.internal_id)
         det = stream.input.detector
         if (take is None or take.utterance is not utt or stream.input.utterance is not utt
-                or det is None or det.last_voice_ms != take.voice_ms):
+                or det is None or det.voiced_until_ms != take.voice_ms):
             return None
         return take
 

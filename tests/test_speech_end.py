@@ -63,17 +63,21 @@ def test_a_quiet_stretch_heard_as_voice_is_trimmed_no_further_than_the_cap():
     assert voice_end == 15 * FRAME_MS
 
 
-def test_pauses_count_from_the_end_of_voice():
-    det = TurnDetector(p.TurnParams(eagerness="auto"), pause_ms=160)
+def test_a_pause_counts_from_the_voiced_frame_and_the_turn_end_from_the_end_of_voice():
+    """The pause (transcript, speculation, the end-of-turn model's hearing) comes where it
+    did without levels; the silence that ends the turn counts from the end of voice."""
+    det = TurnDetector(p.TurnParams(silence_duration_ms=500), pause_ms=160)
     t = 0.0
     for levels in [LOUD] * 10 + [[0.3, 0.0, 0.0, 0.0], SILENT]:
         det.update(1.0, t, FRAME_MS, levels)
         t += FRAME_MS
-    voice_end = 10 * FRAME_MS + SUB_MS
-    assert det.last_voice_ms == max(voice_end, t - MAX_TRIM_MS)
+    assert (det.last_voice_ms, det.voiced_until_ms) == (10 * FRAME_MS + SUB_MS, t)
     while det.update(0.0, t, FRAME_MS, SILENT) != TurnEvent.PAUSED:
         t += FRAME_MS
-    assert 160 <= t + FRAME_MS - det.last_voice_ms < 160 + FRAME_MS
+    assert 160 <= t + FRAME_MS - det.voiced_until_ms < 160 + FRAME_MS
+    while det.update(0.0, t, FRAME_MS, SILENT) != TurnEvent.STOPPED:
+        t += FRAME_MS
+    assert 500 <= t + FRAME_MS - det.last_voice_ms < 500 + FRAME_MS
 
 
 def test_frame_levels_are_sub_window_rms():

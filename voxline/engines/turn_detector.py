@@ -9,8 +9,11 @@ spoken questions), so the end of the last voiced frame is late. Given each frame
 loudness (`levels`: RMS over equal sub-windows), the detector places the end of voice at
 the last sub-window within `QUIET_DB` of the turn's loudest, at most `MAX_TRIM_MS` before
 the end of the voiced frame (a quiet stretch the model still hears as voice, such as a
-breathy ending, is trimmed no further). Every pause, and so every turn end and its
-`audio_end_ms`, counts from there. With no levels, the voiced frame's end is used.
+breathy ending, is trimmed no further). The silence that ends a turn, and its
+`audio_end_ms`, count from there; `pause_ms` still counts from the last voiced frame, so
+the pause transcript, the speculation and the end-of-turn model's hearing (tuned on
+that audio: Smart Turn's verdict moves with the trailing silence it hears) start where
+they did. With no levels, both are the voiced frame's end.
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ class TurnDetector:
     pause_ms: float = 0.0
     state: TurnState = TurnState.SILENCE
     speech_start_ms: float = 0.0
-    last_voice_ms: float = 0.0  # where the voice ended (pauses count from here)
-    voiced_until_ms: float = 0.0  # the end of the last frame that counted as voice
+    last_voice_ms: float = 0.0  # where the voice ended (a turn's silence counts from here)
+    voiced_until_ms: float = 0.0  # the end of the last frame that counted as voice (pauses)
     loudest: float = 0.0  # the (maybe) turn's loudest sub-window RMS so far
     paused: bool = False
     silence_ms: float = 0.0
@@ -148,7 +151,7 @@ class TurnDetector:
             self.state = TurnState.SILENCE
             self._end_pause()
             return TurnEvent.STOPPED
-        if self.pause_ms and not self.paused and silent_ms >= self.pause_ms:
+        if self.pause_ms and not self.paused and end_ms - self.voiced_until_ms >= self.pause_ms:
             self.paused = True
             return TurnEvent.PAUSED
         return None

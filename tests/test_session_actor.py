@@ -388,3 +388,36 @@ def test_a_reply_generated_in_full_but_cut_off_while_it_plays_is_cancelled():
     done, = [e for e in actor.take_events() if isinstance(e, ev.ResponseDone)]
     assert done.response.status == "cancelled"
     assert done.response.status_details.reason == "turn_detected"
+
+
+def test_a_stop_missed_by_a_tick_just_short_of_the_play_end_is_due_at_once():
+    """The clock loop's timer may fire a hair before the audio's play end: that tick
+    finds a little still buffered, and by the next read of the clock nothing is. The
+    stop it owes must still be due, not wait for the next input (a 120 s hang once in
+    ten live e2e runs, stops 34-39)."""
+    actor = make_actor(lead_ms=200)
+    cmd = audio_response(actor)
+    actor.on_engine(ep.ResponseFinished("s1", cmd.response_id, ep.ResponseStatus.COMPLETED,
+                                        "Hello there.", 10, 3), 0.0)
+    events = actor.take_events() + play(actor, 0.95)  # all sent, the last frames playing
+    assert "ResponseDone" in names(events) and "OutputAudioBufferStopped" not in names(events)
+    end = actor.pacer.play_end
+    actor.tick(end - 1e-7)  # 0.1 us short: still buffered
+    assert "OutputAudioBufferStopped" not in names(actor.take_events())
+    assert actor.next_deadline(end + 1e-4) == end  # past: the clock loop ticks at once
+    actor.tick(end + 1e-4)
+    stopped, = actor.take_events()
+    assert isinstance(stopped, ev.OutputAudioBufferStopped)
+    assert stopped.response_id == cmd.response_id
+    assert actor.next_deadline(end + 1e-3) is None
+
+
+def test_no_deadline_while_the_response_playing_waits_for_more_audio():
+    """All audio sent so far has played but the response is still in progress: nothing
+    is owed, so the clock loop sleeps until the engine sends more (no busy loop)."""
+    actor = make_actor(lead_ms=200)
+    audio_response(actor)
+    actor.take_events()
+    play(actor, 1.2)
+    assert actor.playing is not None and actor.pacer.play_end < 1.2
+    assert actor.next_deadline(1.2) is None

@@ -734,13 +734,18 @@ class SessionActor:
         self._check_played_out(now)
         self._check_idle(now)
 
+    def _stop_owed(self) -> bool:
+        """The buffer playing belongs to a finished response: it owes its `stopped`
+        (a response still in progress may send more audio)."""
+        return self.playing is not None and (
+            self.response is None or self.response.response.id != self.playing)
+
     def _check_played_out(self, now: float) -> None:
         """`output_audio_buffer.stopped` once a finished response's audio has played."""
         rid = self.playing
-        if rid is None or self.pacer.pending(rid) or self.pacer.buffered_ms(now) > 0:
+        if (rid is None or not self._stop_owed() or self.pacer.pending(rid)
+                or self.pacer.buffered_ms(now) > 0):
             return
-        if self.response is not None and self.response.response.id == rid:
-            return  # more audio may still come
         self.playing = None
         self._emit(ev.OutputAudioBufferStopped(response_id=rid))
 
@@ -769,8 +774,10 @@ class SessionActor:
         d = self.pacer.next_deadline(now)
         if d is not None:
             deadlines.append(d)
-        if self.playing is not None and self.pacer.buffered_ms(now) > 0:
-            deadlines.append(now + self.pacer.buffered_ms(now) / 1000)  # played out
+        if self.playing is not None and (self.pacer.play_end > now or self._stop_owed()):
+            # played out; a stop owed since a tick whose clock read fell just short of the
+            # end is due at once (the end has passed: `buffered_ms` is 0 from here on)
+            deadlines.append(self.pacer.play_end)
         td = self.settings.turn_detection
         if td is not None and td.idle_timeout_ms is not None and self.response is None:
             deadlines.append(self.last_activity + td.idle_timeout_ms / 1000)

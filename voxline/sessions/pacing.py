@@ -66,6 +66,11 @@ class OutputPacer:
             out.append(frame)
         return out
 
+    @property
+    def play_end(self) -> float:
+        """When everything sent so far will have finished playing (the caller's clock, s)."""
+        return self._play_end
+
     def buffered_ms(self, now: float) -> float:
         """Audio sent but not yet played at `now`."""
         return max(0.0, self._play_end - now) * 1000

@@ -43,7 +43,7 @@ def frame_levels(frame: np.ndarray) -> list[float]:
     if n == 0:
         return []
     sub = np.asarray(frame[:n], np.float32).reshape(LEVELS_PER_FRAME, -1)
-    return np.sqrt(np.mean(sub * sub, axis=1)).tolist()
+    return np.sqrt(np.einsum("ij,ij->i", sub, sub) / sub.shape[1]).tolist()
 
 
 def new_item_id() -> str:
@@ -180,7 +180,8 @@ class InputAudio:
         start_ms = self.audio_ms
         self.audio_ms += FRAME_MS
         self.history.append(frame)
-        event = det.update(prob, start_ms, FRAME_MS, frame_levels(frame))
+        levels = frame_levels(frame) if det.may_be_voice(prob) else None  # (per frame: skip silence)
+        event = det.update(prob, start_ms, FRAME_MS, levels)
         if event == TurnEvent.STARTED:
             first_ms = max(0.0, det.speech_start_ms - det.params.prefix_padding_ms)
             n = min(len(self.history), int(round((self.audio_ms - first_ms) / FRAME_MS)))

@@ -111,6 +111,11 @@ class TurnDetector:
     def _decide(self, eagerness: str) -> None:
         self.silence_ms = float(end_of_turn.decide(eagerness, self.words, self.heard, self.comma))
 
+    def may_be_voice(self, prob: float) -> bool:
+        """Whether a frame of this probability can count as voice in some state (only
+        those need `levels`)."""
+        return prob >= self.params.threshold - _NEG_MARGIN
+
     def update(self, prob: float, frame_start_ms: float, frame_ms: float,
                levels: Sequence[float] | None = None) -> TurnEvent | None:
         """Feed one frame's speech probability (and, optionally, its loudness: `levels`,

@@ -47,7 +47,6 @@ _counters: dict[tuple[str, int], Tensor] = {}
 _retired: list[Tensor] = []
 
 
-
 def fused_available(x: Tensor, weight: Tensor, resid: Tensor) -> bool:
     """Whether :func:`linear_residual` serves ``x [..., K]``, ``weight [N, K]`` and
     ``resid [..., N]``: at most one row block (:data:`MAX_ROWS`), where it was measured

@@ -42,7 +42,6 @@ _switch = KernelSwitch()
 set_enabled = _switch.set  # benchmarks A/B the kernel
 
 
-
 def gemv_available(x: Tensor, weight: Tensor) -> bool:
     rows = x.numel() // max(1, x.shape[-1])
     return (_switch.on and triton is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)

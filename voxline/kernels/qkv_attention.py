@@ -47,7 +47,6 @@ _switch = KernelSwitch()
 set_enabled = _switch.set  # benchmarks A/B the kernel
 
 
-
 def _pow2(n: int) -> int:
     p = 1
     while p < n:  # a plain loop: traced by Dynamo as constants

@@ -50,7 +50,6 @@ _switch = KernelSwitch()
 set_enabled = _switch.set  # benchmarks A/B the kernel
 
 
-
 def decode_fused_available(
     x: Tensor, pos: Tensor, slot: Tensor, k_cache: Tensor, v_cache: Tensor, length: int,
     mask: Tensor | None, ln_w: Tensor, eps: float, qkv_w: Tensor, qkv_b: Tensor | None,

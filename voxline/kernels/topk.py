@@ -35,7 +35,6 @@ _switch = KernelSwitch()
 set_enabled = _switch.set  # benchmarks A/B the kernel
 
 
-
 def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 

@@ -743,9 +743,9 @@ class SessionActor:
     def _check_played_out(self, now: float) -> None:
         """`output_audio_buffer.stopped` once a finished response's audio has played."""
         rid = self.playing
-        if (rid is None or not self._stop_owed() or self.pacer.pending(rid)
-                or self.pacer.buffered_ms(now) > 0):
+        if not self._stop_owed() or self.pacer.pending(rid) or self.pacer.buffered_ms(now) > 0:
             return
+        assert rid is not None
         self.playing = None
         self._emit(ev.OutputAudioBufferStopped(response_id=rid))
 

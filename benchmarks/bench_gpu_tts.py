@@ -61,10 +61,11 @@ from voxline.engines.models.qwen3_tts.talker import Talker
 from voxline.engines.models.qwen3_tts.tokenizer import Qwen3TextTokenizer
 from voxline.engines.speech_model import SpeechJob
 from voxline.engines.tts_stage import SpeechOwner, TTSStage
-from voxline.kernels import fused_linear, gemv, qkv_attention, qkv_decode_attention, topk
+from voxline.kernels import fused_linear, gemv, pdl, qkv_attention, qkv_decode_attention, topk
 from voxline.kernels.cuda_graphs import bucket_for
 
 TEXT = "A longer sentence about the lazy dog and the brown fox."
+SWITCHES = ("qkv", "talker", "linear", "topk", "pdl", "inductor", "none")  # --arms
 FRAME_S = 0.08
 
 # Qwen3-TTS-12Hz-1.7B-CustomVoice shapes; ids 1..5 are the tiny tokenizer's specials.
@@ -520,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
                     "'+'-joined set of the switches that are on, of qkv (the predictor's one-kernel "
                     "attention block), talker (the talker's, voxline.kernels.qkv_decode_attention) and "
                     "linear (projections with their norm and epilogue, voxline.kernels.fused_linear), "
+                    "topk (voxline.kernels.topk), pdl (programmatic dependent launch of those kernels, "
+                    "voxline.kernels.pdl) and inductor (PDL for Inductor's kernels too), "
                     "or none; e.g. qkv+talker,qkv+talker+linear; results keyed '<mode>/<arm>'")
     ap.add_argument("--check", action="store_true", help="validate every frame's codes (slow)")
     ap.add_argument("--tiny", action="store_true", help="a toy-width model (CPU runs; timings mean nothing)")
@@ -548,8 +551,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--arms: the open loop (--arrivals) runs one arm, the switches' defaults")
     args.qkv_attention = args.qkv_attention or "on"
     for arm in args.arms.split(",") if args.arms else []:
-        if not set(arm.split("+")) <= {"qkv", "talker", "linear", "topk", "none"}:
-            ap.error(f"--arms: unknown switch in {arm!r} (known: qkv, talker, linear, topk, none)")
+        if not set(arm.split("+")) <= set(SWITCHES):
+            ap.error(f"--arms: unknown switch in {arm!r} (known: {', '.join(SWITCHES)})")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("voxline.kernels.cuda_graphs").setLevel(logging.INFO)  # capture progress
     # A compile failure falls back to eager (counted below) instead of killing the run.
@@ -606,12 +609,17 @@ def main(argv: list[str] | None = None) -> int:
     else:
         arms = [("", {"talker", "linear", "topk"} | ({"qkv"} if args.qkv_attention == "on" else set()))]
     report["arms"] = {name: sorted(on) for name, on in arms}
+    if any("pdl" in on or "inductor" in on for _, on in arms):
+        report["pdl_supported"] = pdl.supported() if torch.cuda.is_available() else False
     for mode, (arm, on) in ((m, a) for m in args.modes.split(",") for a in arms):
         label = f"{mode}/{arm}" if arm else mode
         qkv_attention.set_enabled("qkv" in on)
         qkv_decode_attention.set_enabled("talker" in on)
         fused_linear.set_enabled("linear" in on)
         topk.set_enabled("topk" in on)
+        pdl.set_enabled("pdl" in on)
+        if pdl.set_inductor("inductor" in on) != ("inductor" in on):
+            torch._dynamo.reset()  # Inductor reads its PDL switch when a region compiles
         t0 = time.perf_counter()
         stage = Qwen3SpeechModel(model, tok, max_streams=max(conc), max_len=args.max_len,
                                  max_frames=args.frames, sampling=sampling, graphs=mode != "eager",

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import pdl
 from .gemv import BLOCK_K, BLOCK_M, BLOCK_N, gemv_available, split_for
 from .switch import KernelSwitch
 
@@ -96,13 +97,14 @@ if triton is not None:
     def _gemv_residual_kernel(
         x_ptr, w_ptr, b_ptr, r_ptr, parts_ptr, cnt_ptr, out_ptr, M, N, sxm, swn,
         K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     ):
         """A program per (``BLOCK_N`` outputs, K slice) over all rows (at most ``BLOCK_M``),
         as :func:`~voxline.kernels.gemv._gemv_kernel`; the last slice's program finishes the tile."""
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
-        acc, rm, rn, row_ok, col_ok = gemv_tile(x_ptr, w_ptr, M, N, sxm, swn, K_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc, rm, rn, row_ok, col_ok = gemv_tile(x_ptr, w_ptr, M, N, sxm, swn, K_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                PDL)
         tile_ok = row_ok[:, None] & col_ok[None, :]
         tile = rm[:, None] * N + rn[None, :]
         if SPLIT == 1:
@@ -134,10 +136,12 @@ def _gemv_residual(x: Tensor, weight: Tensor, bias: Tensor | None, resid: Tensor
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     parts = torch.empty((split, m, n) if split > 1 else (1,), dtype=torch.float32, device=x.device)
     cnt = _counter(weight) if split > 1 else parts
+    use_pdl = pdl.active(x)
     _gemv_residual_kernel[grid](
         x, weight, bias if bias is not None else x, resid, parts, cnt, out, m, n, x.stride(0), weight.stride(0),
         K_SPLIT=k // split, SPLIT=split, HAS_BIAS=bias is not None,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4, num_stages=3)
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PDL=use_pdl, num_warps=4, num_stages=3,
+        launch_pdl=use_pdl)
     return out
 
 

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import pdl
 from .switch import KernelSwitch
 
 try:  # Triton ships with CUDA builds of PyTorch only.
@@ -79,9 +80,13 @@ if triton is not None:
     def gemv_tile(
         x_ptr, w_ptr, M, N, sxm, swn,
         K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        PDL: tl.constexpr = False,
     ):
         """This program's float32 tile of ``x [M, K] @ w[N, K].T`` over its K slice (program
-        ids: output block, K slice, row block), with its rows, columns and their masks."""
+        ids: output block, K slice, row block), with its rows, columns and their masks.
+        With ``PDL`` (launched with the attribute, see :mod:`~voxline.kernels.pdl`) the
+        weight tile is asked into L2 while the previous kernel may still run; nothing
+        else is read before it has finished."""
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         pid_m = tl.program_id(2)
@@ -90,6 +95,14 @@ if triton is not None:
         rk = tl.arange(0, BLOCK_K)
         row_ok = rm < M
         col_ok = rn < N
+        if PDL:
+            # One address per 128-byte line (64 bf16/fp16 weights), four lines per row at a
+            # time: 128 addresses, one per thread of 4 warps.
+            rows = tl.minimum(rn, N - 1)[:, None] * swn + pid_s * K_SPLIT
+            for kk in tl.static_range(0, K_SPLIT, 256):
+                pdl.prefetch_l2(w_ptr + rows + tl.minimum(kk + tl.arange(0, 4)[None, :] * 64, K_SPLIT - 64))
+            pdl.gdc_wait()
+            pdl.gdc_launch_dependents()
         x_base = x_ptr + rm[:, None] * sxm + pid_s * K_SPLIT
         w_base = w_ptr + rn[:, None] * swn + pid_s * K_SPLIT
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -103,8 +116,10 @@ if triton is not None:
     def _gemv_kernel(
         x_ptr, w_ptr, out_ptr, M, N, sxm, swn,
         K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        PDL: tl.constexpr,
     ):
-        acc, rm, rn, row_ok, col_ok = gemv_tile(x_ptr, w_ptr, M, N, sxm, swn, K_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc, rm, rn, row_ok, col_ok = gemv_tile(x_ptr, w_ptr, M, N, sxm, swn, K_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                PDL)
         out = out_ptr + (tl.program_id(1) * M + rm[:, None]) * N + rn[None, :]
         tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
 
@@ -119,9 +134,10 @@ def _gemv_partials(x: Tensor, weight: Tensor, split: int) -> Tensor:
         x = x.contiguous()
     out = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, BLOCK_N), split, triton.cdiv(m, BLOCK_M))
+    use_pdl = pdl.active(x)
     _gemv_kernel[grid](x, weight, out, m, n, x.stride(0), weight.stride(0),
-                       K_SPLIT=k // split, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-                       num_warps=4, num_stages=3)
+                       K_SPLIT=k // split, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PDL=use_pdl,
+                       num_warps=4, num_stages=3, launch_pdl=use_pdl)
     return out
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import pdl
 from .attention import attend
 from .gemv import gemv_available, split_for
 from .layer_ops import apply_rope, rms_norm, rope_tables
@@ -161,7 +162,11 @@ if triton is not None:
         SPLIT: tl.constexpr, Q_LEN: tl.constexpr, QP: tl.constexpr, GROUP: tl.constexpr,
         ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, LENGTH: tl.constexpr, L_PAD: tl.constexpr,
         HAS_BIAS: tl.constexpr, HAS_QN: tl.constexpr, HAS_KN: tl.constexpr, DT: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        if PDL:  # see voxline.kernels.pdl: nothing read or written before the wait
+            pdl.gdc_wait()
+            pdl.gdc_launch_dependents()
         b = tl.program_id(0)
         hkv = tl.program_id(1)
         n_kv = tl.num_programs(1)
@@ -244,8 +249,8 @@ def _qkv_rope_attention(
         eps, scale,
         SPLIT=split, Q_LEN=q_len, QP=_pow2(q_len), GROUP=group, ROWS=rows, HEAD_DIM=dim,
         LENGTH=length, L_PAD=l_pad, HAS_BIAS=bias is not None, HAS_QN=qn_w is not None,
-        HAS_KN=kn_w is not None, DT=_TL_DTYPES[k_buf.dtype],
-        num_warps=4 if rows * l_pad * dim <= 8192 else 8,
+        HAS_KN=kn_w is not None, DT=_TL_DTYPES[k_buf.dtype], PDL=pdl.active(parts),
+        num_warps=4 if rows * l_pad * dim <= 8192 else 8, launch_pdl=pdl.active(parts),
     )
     return out
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import pdl
 from .attention import attend
 from .gemv import gemv_available, split_for
 from .layer_ops import rms_norm
@@ -128,7 +129,11 @@ if triton is not None:
         SPLIT: tl.constexpr, Q_LEN: tl.constexpr, QP: tl.constexpr, GROUP: tl.constexpr,
         ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, LENGTH: tl.constexpr, BLOCK: tl.constexpr,
         HAS_BIAS: tl.constexpr, HAS_QN: tl.constexpr, HAS_KN: tl.constexpr, DT: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        if PDL:  # see voxline.kernels.pdl: nothing read or written before the wait
+            pdl.gdc_wait()
+            pdl.gdc_launch_dependents()
         b = tl.program_id(0)
         hkv = tl.program_id(1)
         n_kv = tl.num_programs(1)
@@ -198,7 +203,7 @@ def _qkv_rope_decode_attention(
         eps, scale,
         SPLIT=split, Q_LEN=q_len, QP=_pow2(q_len), GROUP=q_heads // hkv, ROWS=_ROWS, HEAD_DIM=dim,
         LENGTH=length, BLOCK=BLOCK_K, HAS_BIAS=bias is not None, HAS_QN=qn_w is not None,
-        HAS_KN=kn_w is not None, DT=_TL_DTYPES[k_cache.dtype],
+        HAS_KN=kn_w is not None, DT=_TL_DTYPES[k_cache.dtype], PDL=pdl.active(parts), launch_pdl=pdl.active(parts),
     )
     return out
 

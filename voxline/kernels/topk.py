@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import pdl
 from .switch import KernelSwitch
 
 try:  # Triton ships with CUDA builds of PyTorch only.
@@ -55,7 +56,10 @@ def topk_rows(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 if triton is not None:
 
     @triton.jit
-    def _topk_kernel(x_ptr, v_ptr, i_ptr, sx, N: tl.constexpr, K: tl.constexpr):
+    def _topk_kernel(x_ptr, v_ptr, i_ptr, sx, N: tl.constexpr, K: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # see voxline.kernels.pdl: nothing read or written before the wait
+            pdl.gdc_wait()
+            pdl.gdc_launch_dependents()
         row = tl.program_id(0)
         idx = tl.arange(0, N)
         bits = tl.load(x_ptr + row * sx + idx).to(tl.int32, bitcast=True)
@@ -77,7 +81,9 @@ def _topk_rows(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     indices = torch.empty((b, k), dtype=torch.int64, device=x.device)
     if x.stride(-1) != 1:
         x = x.contiguous()
-    _topk_kernel[(b,)](x, values, indices, x.stride(0), N=n, K=k, num_warps=4 if n <= 2048 else 8)
+    use_pdl = pdl.active(x)
+    _topk_kernel[(b,)](x, values, indices, x.stride(0), N=n, K=k, PDL=use_pdl, num_warps=4 if n <= 2048 else 8,
+                       launch_pdl=use_pdl)
     return values, indices
 
 

@@ -522,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
                     "attention block), talker (the talker's, voxline.kernels.qkv_decode_attention) and "
                     "linear (projections with their norm and epilogue, voxline.kernels.fused_linear), "
                     "topk (voxline.kernels.topk), pdl (programmatic dependent launch of those kernels, "
-                    "voxline.kernels.pdl) and inductor (PDL for Inductor's kernels too), "
+                    "voxline.kernels.pdl) and inductor (PDL for Inductor's kernels), "
                     "or none; e.g. qkv+talker,qkv+talker+linear; results keyed '<mode>/<arm>'")
     ap.add_argument("--check", action="store_true", help="validate every frame's codes (slow)")
     ap.add_argument("--tiny", action="store_true", help="a toy-width model (CPU runs; timings mean nothing)")

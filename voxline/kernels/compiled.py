@@ -18,6 +18,8 @@ from typing import TypeVar
 
 import torch
 
+from . import pdl
+
 __all__ = ["maybe_compile", "static"]
 
 F = TypeVar("F", bound=Callable)
@@ -34,6 +36,7 @@ def _configure() -> None:
             setattr(cfg, name, max(getattr(cfg, name), _RECOMPILE_LIMIT))
     if hasattr(cfg, "accumulated_recompile_limit"):
         cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * _RECOMPILE_LIMIT)
+    pdl.use_by_default()  # generated kernels take programmatic dependent launch on Hopper
 
 
 @functools.cache

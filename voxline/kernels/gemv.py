@@ -84,9 +84,7 @@ if triton is not None:
     ):
         """This program's float32 tile of ``x [M, K] @ w[N, K].T`` over its K slice (program
         ids: output block, K slice, row block), with its rows, columns and their masks.
-        With ``PDL`` (launched with the attribute, see :mod:`~voxline.kernels.pdl`) the
-        weight tile is asked into L2 while the previous kernel may still run; nothing
-        else is read before it has finished."""
+        ``PDL``: launched with the attribute (:mod:`~voxline.kernels.pdl`)."""
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         pid_m = tl.program_id(2)
@@ -95,12 +93,7 @@ if triton is not None:
         rk = tl.arange(0, BLOCK_K)
         row_ok = rm < M
         col_ok = rn < N
-        if PDL:
-            # One address per 128-byte line (64 bf16/fp16 weights), four lines per row at a
-            # time: 128 addresses, one per thread of 4 warps.
-            rows = tl.minimum(rn, N - 1)[:, None] * swn + pid_s * K_SPLIT
-            for kk in tl.static_range(0, K_SPLIT, 256):
-                pdl.prefetch_l2(w_ptr + rows + tl.minimum(kk + tl.arange(0, 4)[None, :] * 64, K_SPLIT - 64))
+        if PDL:  # see voxline.kernels.pdl: nothing read before the wait
             pdl.gdc_wait()
             pdl.gdc_launch_dependents()
         x_base = x_ptr + rm[:, None] * sxm + pid_s * K_SPLIT

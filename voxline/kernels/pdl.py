@@ -1,22 +1,21 @@
 """Programmatic dependent launch (PDL) for this package's Triton kernels (Hopper and newer).
 
 A captured decode step is a chain of ~1,000 kernels of a few microseconds each. Without
-PDL each one starts only once the one before it has drained, and then waits out its own
-launch and a DRAM round trip for its first weight bytes: at batch 1 a projection of the
-code predictor reads 2-13 MB at 1-3 TB/s of the H200's ~4.8 (round 8's profile). With
-PDL a kernel is launched with the programmatic-serialisation attribute, so its programs
-may be placed while the previous kernel still runs. Each of our kernels then:
+PDL each one starts only once the one before it has drained, and pays its launch and
+ramp-up in series: at batch 1 the code predictor's frame is ~3 ms for ~2.4 GB of
+weights, a third of what the H200's bandwidth allows (round 8's profile). With PDL a
+kernel is launched with the programmatic-serialisation attribute, so its programs may be
+placed while the previous kernel still runs. Each of our kernels then waits
+(``griddepcontrol.wait``, :func:`gdc_wait`) until the previous kernel has finished and
+its writes are visible, before it reads or writes anything, and at once lets the next
+kernel be placed (``griddepcontrol.launch_dependents``) while it computes.
 
-1. prefetches what does not depend on the previous kernel (a projection's weight tile,
-   into L2: :func:`prefetch_l2`);
-2. waits (``griddepcontrol.wait``, :func:`gdc_wait`) until the previous kernel has
-   finished and its writes are visible, before it reads or writes anything else;
-3. lets the next kernel be placed (``griddepcontrol.launch_dependents``) and computes.
-
-Every kernel launched with the attribute waits before its first dependent access, so
-ordering stays transitive along the chain: a kernel cannot finish before the one ahead
-of it has, and the one after it waits for it. Kernels launched without the attribute
-(Inductor's, cuBLAS, copies) keep the plain stream order on both sides.
+Every kernel launched with the attribute waits before its first access, so ordering
+stays transitive along the chain: a kernel cannot finish before the one ahead of it has,
+and the one after it waits for it. Kernels launched without the attribute (cuBLAS,
+copies) keep the plain stream order on both sides. (Prefetching a projection's weight
+tile into L2 before the wait was tried and made both steps slower: it competes for DRAM
+with the previous projection, which is reading its own weights.)
 
 Inductor can emit the same for its generated kernels (``torch._inductor.config.triton.
 enable_pdl``). Its kernels wait only before loads of buffers the previous kernel in
@@ -25,9 +24,14 @@ kernel that never waits (one without loads), could read it early. :func:`set_ind
 therefore also makes every generated kernel wait before its first access; it reads the
 config when a region compiles (callers that A/B it reset Dynamo).
 
-Off by default (:func:`set_enabled`); :func:`active` says whether a launch on a
-tensor's device takes it. Off CUDA, before Hopper or with a Triton without the
-intrinsics, kernels launch as before.
+On by default where supported: :func:`active` says whether a launch on a tensor's
+device takes it (off CUDA, before Hopper or with a Triton without the intrinsics,
+kernels launch as before), and :func:`use_by_default` (called by
+:func:`~voxline.kernels.compiled.static` before its first compile) switches Inductor's on
+unless a caller chose with :func:`set_inductor`. On an H200 (``bench_pdl.py``, stop 40)
+both together cut the code predictor's batch-1 frame 2.85 -> 2.52 ms and the talker's
+decode step 1.69 -> 1.60 ms, with the same codes and hidden states bit for bit when
+Inductor does not benchmark its configurations (``TORCHINDUCTOR_DETERMINISTIC=1``).
 """
 
 from __future__ import annotations
@@ -41,16 +45,15 @@ from .switch import KernelSwitch
 
 try:  # Triton ships with CUDA builds of PyTorch only.
     import triton
-    import triton.language as tl
 except ImportError:  # pragma: no cover - depends on the installed torch build
     triton = None
 
-__all__ = ["active", "gdc_launch_dependents", "gdc_wait", "prefetch_l2", "set_enabled", "set_inductor",
-           "supported"]
+__all__ = ["active", "gdc_launch_dependents", "gdc_wait", "set_enabled", "set_inductor", "supported",
+           "use_by_default"]
 
 _switch = KernelSwitch()
-_switch.on = False
 _HAS_GDC = False
+_inductor_chosen = False  # set_inductor was called: use_by_default leaves Inductor alone
 
 if triton is not None:
     try:  # Triton >= 3.3
@@ -65,14 +68,8 @@ if triton is not None:
         def gdc_launch_dependents():  # type: ignore[no-redef]
             pass
 
-    @triton.jit
-    def prefetch_l2(ptrs):
-        """Ask L2 for the 128-byte lines at ``ptrs`` (one address per line) without
-        waiting for them: the kernel's later loads of those lines hit L2."""
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
-                                  [ptrs.to(tl.int64)], dtype=tl.int32, is_pure=False, pack=1)
 else:
-    gdc_wait = gdc_launch_dependents = prefetch_l2 = None  # type: ignore[assignment]
+    gdc_wait = gdc_launch_dependents = None  # type: ignore[assignment]
 
 
 @functools.cache
@@ -98,7 +95,19 @@ def set_inductor(on: bool) -> bool:
     """Inductor's PDL for the kernels it generates from now on, each waiting before its
     first access (see the module docstring); returns the old value. False where this
     torch has no such switch or its code generator is not the one patched here."""
-    import torch._inductor.config as inductor_config  # heavy: only for the callers that A/B it
+    global _inductor_chosen
+    _inductor_chosen = True
+    return _set_inductor(on)
+
+
+def use_by_default() -> None:
+    """Inductor's PDL on for a supported GPU, unless :func:`set_inductor` chose already."""
+    if not _inductor_chosen and supported():
+        _set_inductor(True)
+
+
+def _set_inductor(on: bool) -> bool:
+    import torch._inductor.config as inductor_config  # heavy: only where regions compile
 
     if not hasattr(inductor_config.triton, "enable_pdl"):
         return False

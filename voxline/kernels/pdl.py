@@ -37,6 +37,7 @@ Inductor does not benchmark its configurations (``TORCHINDUCTOR_DETERMINISTIC=1`
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 from torch import Tensor
@@ -51,6 +52,7 @@ except ImportError:  # pragma: no cover - depends on the installed torch build
 __all__ = ["active", "gdc_launch_dependents", "gdc_wait", "set_enabled", "set_inductor", "supported",
            "use_by_default"]
 
+logger = logging.getLogger(__name__)
 _switch = KernelSwitch()
 _HAS_GDC = False
 _inductor_chosen = False  # set_inductor was called: use_by_default leaves Inductor alone
@@ -104,6 +106,15 @@ def use_by_default() -> None:
     """Inductor's PDL on for a supported GPU, unless :func:`set_inductor` chose already."""
     if not _inductor_chosen and supported():
         _set_inductor(True)
+        logger.info("programmatic dependent launch on %s: %s Triton kernels, %s Inductor's",
+                    torch.cuda.get_device_name(), "this package's" if _switch.on else "not this package's",
+                    "and" if _inductor_pdl() else "not")
+
+
+def _inductor_pdl() -> bool:
+    import torch._inductor.config as inductor_config
+
+    return bool(getattr(inductor_config.triton, "enable_pdl", False))
 
 
 def _set_inductor(on: bool) -> bool:

@@ -106,9 +106,8 @@ def use_by_default() -> None:
     """Inductor's PDL on for a supported GPU, unless :func:`set_inductor` chose already."""
     if not _inductor_chosen and supported():
         _set_inductor(True)
-        logger.info("programmatic dependent launch on %s: %s Triton kernels, %s Inductor's",
-                    torch.cuda.get_device_name(), "this package's" if _switch.on else "not this package's",
-                    "and" if _inductor_pdl() else "not")
+        logger.info("programmatic dependent launch (Hopper GPU): this package's Triton kernels %s, "
+                    "Inductor's %s", "on" if _switch.on else "off", "on" if _inductor_pdl() else "off")
 
 
 def _inductor_pdl() -> bool:

@@ -47,9 +47,7 @@ def set_arm(arm: str) -> tuple[dict, bool]:
     recompile = pdl.set_inductor("inductor" in on) != ("inductor" in on)
     if recompile:
         torch._dynamo.reset()  # Inductor reads its PDL switch when a region compiles
-    import torch._inductor.config as inductor_config
-
-    switches = {"ours": "pdl" in on, "inductor": bool(getattr(inductor_config.triton, "enable_pdl", False))}
+    switches = {"ours": "pdl" in on, "inductor": pdl.inductor_enabled()}
     return switches, recompile
 
 

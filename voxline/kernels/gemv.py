@@ -93,9 +93,7 @@ if triton is not None:
         rk = tl.arange(0, BLOCK_K)
         row_ok = rm < M
         col_ok = rn < N
-        if PDL:  # see voxline.kernels.pdl: nothing read before the wait
-            pdl.gdc_wait()
-            pdl.gdc_launch_dependents()
+        pdl.begin(PDL)  # nothing is read or written before it
         x_base = x_ptr + rm[:, None] * sxm + pid_s * K_SPLIT
         w_base = w_ptr + rn[:, None] * swn + pid_s * K_SPLIT
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)

@@ -5,8 +5,8 @@ PDL each one starts only once the one before it has drained, and pays its launch
 ramp-up in series: at batch 1 the code predictor's frame read its ~2.4 GB of weights
 in ~2.9 ms, ~0.8 TB/s of the H200's ~4.8 (round 8). With PDL a
 kernel is launched with the programmatic-serialisation attribute, so its programs may be
-placed while the previous kernel still runs. Each of our kernels then waits
-(``griddepcontrol.wait``, :func:`gdc_wait`) until the previous kernel has finished and
+placed while the previous kernel still runs. Each of our kernels then starts with
+:func:`begin`: it waits (``griddepcontrol.wait``) until the previous kernel has finished and
 its writes are visible, before it reads or writes anything, and at once lets the next
 kernel be placed (``griddepcontrol.launch_dependents``) while it computes.
 
@@ -46,11 +46,11 @@ from .switch import KernelSwitch
 
 try:  # Triton ships with CUDA builds of PyTorch only.
     import triton
+    import triton.language as tl
 except ImportError:  # pragma: no cover - depends on the installed torch build
     triton = None
 
-__all__ = ["active", "gdc_launch_dependents", "gdc_wait", "set_enabled", "set_inductor", "supported",
-           "use_by_default"]
+__all__ = ["active", "begin", "inductor_enabled", "set_enabled", "set_inductor", "supported", "use_by_default"]
 
 logger = logging.getLogger(__name__)
 _switch = KernelSwitch()
@@ -70,8 +70,16 @@ if triton is not None:
         def gdc_launch_dependents():  # type: ignore[no-redef]
             pass
 
+    @triton.jit
+    def begin(PDL: tl.constexpr):
+        """A kernel's first step when launched with the attribute (``PDL``): wait for the
+        previous kernel, then let the next one be placed."""
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+
 else:
-    gdc_wait = gdc_launch_dependents = None  # type: ignore[assignment]
+    gdc_wait = gdc_launch_dependents = begin = None  # type: ignore[assignment]
 
 
 @functools.cache
@@ -107,10 +115,11 @@ def use_by_default() -> None:
     if not _inductor_chosen and supported():
         _set_inductor(True)
         logger.info("programmatic dependent launch (Hopper GPU): this package's Triton kernels %s, "
-                    "Inductor's %s", "on" if _switch.on else "off", "on" if _inductor_pdl() else "off")
+                    "Inductor's %s", "on" if _switch.on else "off", "on" if inductor_enabled() else "off")
 
 
-def _inductor_pdl() -> bool:
+def inductor_enabled() -> bool:
+    """Whether regions compiled from now on get Inductor's PDL."""
     import torch._inductor.config as inductor_config
 
     return bool(getattr(inductor_config.triton, "enable_pdl", False))

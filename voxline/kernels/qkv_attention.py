@@ -164,9 +164,7 @@ if triton is not None:
         HAS_BIAS: tl.constexpr, HAS_QN: tl.constexpr, HAS_KN: tl.constexpr, DT: tl.constexpr,
         PDL: tl.constexpr,
     ):
-        if PDL:  # see voxline.kernels.pdl: nothing read or written before the wait
-            pdl.gdc_wait()
-            pdl.gdc_launch_dependents()
+        pdl.begin(PDL)  # nothing is read or written before it
         b = tl.program_id(0)
         hkv = tl.program_id(1)
         n_kv = tl.num_programs(1)
@@ -240,6 +238,7 @@ def _qkv_rope_attention(
     parts = parts if parts.is_contiguous() else parts.contiguous()
     out = torch.empty((m, q_heads * dim), dtype=k_buf.dtype, device=k_buf.device)
     smb = mask.stride(0) if mask.shape[0] > 1 else 0
+    use_pdl = pdl.active(parts)
     # Unused pointers still need a tensor: the kernel never reads them (constexpr flags).
     _qkv_attn_kernel[(b, hkv)](
         parts, parts if bias is None else bias, pos, inv_freq,
@@ -249,8 +248,8 @@ def _qkv_rope_attention(
         eps, scale,
         SPLIT=split, Q_LEN=q_len, QP=_pow2(q_len), GROUP=group, ROWS=rows, HEAD_DIM=dim,
         LENGTH=length, L_PAD=l_pad, HAS_BIAS=bias is not None, HAS_QN=qn_w is not None,
-        HAS_KN=kn_w is not None, DT=_TL_DTYPES[k_buf.dtype], PDL=pdl.active(parts),
-        num_warps=4 if rows * l_pad * dim <= 8192 else 8, launch_pdl=pdl.active(parts),
+        HAS_KN=kn_w is not None, DT=_TL_DTYPES[k_buf.dtype], PDL=use_pdl,
+        num_warps=4 if rows * l_pad * dim <= 8192 else 8, launch_pdl=use_pdl,
     )
     return out
 

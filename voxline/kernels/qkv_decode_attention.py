@@ -131,9 +131,7 @@ if triton is not None:
         HAS_BIAS: tl.constexpr, HAS_QN: tl.constexpr, HAS_KN: tl.constexpr, DT: tl.constexpr,
         PDL: tl.constexpr,
     ):
-        if PDL:  # see voxline.kernels.pdl: nothing read or written before the wait
-            pdl.gdc_wait()
-            pdl.gdc_launch_dependents()
+        pdl.begin(PDL)  # nothing is read or written before it
         b = tl.program_id(0)
         hkv = tl.program_id(1)
         n_kv = tl.num_programs(1)
@@ -194,6 +192,7 @@ def _qkv_rope_decode_attention(
     parts = parts if parts.is_contiguous() else parts.contiguous()
     out = torch.empty((m, q_heads * dim), dtype=k_cache.dtype, device=k_cache.device)
     smb = mask.stride(0) if mask.shape[0] > 1 else 0
+    use_pdl = pdl.active(parts)
     # Unused pointers still need a tensor: the kernel never reads them (constexpr flags).
     _qkv_decode_kernel[(b, hkv)](
         parts, parts if bias is None else bias, pos, slot, inv_freq,
@@ -203,7 +202,7 @@ def _qkv_rope_decode_attention(
         eps, scale,
         SPLIT=split, Q_LEN=q_len, QP=_pow2(q_len), GROUP=q_heads // hkv, ROWS=_ROWS, HEAD_DIM=dim,
         LENGTH=length, BLOCK=BLOCK_K, HAS_BIAS=bias is not None, HAS_QN=qn_w is not None,
-        HAS_KN=kn_w is not None, DT=_TL_DTYPES[k_cache.dtype], PDL=pdl.active(parts), launch_pdl=pdl.active(parts),
+        HAS_KN=kn_w is not None, DT=_TL_DTYPES[k_cache.dtype], PDL=use_pdl, launch_pdl=use_pdl,
     )
     return out
 

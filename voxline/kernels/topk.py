@@ -57,9 +57,7 @@ if triton is not None:
 
     @triton.jit
     def _topk_kernel(x_ptr, v_ptr, i_ptr, sx, N: tl.constexpr, K: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # see voxline.kernels.pdl: nothing read or written before the wait
-            pdl.gdc_wait()
-            pdl.gdc_launch_dependents()
+        pdl.begin(PDL)  # nothing is read or written before it
         row = tl.program_id(0)
         idx = tl.arange(0, N)
         bits = tl.load(x_ptr + row * sx + idx).to(tl.int32, bitcast=True)

@@ -4,7 +4,9 @@ graph replay times and exactness, arms side by side in one process.
     PYTHONPATH=. python3 benchmarks/bench_pdl.py --arms off,pdl,pdl+inductor,off --out /tmp/pdl.json
 
 Same real-shape random checkpoint as ``bench_gpu_tts.py``. For each arm (``off``; ``pdl``:
-this package's kernels launched with PDL; ``inductor``: Inductor's generated kernels) and each batch bucket, the code
+this package's kernels launched with PDL; ``inductor``: Inductor's generated kernels;
+``preN``: projections read N weight columns before they wait, :func:`~voxline.kernels.gemv.set_preload`,
+0 when absent) and each batch bucket, the code
 predictor's frame step and the talker's decode step are built and captured, fed the same
 seeded inputs (greedy codes, a random key/value cache, distinct slots), and:
 
@@ -13,7 +15,7 @@ seeded inputs (greedy codes, a random key/value cache, distinct slots), and:
   bit (a missing wait shows up here as a race);
 - exactness: codes differing, and the largest difference of the talker's hidden state,
   against the first arm and against the first arm of the same compilation. PDL changes
-  no arithmetic, so arms that share compiled regions must agree bit for bit; switching
+  no arithmetic, so arms that share compiled regions and preload must agree bit for bit; switching
   Inductor's PDL recompiles them (Dynamo reset), and Inductor then benchmarks its
   reduction configurations again and may pick others, which round differently.
 
@@ -35,20 +37,24 @@ from bench_gpu_tts import build_model  # noqa: E402
 from profile_gpu_tts import replay_ms  # noqa: E402
 
 from voxline.engines.models.qwen3_tts.graphed_talker import GraphedTalkerGenerator  # noqa: E402
-from voxline.kernels import pdl  # noqa: E402
+from voxline.kernels import gemv, pdl  # noqa: E402
 
 
 def set_arm(arm: str) -> tuple[dict, bool]:
-    """Switch the arm on; returns its switches and whether Inductor's regions recompile."""
+    """Switch the arm on; returns its switches and whether its arithmetic may differ from
+    the arm before it (Inductor's regions recompile, or the projections' preload moved)."""
     on = set(arm.split("+")) - {"off"}
-    if not on <= {"pdl", "inductor"}:
-        raise SystemExit(f"--arms: unknown switch in {arm!r} (known: off, pdl, inductor)")
+    pre = [s for s in on if s.startswith("pre") and s[3:].isdigit()]
+    if not on - set(pre) <= {"pdl", "inductor"} or len(pre) > 1:
+        raise SystemExit(f"--arms: unknown switch in {arm!r} (known: off, pdl, inductor, preN)")
     pdl.set_enabled("pdl" in on)
+    cols = int(pre[0][3:]) if pre else 0
+    moved = gemv.set_preload(cols) != cols  # partial sums added in another order
     recompile = pdl.set_inductor("inductor" in on) != ("inductor" in on)
     if recompile:
         torch._dynamo.reset()  # Inductor reads its PDL switch when a region compiles
-    switches = {"ours": "pdl" in on, "inductor": pdl.inductor_enabled()}
-    return switches, recompile
+    switches = {"ours": "pdl" in on, "inductor": pdl.inductor_enabled(), "preload": cols}
+    return switches, recompile or moved
 
 
 def seeded(shape: tuple[int, ...], seed: int, dtype: torch.dtype) -> torch.Tensor:

@@ -10,7 +10,10 @@ holds), captures it in one CUDA graph and times its replay, per configuration:
 - ``preN``: weight columns a program reads before it waits for its input
   (:func:`~voxline.kernels.gemv.set_preload`);
 - ``wN`` / ``sN``: warps and pipeline stages of every projection kernel;
-- ``nopdl``: launched without programmatic dependent launch.
+- ``nopdl``: launched without programmatic dependent launch;
+- ``pfN``: while each projection runs, a side stream asks L2 for the weight of the
+  projection N launches later (``pf``: the next; one bulk prefetch per 2 KB; the graph
+  forks and joins).
 
 Chains: ``predictor`` (hidden 1024: QKV 1024->4096, output 2048->1024, gate/up
 1024->6144, down 3072->1024; 5 layers x 15 sub-steps, as a frame) and ``talker``
@@ -36,6 +39,34 @@ from profile_gpu_tts import replay_ms  # noqa: E402
 
 from voxline.kernels import fused_linear, gemv, pdl  # noqa: E402
 
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CUDA builds of torch ship Triton
+    triton = None
+
+_PF_CHUNK = 65536  # bytes of weight per prefetch program (32 lanes x 2 KB)
+
+if triton is not None:
+
+    @triton.jit
+    def _prefetch_kernel(w_ptr, nbytes, CHUNK: tl.constexpr, LANES: tl.constexpr):
+        """Ask L2 for ``CHUNK`` bytes from ``w_ptr`` per program (one bulk prefetch per lane,
+        sm_90's ``cp.async.bulk.prefetch.L2``): nothing is waited for or written."""
+        lane = tl.arange(0, LANES)
+        start = tl.program_id(0).to(tl.int64) * CHUNK + lane * (CHUNK // LANES)
+        size = tl.maximum(tl.minimum(CHUNK // LANES, nbytes - start), 0).to(tl.int32)
+        ptr = w_ptr.to(tl.pointer_type(tl.int8)) + start
+        tl.inline_asm_elementwise(
+            "{\n\t.reg .pred p;\n\tsetp.gt.s32 p, $2, 0;\n\t@p cp.async.bulk.prefetch.L2.global [$1], $2;"
+            "\n\tmov.u32 $0, 0;\n\t}", "=r,l,r", [ptr, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
+def prefetch_l2(w: torch.Tensor) -> None:
+    """Start reading ``w`` into L2 on the current stream (returns at once)."""
+    nbytes = w.numel() * w.element_size()
+    _prefetch_kernel[(triton.cdiv(nbytes, _PF_CHUNK),)](w, nbytes, CHUNK=_PF_CHUNK, LANES=32, num_warps=1)
+
 CHAINS = {  # hidden, attention width, QKV outputs, MLP width, layers, repeats of the layers
     "predictor": (1024, 2048, 4096, 3072, 5, 15),
     "talker": (2048, 2048, 4096, 6144, 28, 1),
@@ -43,10 +74,12 @@ CHAINS = {  # hidden, attention width, QKV outputs, MLP width, layers, repeats o
 
 
 def parse_config(text: str) -> dict:
-    cfg = {"preload": 0, "num_warps": 4, "num_stages": 3, "pdl": True}
+    cfg = {"preload": 0, "num_warps": 4, "num_stages": 3, "pdl": True, "prefetch": 0}
     for part in text.split("/"):
         if part == "nopdl":
             cfg["pdl"] = False
+        elif part.startswith("pf"):
+            cfg["prefetch"] = int(part[2:] or 1)
         elif part.startswith("pre"):
             cfg["preload"] = int(part[3:])
         elif part.startswith("w"):
@@ -54,7 +87,7 @@ def parse_config(text: str) -> dict:
         elif part.startswith("s"):
             cfg["num_stages"] = int(part[1:])
         else:
-            raise SystemExit(f"--configs: unknown part {part!r} in {text!r} (preN, wN, sN, nopdl)")
+            raise SystemExit(f"--configs: unknown part {part!r} in {text!r} (preN, wN, sN, nopdl, pf)")
     return cfg
 
 
@@ -64,7 +97,7 @@ def apply(cfg: dict) -> None:
     pdl.set_enabled(cfg["pdl"])
 
 
-def build(name: str, rows: int, seed: int = 0):
+def build(name: str, rows: int, prefetch: int, seed: int = 0):
     hidden, attn, qkv, inter, layers, repeats = CHAINS[name]
     g = torch.Generator(device="cuda").manual_seed(seed)
 
@@ -78,14 +111,27 @@ def build(name: str, rows: int, seed: int = 0):
     zero_qkv = torch.zeros(rows, qkv, dtype=torch.bfloat16, device="cuda")
     zero_gu = torch.zeros(rows, 2 * inter, dtype=torch.bfloat16, device="cuda")
 
+    order = [w for _ in range(repeats) for layer in ws for w in layer]
+    side = torch.cuda.Stream()
+
+    def project(i: int, x_in: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
+        ahead = range(1, prefetch + 1) if i == 0 else [prefetch] if prefetch else []
+        ahead = [i + a for a in ahead if i + a < len(order)]
+        if ahead:  # later weights stream into L2 while this projection runs
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for j in ahead:
+                    prefetch_l2(order[j])
+        return fused_linear.linear_residual(x_in, order[i], None, resid)
+
     def chain() -> torch.Tensor:
         h = x
-        for _ in range(repeats):
-            for w_qkv, w_o, w_gu, w_down in ws:
-                a = fused_linear.linear_residual(h, w_qkv, None, zero_qkv)
-                h = fused_linear.linear_residual(a[:, :attn], w_o, None, h)
-                u = fused_linear.linear_residual(h, w_gu, None, zero_gu)
-                h = fused_linear.linear_residual(u[:, :inter], w_down, None, h)
+        for i in range(0, len(order), 4):
+            a = project(i, h, zero_qkv)
+            h = project(i + 1, a[:, :attn], h)
+            u = project(i + 2, h, zero_gu)
+            h = project(i + 3, u[:, :inter], h)
+        torch.cuda.current_stream().wait_stream(side)
         return h
 
     weight_bytes = sum(w.numel() * 2 for layer in ws for w in layer) * repeats
@@ -94,7 +140,7 @@ def build(name: str, rows: int, seed: int = 0):
 
 def measure(name: str, rows: int, cfg: dict) -> tuple[dict, torch.Tensor]:
     apply(cfg)
-    chain, launches, weight_bytes = build(name, rows)
+    chain, launches, weight_bytes = build(name, rows, cfg["prefetch"])
     chain()  # compiles this configuration's kernels outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

@@ -131,7 +131,8 @@ def build(name: str, rows: int, prefetch: int, seed: int = 0):
             h = project(i + 1, a[:, :attn], h)
             u = project(i + 2, h, zero_gu)
             h = project(i + 3, u[:, :inter], h)
-        torch.cuda.current_stream().wait_stream(side)
+        if prefetch:  # join the side stream (a capture must end on its own stream)
+            torch.cuda.current_stream().wait_stream(side)
         return h
 
     weight_bytes = sum(w.numel() * 2 for layer in ws for w in layer) * repeats

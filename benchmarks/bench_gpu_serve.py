@@ -371,20 +371,25 @@ def run(args: argparse.Namespace) -> int:
         common = ["--max-output-tokens", str(args.max_output_tokens), "--timeout", "120",
                   "--ramp", str(args.ramp)]
         rc = 0
+        seen: set[str] = set()
         for sweep in args.sweeps.split(";"):
             inp, _, levels = sweep.partition("=")
             for c in (int(x) for x in levels.split(",")):
+                base = name = f"{inp}_c{c}"
+                if name in seen:  # a level again on the same server (cold, then warm): its own files
+                    name += f"_run{sum(1 for n in seen if n == base or n.startswith(base + '_run')) + 1}"
+                seen.add(name)
                 sessions = max(args.min_requests, args.rounds * c)
                 extra = [*common, "--input", inp, "--concurrency", str(c), "--turns",
                          str(args.turns), "--requests", str(sessions * args.turns)]
                 if inp == "audio" and args.audio_dir:
                     extra += ["--audio-dir", args.audio_dir]
                 mono0, wall0 = time.monotonic(), time.time()
-                rc |= run_bench(url, f"{inp}_c{c}", out, extra, args.bench_timeout)
-                annotate_utilisation(out / f"{inp}_c{c}.json", cpu, out / "gpu.csv",
+                rc |= run_bench(url, name, out, extra, args.bench_timeout)
+                annotate_utilisation(out / f"{name}.json", cpu, out / "gpu.csv",
                                      (mono0, time.monotonic()), (wall0, time.time()))
                 if (timeline := level_trace(out / "server.log", wall0, time.time())) is not None:
-                    (out / f"{inp}_c{c}_trace.txt").write_text(timeline + "\n")
+                    (out / f"{name}_trace.txt").write_text(timeline + "\n")
                     print(timeline, flush=True)
         merge(out, args.sweeps)
     except RuntimeError as exc:
@@ -432,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--audio-dir", default=None)
     r.add_argument("--serve-args", default="", help="more `voxline serve` flags, space-separated")
     r.add_argument("--sweeps", default="audio=1,8,32,64;text=1,8,32,64",
-                   help="';'-separated INPUT=LEVELS (INPUT audio or text); one bench per level")
+                   help="';'-separated INPUT=LEVELS (INPUT audio or text); one bench per level (a "
+                        "level given again runs again on the same server, its files suffixed _runN)")
     r.add_argument("--min-requests", type=int, default=4,
                    help="requests per level: max(this, concurrency)")
     r.add_argument("--max-output-tokens", type=int, default=12)

@@ -1,19 +1,15 @@
 """Projection launch configurations on a captured chain of decode-row projections (GPU).
 
-    PYTHONPATH=. python3 benchmarks/bench_gemv_chain.py --configs pre0/w4/s3,pre512/w4/s3 --out /tmp/chain.json
+    PYTHONPATH=. python3 benchmarks/bench_gemv_chain.py --configs w4/s3,w4/s4,w4/s3/nopdl --out /tmp/chain.json
 
 A Qwen3-TTS step at a few rows is a chain of dependent projections, each reading its
 weight once. This builds that chain alone, out of :func:`~voxline.kernels.fused_linear.linear_residual`
 launches with the real shapes and distinct random weights per layer (more than the L2
 holds), captures it in one CUDA graph and times its replay, per configuration:
 
-- ``preN``: weight columns a program reads before it waits for its input
-  (:func:`~voxline.kernels.gemv.set_preload`);
-- ``wN`` / ``sN``: warps and pipeline stages of every projection kernel;
-- ``nopdl``: launched without programmatic dependent launch;
-- ``pfN``: while each projection runs, a side stream asks L2 for the weight of the
-  projection N launches later (``pf``: the next; one bulk prefetch per 2 KB; the graph
-  forks and joins).
+- ``wN`` / ``sN``: warps and pipeline stages of every projection kernel
+  (:data:`~voxline.kernels.gemv.LAUNCH`);
+- ``nopdl``: launched without programmatic dependent launch.
 
 Chains: ``predictor`` (hidden 1024: QKV 1024->4096, output 2048->1024, gate/up
 1024->6144, down 3072->1024; 5 layers x 15 sub-steps, as a frame) and ``talker``
@@ -21,8 +17,7 @@ Chains: ``predictor`` (hidden 1024: QKV 1024->4096, output 2048->1024, gate/up
 step). Each layer feeds the first columns of its QKV and gate/up outputs to the next
 projection, so every launch reads what the one before it wrote. Reported per chain and
 rows: replay ms, microseconds per projection, weight GB/s, and the largest difference
-from the first configuration (the split and preload orders add partial sums in another
-order, so a few bf16 units).
+from the first configuration (none expected: these settings change no arithmetic).
 """
 
 from __future__ import annotations
@@ -39,34 +34,6 @@ from profile_gpu_tts import replay_ms  # noqa: E402
 
 from voxline.kernels import fused_linear, gemv, pdl  # noqa: E402
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - CUDA builds of torch ship Triton
-    triton = None
-
-_PF_CHUNK = 65536  # bytes of weight per prefetch program (32 lanes x 2 KB)
-
-if triton is not None:
-
-    @triton.jit
-    def _prefetch_kernel(w_ptr, nbytes, CHUNK: tl.constexpr, LANES: tl.constexpr):
-        """Ask L2 for ``CHUNK`` bytes from ``w_ptr`` per program (one bulk prefetch per lane,
-        sm_90's ``cp.async.bulk.prefetch.L2``): nothing is waited for or written."""
-        lane = tl.arange(0, LANES)
-        start = tl.program_id(0).to(tl.int64) * CHUNK + lane * (CHUNK // LANES)
-        size = tl.maximum(tl.minimum(CHUNK // LANES, nbytes - start), 0).to(tl.int32)
-        ptr = w_ptr.to(tl.pointer_type(tl.int8)) + start
-        tl.inline_asm_elementwise(
-            "{\n\t.reg .pred p;\n\tsetp.gt.s32 p, $2, 0;\n\t@p cp.async.bulk.prefetch.L2.global [$1], $2;"
-            "\n\tmov.u32 $0, 0;\n\t}", "=r,l,r", [ptr, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-def prefetch_l2(w: torch.Tensor) -> None:
-    """Start reading ``w`` into L2 on the current stream (returns at once)."""
-    nbytes = w.numel() * w.element_size()
-    _prefetch_kernel[(triton.cdiv(nbytes, _PF_CHUNK),)](w, nbytes, CHUNK=_PF_CHUNK, LANES=32, num_warps=1)
-
 CHAINS = {  # hidden, attention width, QKV outputs, MLP width, layers, repeats of the layers
     "predictor": (1024, 2048, 4096, 3072, 5, 15),
     "talker": (2048, 2048, 4096, 6144, 28, 1),
@@ -74,30 +41,25 @@ CHAINS = {  # hidden, attention width, QKV outputs, MLP width, layers, repeats o
 
 
 def parse_config(text: str) -> dict:
-    cfg = {"preload": 0, "num_warps": 4, "num_stages": 3, "pdl": True, "prefetch": 0}
+    cfg = {"num_warps": 4, "num_stages": 3, "pdl": True}
     for part in text.split("/"):
         if part == "nopdl":
             cfg["pdl"] = False
-        elif part.startswith("pf"):
-            cfg["prefetch"] = int(part[2:] or 1)
-        elif part.startswith("pre"):
-            cfg["preload"] = int(part[3:])
         elif part.startswith("w"):
             cfg["num_warps"] = int(part[1:])
         elif part.startswith("s"):
             cfg["num_stages"] = int(part[1:])
         else:
-            raise SystemExit(f"--configs: unknown part {part!r} in {text!r} (preN, wN, sN, nopdl, pf)")
+            raise SystemExit(f"--configs: unknown part {part!r} in {text!r} (wN, sN, nopdl)")
     return cfg
 
 
 def apply(cfg: dict) -> None:
-    gemv.set_preload(cfg["preload"])
     gemv.LAUNCH.update(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     pdl.set_enabled(cfg["pdl"])
 
 
-def build(name: str, rows: int, prefetch: int, seed: int = 0):
+def build(name: str, rows: int, seed: int = 0):
     hidden, attn, qkv, inter, layers, repeats = CHAINS[name]
     g = torch.Generator(device="cuda").manual_seed(seed)
 
@@ -111,28 +73,14 @@ def build(name: str, rows: int, prefetch: int, seed: int = 0):
     zero_qkv = torch.zeros(rows, qkv, dtype=torch.bfloat16, device="cuda")
     zero_gu = torch.zeros(rows, 2 * inter, dtype=torch.bfloat16, device="cuda")
 
-    order = [w for _ in range(repeats) for layer in ws for w in layer]
-    side = torch.cuda.Stream()
-
-    def project(i: int, x_in: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
-        ahead = range(1, prefetch + 1) if i == 0 else [prefetch] if prefetch else []
-        ahead = [i + a for a in ahead if i + a < len(order)]
-        if ahead:  # later weights stream into L2 while this projection runs
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for j in ahead:
-                    prefetch_l2(order[j])
-        return fused_linear.linear_residual(x_in, order[i], None, resid)
-
     def chain() -> torch.Tensor:
         h = x
-        for i in range(0, len(order), 4):
-            a = project(i, h, zero_qkv)
-            h = project(i + 1, a[:, :attn], h)
-            u = project(i + 2, h, zero_gu)
-            h = project(i + 3, u[:, :inter], h)
-        if prefetch:  # join the side stream (a capture must end on its own stream)
-            torch.cuda.current_stream().wait_stream(side)
+        for _ in range(repeats):
+            for w_qkv, w_o, w_gu, w_down in ws:
+                a = fused_linear.linear_residual(h, w_qkv, None, zero_qkv)
+                h = fused_linear.linear_residual(a[:, :attn], w_o, None, h)
+                u = fused_linear.linear_residual(h, w_gu, None, zero_gu)
+                h = fused_linear.linear_residual(u[:, :inter], w_down, None, h)
         return h
 
     weight_bytes = sum(w.numel() * 2 for layer in ws for w in layer) * repeats
@@ -141,7 +89,7 @@ def build(name: str, rows: int, prefetch: int, seed: int = 0):
 
 def measure(name: str, rows: int, cfg: dict) -> tuple[dict, torch.Tensor]:
     apply(cfg)
-    chain, launches, weight_bytes = build(name, rows, cfg["prefetch"])
+    chain, launches, weight_bytes = build(name, rows)
     chain()  # compiles this configuration's kernels outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -158,7 +106,7 @@ def measure(name: str, rows: int, cfg: dict) -> tuple[dict, torch.Tensor]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", default="pre0/w4/s3,pre512/w4/s3,pre256/w4/s3,pre0/w4/s3/nopdl")
+    ap.add_argument("--configs", default="w4/s3,w4/s4,w4/s3/nopdl")
     ap.add_argument("--chains", default="predictor,talker")
     ap.add_argument("--rows", default="1,4,16")
     ap.add_argument("--out", type=Path)

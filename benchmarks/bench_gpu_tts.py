@@ -65,12 +65,7 @@ from voxline.kernels import fused_linear, gemv, pdl, qkv_attention, qkv_decode_a
 from voxline.kernels.cuda_graphs import bucket_for
 
 TEXT = "A longer sentence about the lazy dog and the brown fox."
-SWITCHES = ("qkv", "talker", "linear", "topk", "pdl", "inductor", "none")  # --arms, and preN
-
-
-def _preload_cols(switch: str) -> int | None:
-    """N of an arm's ``preN`` switch (weight columns a projection reads before it waits), else None."""
-    return int(switch[3:]) if switch.startswith("pre") and switch[3:].isdigit() else None
+SWITCHES = ("qkv", "talker", "linear", "topk", "pdl", "inductor", "none")  # --arms, and sN
 FRAME_S = 0.08
 
 # Qwen3-TTS-12Hz-1.7B-CustomVoice shapes; ids 1..5 are the tiny tokenizer's specials.
@@ -527,8 +522,8 @@ def main(argv: list[str] | None = None) -> int:
                     "attention block), talker (the talker's, voxline.kernels.qkv_decode_attention) and "
                     "linear (projections with their norm and epilogue, voxline.kernels.fused_linear), "
                     "topk (voxline.kernels.topk), pdl (programmatic dependent launch of those kernels, "
-                    "voxline.kernels.pdl), inductor (PDL for Inductor's kernels) and preN (projections read N "
-                    "weight columns before they wait, voxline.kernels.gemv.set_preload; pre0 when absent), "
+                    "voxline.kernels.pdl), inductor (PDL for Inductor's kernels) and sN (the projections' "
+                    "pipeline stages, voxline.kernels.gemv.LAUNCH; 3 when absent), "
                     "or none; e.g. qkv+talker,qkv+talker+linear; results keyed '<mode>/<arm>'")
     ap.add_argument("--check", action="store_true", help="validate every frame's codes (slow)")
     ap.add_argument("--tiny", action="store_true", help="a toy-width model (CPU runs; timings mean nothing)")
@@ -557,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--arms: the open loop (--arrivals) runs one arm, the switches' defaults")
     args.qkv_attention = args.qkv_attention or "on"
     for arm in args.arms.split(",") if args.arms else []:
-        if not {s for s in arm.split("+") if _preload_cols(s) is None} <= set(SWITCHES):
+        if not {s for s in arm.split("+") if not (s[:1] == "s" and s[1:].isdigit())} <= set(SWITCHES):
             ap.error(f"--arms: unknown switch in {arm!r} (known: {', '.join(SWITCHES)})")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("voxline.kernels.cuda_graphs").setLevel(logging.INFO)  # capture progress
@@ -624,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         fused_linear.set_enabled("linear" in on)
         topk.set_enabled("topk" in on)
         pdl.set_enabled("pdl" in on)
-        gemv.set_preload(max([c for c in map(_preload_cols, on) if c is not None] + [0]))
+        gemv.LAUNCH["num_stages"] = next((int(s[1:]) for s in on if s[:1] == "s" and s[1:].isdigit()), 3)
         if pdl.set_inductor("inductor" in on) != ("inductor" in on):
             torch._dynamo.reset()  # Inductor reads its PDL switch when a region compiles
         t0 = time.perf_counter()

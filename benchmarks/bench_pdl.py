@@ -5,8 +5,7 @@ graph replay times and exactness, arms side by side in one process.
 
 Same real-shape random checkpoint as ``bench_gpu_tts.py``. For each arm (``off``; ``pdl``:
 this package's kernels launched with PDL; ``inductor``: Inductor's generated kernels;
-``preN``: projections read N weight columns before they wait, :func:`~voxline.kernels.gemv.set_preload`,
-0 when absent) and each batch bucket, the code
+``sN``: the projections' pipeline stages, 3 when absent) and each batch bucket, the code
 predictor's frame step and the talker's decode step are built and captured, fed the same
 seeded inputs (greedy codes, a random key/value cache, distinct slots), and:
 
@@ -15,7 +14,7 @@ seeded inputs (greedy codes, a random key/value cache, distinct slots), and:
   bit (a missing wait shows up here as a race);
 - exactness: codes differing, and the largest difference of the talker's hidden state,
   against the first arm and against the first arm of the same compilation. PDL changes
-  no arithmetic, so arms that share compiled regions and preload must agree bit for bit; switching
+  no arithmetic, so arms that share compiled regions must agree bit for bit; switching
   Inductor's PDL recompiles them (Dynamo reset), and Inductor then benchmarks its
   reduction configurations again and may pick others, which round differently.
 
@@ -41,20 +40,18 @@ from voxline.kernels import gemv, pdl  # noqa: E402
 
 
 def set_arm(arm: str) -> tuple[dict, bool]:
-    """Switch the arm on; returns its switches and whether its arithmetic may differ from
-    the arm before it (Inductor's regions recompile, or the projections' preload moved)."""
+    """Switch the arm on; returns its switches and whether Inductor's regions recompile."""
     on = set(arm.split("+")) - {"off"}
-    pre = [s for s in on if s.startswith("pre") and s[3:].isdigit()]
-    if not on - set(pre) <= {"pdl", "inductor"} or len(pre) > 1:
-        raise SystemExit(f"--arms: unknown switch in {arm!r} (known: off, pdl, inductor, preN)")
+    stages = [s for s in on if s[:1] == "s" and s[1:].isdigit()]
+    if not on - set(stages) <= {"pdl", "inductor"} or len(stages) > 1:
+        raise SystemExit(f"--arms: unknown switch in {arm!r} (known: off, pdl, inductor, sN)")
     pdl.set_enabled("pdl" in on)
-    cols = int(pre[0][3:]) if pre else 0
-    moved = gemv.set_preload(cols) != cols  # partial sums added in another order
+    gemv.LAUNCH["num_stages"] = int(stages[0][1:]) if stages else 3
     recompile = pdl.set_inductor("inductor" in on) != ("inductor" in on)
     if recompile:
         torch._dynamo.reset()  # Inductor reads its PDL switch when a region compiles
-    switches = {"ours": "pdl" in on, "inductor": pdl.inductor_enabled(), "preload": cols}
-    return switches, recompile or moved
+    switches = {"ours": "pdl" in on, "inductor": pdl.inductor_enabled(), "stages": gemv.LAUNCH["num_stages"]}
+    return switches, recompile
 
 
 def seeded(shape: tuple[int, ...], seed: int, dtype: torch.dtype) -> torch.Tensor:

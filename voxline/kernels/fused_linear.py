@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from . import pdl
-from .gemv import BLOCK_K, BLOCK_M, BLOCK_N, LAUNCH, gemv_available, preload_for, split_for
+from .gemv import BLOCK_K, BLOCK_M, BLOCK_N, LAUNCH, gemv_available, split_for
 from .switch import KernelSwitch
 
 try:  # Triton ships with CUDA builds of PyTorch only.
@@ -98,14 +98,13 @@ if triton is not None:
         x_ptr, w_ptr, b_ptr, r_ptr, parts_ptr, cnt_ptr, out_ptr, M, N, sxm, swn,
         K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-        PRE_K: tl.constexpr = 0,
     ):
         """A program per (``BLOCK_N`` outputs, K slice) over all rows (at most ``BLOCK_M``),
         as :func:`~voxline.kernels.gemv._gemv_kernel`; the last slice's program finishes the tile."""
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         acc, rm, rn, row_ok, col_ok = gemv_tile(x_ptr, w_ptr, M, N, sxm, swn, K_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K,
-                                                PDL, PRE_K)
+                                                PDL)
         tile_ok = row_ok[:, None] & col_ok[None, :]
         tile = rm[:, None] * N + rn[None, :]
         if SPLIT == 1:
@@ -141,9 +140,8 @@ def _gemv_residual(x: Tensor, weight: Tensor, bias: Tensor | None, resid: Tensor
     _gemv_residual_kernel[grid](
         x, weight, bias if bias is not None else x, resid, parts, cnt, out, m, n, x.stride(0), weight.stride(0),
         K_SPLIT=k // split, SPLIT=split, HAS_BIAS=bias is not None,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PDL=use_pdl, PRE_K=preload_for(k // split),
-        **LAUNCH,
-        launch_pdl=use_pdl)
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PDL=use_pdl, launch_pdl=use_pdl,
+        **LAUNCH)
     return out
 
 

@@ -32,14 +32,13 @@ try:  # Triton ships with CUDA builds of PyTorch only.
 except ImportError:  # pragma: no cover - depends on the installed torch build
     triton = None
 
-__all__ = ["MAX_ROWS", "gemv_available", "preload_for", "set_enabled", "set_preload", "small_linear", "split_for"]
+__all__ = ["LAUNCH", "MAX_ROWS", "gemv_available", "set_enabled", "small_linear", "split_for"]
 
 MAX_ROWS = 64
 BLOCK_M = 16
 BLOCK_N = 32
 BLOCK_K = 128
 _TARGET_PROGRAMS = 264  # two per multiprocessor of an H100/H200
-_preload = 512  # see set_preload
 LAUNCH = {"num_warps": 4, "num_stages": 3}  # of every projection kernel (benchmarks sweep it)
 _switch = KernelSwitch()
 set_enabled = _switch.set  # benchmarks A/B the kernel
@@ -62,26 +61,6 @@ def split_for(n: int, k: int) -> int:
     return split
 
 
-def set_preload(cols: int) -> int:
-    """Weight columns per program read before the kernel waits for its input (a power of
-    two, or 0: none); returns the old value. Read at each launch, as the switches."""
-    global _preload
-    if cols < 0 or cols & (cols - 1):
-        raise ValueError(f"set_preload: cols must be 0 or a power of two, got {cols}")
-    old, _preload = _preload, cols
-    return old
-
-
-def preload_for(k_split: int) -> int:
-    """Columns of a program's ``k_split``-wide weight slice read before the wait: the
-    largest multiple of ``BLOCK_K`` up to the preload setting that is a power of two
-    within the slice (the rest streams through the pipelined loop after the wait)."""
-    cols = _preload
-    while cols > k_split:
-        cols //= 2
-    return cols if cols >= BLOCK_K else 0
-
-
 def small_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``; through the Triton kernel when
     :func:`gemv_available` (float32 accumulation, one rounding to ``x.dtype`` as cuBLAS)."""
@@ -102,12 +81,11 @@ if triton is not None:
     def gemv_tile(
         x_ptr, w_ptr, M, N, sxm, swn,
         K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        PDL: tl.constexpr = False, PRE_K: tl.constexpr = 0,
+        PDL: tl.constexpr = False,
     ):
         """This program's float32 tile of ``x [M, K] @ w[N, K].T`` over its K slice (program
         ids: output block, K slice, row block), with its rows, columns and their masks.
-        ``PDL``: launched with the attribute (:mod:`~voxline.kernels.pdl`). ``PRE_K``: the
-        slice's first columns of weight read before the wait (:func:`preload_for`)."""
+        ``PDL``: launched with the attribute (:mod:`~voxline.kernels.pdl`)."""
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         pid_m = tl.program_id(2)
@@ -116,17 +94,11 @@ if triton is not None:
         rk = tl.arange(0, BLOCK_K)
         row_ok = rm < M
         col_ok = rn < N
+        pdl.begin(PDL)  # nothing is read or written before it
         x_base = x_ptr + rm[:, None] * sxm + pid_s * K_SPLIT
         w_base = w_ptr + rn[:, None] * swn + pid_s * K_SPLIT
-        if PRE_K > 0:  # weights are constant: read them while the previous kernel runs
-            rp = tl.arange(0, PRE_K)
-            w_pre = tl.load(w_base + rp[None, :], mask=col_ok[:, None], other=0.0)
-        pdl.begin(PDL)  # no activation is read and nothing is written before it
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        if PRE_K > 0:
-            x_pre = tl.load(x_base + rp[None, :], mask=row_ok[:, None], other=0.0)
-            acc += tl.dot(x_pre, tl.trans(w_pre))
-        for kk in range(PRE_K, K_SPLIT, BLOCK_K):
+        for kk in range(0, K_SPLIT, BLOCK_K):
             x = tl.load(x_base + kk + rk[None, :], mask=row_ok[:, None], other=0.0)
             w = tl.load(w_base + kk + rk[None, :], mask=col_ok[:, None], other=0.0)
             acc += tl.dot(x, tl.trans(w))
@@ -136,10 +108,10 @@ if triton is not None:
     def _gemv_kernel(
         x_ptr, w_ptr, out_ptr, M, N, sxm, swn,
         K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        PDL: tl.constexpr, PRE_K: tl.constexpr = 0,
+        PDL: tl.constexpr,
     ):
         acc, rm, rn, row_ok, col_ok = gemv_tile(x_ptr, w_ptr, M, N, sxm, swn, K_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K,
-                                                PDL, PRE_K)
+                                                PDL)
         out = out_ptr + (tl.program_id(1) * M + rm[:, None]) * N + rn[None, :]
         tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
 
@@ -157,7 +129,7 @@ def _gemv_partials(x: Tensor, weight: Tensor, split: int) -> Tensor:
     use_pdl = pdl.active(x)
     _gemv_kernel[grid](x, weight, out, m, n, x.stride(0), weight.stride(0),
                        K_SPLIT=k // split, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PDL=use_pdl,
-                       PRE_K=preload_for(k // split), launch_pdl=use_pdl, **LAUNCH)
+                       launch_pdl=use_pdl, **LAUNCH)
     return out
 
 

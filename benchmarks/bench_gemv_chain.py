@@ -59,19 +59,27 @@ def apply(cfg: dict) -> None:
     pdl.set_enabled(cfg["pdl"])
 
 
-def build(name: str, rows: int, seed: int = 0):
-    hidden, attn, qkv, inter, layers, repeats = CHAINS[name]
-    g = torch.Generator(device="cuda").manual_seed(seed)
+def make_layers(name: str, rows: int, seed: int = 0, device: str = "cuda",
+                dtype: torch.dtype = torch.bfloat16) -> tuple[list[tuple[torch.Tensor, ...]], torch.Tensor]:
+    """The chain's random weights per layer (QKV, output, gate/up, down) and its input rows."""
+    hidden, attn, qkv, inter, layers, _ = CHAINS[name]
+    g = torch.Generator(device=device).manual_seed(seed)
 
     def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return (torch.randn(shape, generator=g, device="cuda") * scale).to(torch.bfloat16)
+        return (torch.randn(shape, generator=g, device=device) * scale).to(dtype)
 
     ws = [(rand(qkv, hidden, scale=hidden ** -0.5), rand(hidden, attn, scale=attn ** -0.5 / 4),
            rand(2 * inter, hidden, scale=hidden ** -0.5), rand(hidden, inter, scale=inter ** -0.5 / 4))
           for _ in range(layers)]
-    x = rand(rows, hidden)
-    zero_qkv = torch.zeros(rows, qkv, dtype=torch.bfloat16, device="cuda")
-    zero_gu = torch.zeros(rows, 2 * inter, dtype=torch.bfloat16, device="cuda")
+    return ws, rand(rows, hidden)
+
+
+def linear_chain(name: str, ws: list[tuple[torch.Tensor, ...]], x: torch.Tensor):
+    """The chain as ``linear_residual`` launches: (a function running it, launches, weight bytes read)."""
+    _, attn, qkv, inter, layers, repeats = CHAINS[name]
+    rows = x.shape[0]
+    zero_qkv = torch.zeros(rows, qkv, dtype=x.dtype, device=x.device)
+    zero_gu = torch.zeros(rows, 2 * inter, dtype=x.dtype, device=x.device)
 
     def chain() -> torch.Tensor:
         h = x
@@ -83,8 +91,12 @@ def build(name: str, rows: int, seed: int = 0):
                 h = fused_linear.linear_residual(u[:, :inter], w_down, None, h)
         return h
 
-    weight_bytes = sum(w.numel() * 2 for layer in ws for w in layer) * repeats
+    weight_bytes = sum(w.numel() * w.element_size() for layer in ws for w in layer) * repeats
     return chain, layers * repeats * 4, weight_bytes
+
+
+def build(name: str, rows: int, seed: int = 0):
+    return linear_chain(name, *make_layers(name, rows, seed))
 
 
 def measure(name: str, rows: int, cfg: dict) -> tuple[dict, torch.Tensor]:

@@ -68,6 +68,20 @@ TEXT = "A longer sentence about the lazy dog and the brown fox."
 SWITCHES = ("qkv", "talker", "linear", "topk", "pdl", "inductor", "none")  # --arms, and sN
 FRAME_S = 0.08
 
+
+def stages_switch(switch: str) -> int | None:
+    """N of an arm's ``sN`` switch (the projections' pipeline stages, ``gemv.LAUNCH``), else None."""
+    return int(switch[1:]) if switch[:1] == "s" and switch[1:].isdigit() else None
+
+
+def set_stages(switches: set[str]) -> int:
+    """The projections' pipeline stages from an arm's ``sN`` (3 when absent); returns them."""
+    stages = [n for n in map(stages_switch, switches) if n is not None]
+    if len(stages) > 1:
+        raise SystemExit(f"--arms: more than one sN switch in {'+'.join(sorted(switches))}")
+    gemv.LAUNCH["num_stages"] = stages[0] if stages else 3
+    return gemv.LAUNCH["num_stages"]
+
 # Qwen3-TTS-12Hz-1.7B-CustomVoice shapes; ids 1..5 are the tiny tokenizer's specials.
 MODEL = dict(
     tts_model_type="custom_voice", tts_model_size="1b7", tokenizer_type="qwen3_tts_tokenizer_12hz",
@@ -552,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--arms: the open loop (--arrivals) runs one arm, the switches' defaults")
     args.qkv_attention = args.qkv_attention or "on"
     for arm in args.arms.split(",") if args.arms else []:
-        if not {s for s in arm.split("+") if not (s[:1] == "s" and s[1:].isdigit())} <= set(SWITCHES):
+        if not {s for s in arm.split("+") if stages_switch(s) is None} <= set(SWITCHES):
             ap.error(f"--arms: unknown switch in {arm!r} (known: {', '.join(SWITCHES)})")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("voxline.kernels.cuda_graphs").setLevel(logging.INFO)  # capture progress
@@ -619,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         fused_linear.set_enabled("linear" in on)
         topk.set_enabled("topk" in on)
         pdl.set_enabled("pdl" in on)
-        gemv.LAUNCH["num_stages"] = next((int(s[1:]) for s in on if s[:1] == "s" and s[1:].isdigit()), 3)
+        set_stages(on)
         if pdl.set_inductor("inductor" in on) != ("inductor" in on):
             torch._dynamo.reset()  # Inductor reads its PDL switch when a region compiles
         t0 = time.perf_counter()

@@ -32,25 +32,24 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_gpu_tts import build_model  # noqa: E402
+from bench_gpu_tts import build_model, set_stages, stages_switch  # noqa: E402
 from profile_gpu_tts import replay_ms  # noqa: E402
 
 from voxline.engines.models.qwen3_tts.graphed_talker import GraphedTalkerGenerator  # noqa: E402
-from voxline.kernels import gemv, pdl  # noqa: E402
+from voxline.kernels import pdl  # noqa: E402
 
 
 def set_arm(arm: str) -> tuple[dict, bool]:
     """Switch the arm on; returns its switches and whether Inductor's regions recompile."""
     on = set(arm.split("+")) - {"off"}
-    stages = [s for s in on if s[:1] == "s" and s[1:].isdigit()]
-    if not on - set(stages) <= {"pdl", "inductor"} or len(stages) > 1:
+    if not {s for s in on if stages_switch(s) is None} <= {"pdl", "inductor"}:
         raise SystemExit(f"--arms: unknown switch in {arm!r} (known: off, pdl, inductor, sN)")
     pdl.set_enabled("pdl" in on)
-    gemv.LAUNCH["num_stages"] = int(stages[0][1:]) if stages else 3
+    stages = set_stages(on)
     recompile = pdl.set_inductor("inductor" in on) != ("inductor" in on)
     if recompile:
         torch._dynamo.reset()  # Inductor reads its PDL switch when a region compiles
-    switches = {"ours": "pdl" in on, "inductor": pdl.inductor_enabled(), "stages": gemv.LAUNCH["num_stages"]}
+    switches = {"ours": "pdl" in on, "inductor": pdl.inductor_enabled(), "stages": stages}
     return switches, recompile
 
 

@@ -19,12 +19,12 @@ this measures it on the same chain ``bench_gemv_chain.py`` times, side by side:
   only to split the persistent time into streaming and barriers).
 
 Every program of a launch must be resident at once (the barrier waits for all of
-them): ``--programs`` of 1 or 2 per multiprocessor fit beside nothing else (64-71
+them): ``--programs`` of 1 or 2 per multiprocessor fit beside nothing else (96-128
 registers a thread, 8 KB of shared memory, by ptxas for sm_90). Run it under ``timeout``.
 
 Reported per chain and rows: replay ms, us per projection, and the largest difference
-between the persistent result and the chain's (summation order differs: no split-K, so
-a few bf16 units). The kernel's arithmetic is checked on the CPU by
+between the persistent result and the chain's (K slices sized for the programs, not as
+the chain's kernels size them, add partial sums in another order: a few bf16 units). The kernel's arithmetic is checked on the CPU by
 ``tests/test_persistent_chain.py`` (Triton's interpreter, one program, where the barrier
 never waits).
 """
@@ -45,9 +45,9 @@ except ImportError:  # pragma: no cover - CUDA builds of torch ship Triton
     triton = None
 
 BLOCK_M = 16  # rows, padded for the tensor cores
-BLOCK_N = 16  # outputs per tile: full-K tiles, no split (no reduction between programs)
+BLOCK_N = 16  # outputs per tile (narrow: more tiles before a phase needs K slices)
 BLOCK_K = 128
-TABLE_COLS = 8  # per phase: N, K, weight offset, input offset, input row stride, output offset, residual offset
+TABLE_COLS = 8  # per phase: N, K, weight, input, input row stride, output and residual offsets, K slices
 
 if triton is not None:
 
@@ -76,19 +76,32 @@ if triton is not None:
             "\n\tmov.u32 $0, 0;\n\t}", "=r,l,r", [ptr, size], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
-    def _chain_kernel(w_ptr, act_ptr, table_ptr, bar_ptr, M, P, prefetch_max,
+    def _epilogue(acc, act_ptr, out_off, r_off, tile, row_ok):
+        """Round to the activation dtype, add the residual (rounded once more), store."""
+        dt = act_ptr.dtype.element_ty
+        out = acc.to(dt)
+        if r_off >= 0:
+            r = tl.load(act_ptr + r_off + tile, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+            out = (r.to(tl.float32) + out.to(tl.float32)).to(dt)
+        tl.store(act_ptr + out_off + tile, out, mask=row_ok[:, None])
+
+    @triton.jit
+    def _chain_kernel(w_ptr, act_ptr, table_ptr, bar_ptr, part_ptr, cnt_ptr, M, P, prefetch_max,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       PREFETCH: tl.constexpr, SYNC: tl.constexpr):
         """Phases ``0..P-1`` of ``table [P, 8]`` in order, each ``out = x @ W.T (+ resid)``
-        over ``M`` rows, tiles of ``BLOCK_N`` outputs shared round-robin by the programs,
-        a grid barrier between phases. ``bar [2]`` int32 is zero at launch and again at exit."""
+        over ``M`` rows: work items of ``BLOCK_N`` outputs by one of ``split`` K slices,
+        shared round-robin by the programs, a grid barrier between phases. A split tile's
+        slices write float32 partials (``part``) and take a ticket (``cnt``, one per tile);
+        the last one adds them in slice order and finishes the tile, as
+        :mod:`voxline.kernels.fused_linear` does. ``bar [2]`` and ``cnt`` are zero at launch
+        and again at exit."""
         pid = tl.program_id(0)
         G = tl.num_programs(0)
         rm = tl.arange(0, BLOCK_M)
         row_ok = rm < M
         rk = tl.arange(0, BLOCK_K)
         rn0 = tl.arange(0, BLOCK_N)
-        dt = act_ptr.dtype.element_ty
         for p in range(P):
             row = table_ptr + p * 8
             n = tl.load(row)
@@ -98,26 +111,36 @@ if triton is not None:
             sx = tl.load(row + 4)
             out_off = tl.load(row + 5)
             r_off = tl.load(row + 6)
+            split = tl.load(row + 7)
             if PREFETCH:
                 if p + 1 < P:
-                    nn = tl.load(row + 8)
-                    nbytes = nn * tl.load(row + 9) * 2
+                    nbytes = tl.load(row + 8) * tl.load(row + 9) * 2
                     if nbytes <= prefetch_max:
                         _prefetch_share(w_ptr + tl.load(row + 10), nbytes, pid, G)
-            for t in range(pid, n // BLOCK_N, G):
+            k_slice = k // split
+            for i in range(pid, n // BLOCK_N * split, G):
+                t = i // split
+                k0 = (i % split) * k_slice
                 rn = t * BLOCK_N + rn0
                 acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-                for kk in range(0, k, BLOCK_K):
+                for kk in range(k0, k0 + k_slice, BLOCK_K):
                     x = tl.load(act_ptr + x_off + rm[:, None] * sx + kk + rk[None, :], mask=row_ok[:, None],
                                 other=0.0, cache_modifier=".cg")  # written by other programs: past L1
                     w = tl.load(w_ptr + w_off + rn[:, None] * k + kk + rk[None, :])
                     acc += tl.dot(x, tl.trans(w))
-                out = acc.to(dt)
                 tile = rm[:, None] * n + rn[None, :]
-                if r_off >= 0:
-                    r = tl.load(act_ptr + r_off + tile, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
-                    out = (r.to(tl.float32) + out.to(tl.float32)).to(dt)
-                tl.store(act_ptr + out_off + tile, out, mask=row_ok[:, None])
+                if split == 1:
+                    _epilogue(acc, act_ptr, out_off, r_off, tile, row_ok)
+                else:
+                    part = part_ptr + rm[:, None] * n + rn[None, :]
+                    tl.store(part + (i % split) * BLOCK_M * n, acc)
+                    tl.debug_barrier()  # every thread's part of the tile is written before the ticket
+                    if tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu") == split - 1:
+                        tl.store(cnt_ptr + t, 0)  # the next phase (or launch) finds it zero
+                        acc = tl.load(part, cache_modifier=".cg")
+                        for s in range(1, split):
+                            acc += tl.load(part + s * BLOCK_M * n, cache_modifier=".cg")
+                        _epilogue(acc, act_ptr, out_off, r_off, tile, row_ok)
             if SYNC:
                 if p + 1 < P:
                     _grid_sync(bar_ptr, (p + 1) * G)
@@ -128,25 +151,37 @@ if triton is not None:
                 tl.store(bar_ptr + 1, 0)
 
 
-def phase_table(phases: list[tuple[int, int, int, int, int, int, int]], device: torch.device) -> torch.Tensor:
+def split_for(n: int, k: int, programs: int) -> int:
+    """K slices per tile: the fewest (a power of two) giving every program a work item,
+    each slice a whole number of ``BLOCK_K`` blocks."""
+    split = 1
+    while n // BLOCK_N * split < programs and k % (split * 2 * BLOCK_K) == 0:
+        split *= 2
+    return split
+
+
+def phase_table(phases: list[tuple[int, ...]], device: torch.device, programs: int) -> torch.Tensor:
     """``[P, 8]`` int64 rows of ``(N, K, weight offset, input offset, input row stride,
-    output offset, residual offset or -1)``, element offsets into the weight and activation
-    buffers."""
+    output offset, residual offset or -1, K slices)``, element offsets into the weight and
+    activation buffers; the slices sized for ``programs`` (:func:`split_for`)."""
     for p in phases:
         if p[0] % BLOCK_N or p[1] % BLOCK_K:
             raise ValueError(f"phase {p}: N must be a multiple of {BLOCK_N}, K of {BLOCK_K}")
-    rows = [list(p) + [0] * (TABLE_COLS - len(p)) for p in phases]
+    rows = [[*p, split_for(p[0], p[1], programs)] for p in phases]
     return torch.tensor(rows, dtype=torch.int64, device=device)
 
 
 def persistent_chain(weights: torch.Tensor, act: torch.Tensor, table: torch.Tensor, bar: torch.Tensor,
-                     rows: int, programs: int, *, prefetch_max: int = 0, sync: bool = True) -> None:
+                     part: torch.Tensor, cnt: torch.Tensor, rows: int, programs: int, *,
+                     prefetch_max: int = 0, sync: bool = True) -> None:
     """Run the phases of ``table`` (:func:`phase_table`) over the flat ``weights`` and ``act``
-    buffers (same dtype) in one launch of ``programs`` programs (all must be resident at once when
-    ``programs > 1``: at most what the GPU holds side by side). ``bar``: two int32 zeros."""
+    buffers (same dtype) in one launch of ``programs`` programs (all must be resident at
+    once when ``programs > 1``: at most what the GPU holds side by side). ``bar``: two
+    int32 zeros; ``part``: float32, slices x ``BLOCK_M`` x the widest split phase's N;
+    ``cnt``: int32 zeros, one per tile of that phase."""
     if rows > BLOCK_M:
         raise ValueError(f"at most {BLOCK_M} rows, got {rows}")
-    _chain_kernel[(programs,)](weights, act, table, bar, rows, table.shape[0], prefetch_max,
+    _chain_kernel[(programs,)](weights, act, table, bar, part, cnt, rows, table.shape[0], prefetch_max,
                                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
                                PREFETCH=prefetch_max > 0, SYNC=sync, num_warps=4, num_stages=4)
 
@@ -184,14 +219,35 @@ class FlatChain:
                     (gu, hidden, off[2], self.at["hB"], hidden, self.at["u"], -1),
                     (hidden, inter, off[3], self.at["u"], gu, self.at["hA"], self.at["hB"]),
                 ]
-        self.table = phase_table(phases, dev)
+        self.phases = phases
+        self.tables: dict[int, tuple[torch.Tensor, list[list[int]]]] = {}
         self.bar = torch.zeros(2, dtype=torch.int32, device=dev)
+        self.part = torch.zeros(0, dtype=torch.float32, device=dev)  # split tiles' partials
+        self.cnt = torch.zeros(max(p[0] for p in phases) // BLOCK_N, dtype=torch.int32, device=dev)
         self.rows, self.hidden, self.x = rows, hidden, x
 
-    def run(self, programs: int, prefetch_max: int = 0, sync: bool = True) -> torch.Tensor:
-        """The chain's final residual stream ``[rows, hidden]`` (a view into ``act``)."""
+    def table(self, programs: int) -> torch.Tensor:
+        """The phase table with its K slices sized for ``programs``."""
+        if programs not in self.tables:
+            t = phase_table(self.phases, self.x.device, programs)
+            self.tables[programs] = (t, t.tolist())
+        return self.tables[programs][0]
+
+    def tables_rows(self, programs: int) -> list[list[int]]:
+        """:meth:`table` as host lists (read without a device sync)."""
+        self.table(programs)
+        return self.tables[programs][1]
+
+    def run(self, programs: int, prefetch_max: int = 0, sync: bool = True,
+            split_programs: int | None = None) -> torch.Tensor:
+        """The chain's final residual stream ``[rows, hidden]`` (a view into ``act``), run by
+        ``programs`` programs with the K slices sized for ``split_programs`` (default the same)."""
+        table = self.table(split_programs or programs)
+        need = max(BLOCK_M * n * split for n, *_, split in self.tables_rows(split_programs or programs))
+        if self.part.numel() < need:  # grown on an eager call, before any capture uses it
+            self.part = torch.zeros(need, dtype=torch.float32, device=self.x.device)
         self.act[:self.rows * self.hidden].copy_(self.x.reshape(-1))
-        persistent_chain(self.weights, self.act, self.table, self.bar, self.rows, programs,
+        persistent_chain(self.weights, self.act, table, self.bar, self.part, self.cnt, self.rows, programs,
                          prefetch_max=prefetch_max, sync=sync)
         return self.act[self.at["hA"]:self.at["hA"] + self.rows * self.hidden].view(self.rows, self.hidden)
 

@@ -58,27 +58,34 @@ def _layers(g: torch.Generator, n_layers: int, hidden: int, attn: int, qkv: int,
 
 def check_chain() -> None:
     bench = _bench()
-    hidden, attn, qkv, inter = 128, 128, 256, 256
+    hidden, attn, qkv, inter = 128, 256, 512, 512
     for rows in (1, 3):
         g = torch.Generator().manual_seed(rows)
         layers = _layers(g, 2, hidden, attn, qkv, inter)
         x = torch.randn(rows, hidden, generator=g).half()
         flat = bench.FlatChain(layers, x, repeats=2, attn=attn, inter=inter)
-        assert flat.table.shape == (2 * 2 * 4, bench.TABLE_COLS)
-        out = flat.run(programs=1).clone()
         ref = bench.reference(layers, x, 2, attn, inter)
+        out = flat.run(programs=1).clone()  # every phase's tiles whole
+        assert [r[7] for r in flat.tables_rows(1)] == [1] * 16
         torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
         assert flat.bar.tolist() == [0, 0]  # reset for the next launch
         assert torch.equal(flat.run(programs=1), out)  # a second launch on the same buffers
+        # K slices sized for 64 programs: the output and down projections' 8 tiles split in
+        # 2 and 4, each tile finished by its last slice in slice order
+        split = flat.run(programs=1, split_programs=64).clone()
+        assert [r[7] for r in flat.tables_rows(64)][:4] == [1, 2, 1, 4]
+        torch.testing.assert_close(split, ref, rtol=2e-2, atol=2e-2)
+        assert flat.cnt.tolist() == [0] * flat.cnt.numel() and flat.bar.tolist() == [0, 0]
 
 
 def check_refusals() -> None:
     bench = _bench()
     with pytest.raises(ValueError, match="multiple of"):
-        bench.phase_table([(100, 128, 0, 0, 128, 0, -1)], torch.device("cpu"))
+        bench.phase_table([(100, 128, 0, 0, 128, 0, -1)], torch.device("cpu"), 1)
     with pytest.raises(ValueError, match="at most"):
         bench.persistent_chain(torch.zeros(1), torch.zeros(1), torch.zeros(1, 8, dtype=torch.int64),
-                               torch.zeros(2, dtype=torch.int32), 17, 1)
+                               torch.zeros(2, dtype=torch.int32), torch.zeros(1), torch.zeros(1, dtype=torch.int32),
+                               17, 1)
 
 
 def test_one_program_walks_the_chain_to_the_reference():

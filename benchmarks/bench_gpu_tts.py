@@ -82,6 +82,7 @@ def set_stages(switches: set[str]) -> int:
     gemv.LAUNCH["num_stages"] = stages[0] if stages else 3
     return gemv.LAUNCH["num_stages"]
 
+
 # Qwen3-TTS-12Hz-1.7B-CustomVoice shapes; ids 1..5 are the tiny tokenizer's specials.
 MODEL = dict(
     tts_model_type="custom_voice", tts_model_size="1b7", tokenizer_type="qwen3_tts_tokenizer_12hz",

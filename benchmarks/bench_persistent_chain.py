@@ -226,24 +226,20 @@ class FlatChain:
         self.cnt = torch.zeros(max(p[0] for p in phases) // BLOCK_N, dtype=torch.int32, device=dev)
         self.rows, self.hidden, self.x = rows, hidden, x
 
-    def table(self, programs: int) -> torch.Tensor:
-        """The phase table with its K slices sized for ``programs``."""
+    def table(self, programs: int) -> tuple[torch.Tensor, list[list[int]]]:
+        """The phase table with its K slices sized for ``programs``, and its rows on the
+        host (read without a device sync)."""
         if programs not in self.tables:
             t = phase_table(self.phases, self.x.device, programs)
             self.tables[programs] = (t, t.tolist())
-        return self.tables[programs][0]
-
-    def tables_rows(self, programs: int) -> list[list[int]]:
-        """:meth:`table` as host lists (read without a device sync)."""
-        self.table(programs)
-        return self.tables[programs][1]
+        return self.tables[programs]
 
     def run(self, programs: int, prefetch_max: int = 0, sync: bool = True,
             split_programs: int | None = None) -> torch.Tensor:
         """The chain's final residual stream ``[rows, hidden]`` (a view into ``act``), run by
         ``programs`` programs with the K slices sized for ``split_programs`` (default the same)."""
-        table = self.table(split_programs or programs)
-        need = max(BLOCK_M * n * split for n, *_, split in self.tables_rows(split_programs or programs))
+        table, rows = self.table(split_programs or programs)
+        need = max(BLOCK_M * n * split for n, *_, split in rows)
         if self.part.numel() < need:  # grown on an eager call, before any capture uses it
             self.part = torch.zeros(need, dtype=torch.float32, device=self.x.device)
         self.act[:self.rows * self.hidden].copy_(self.x.reshape(-1))

@@ -66,14 +66,14 @@ def check_chain() -> None:
         flat = bench.FlatChain(layers, x, repeats=2, attn=attn, inter=inter)
         ref = bench.reference(layers, x, 2, attn, inter)
         out = flat.run(programs=1).clone()  # every phase's tiles whole
-        assert [r[7] for r in flat.tables_rows(1)] == [1] * 16
+        assert [r[7] for r in flat.table(1)[1]] == [1] * 16
         torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
         assert flat.bar.tolist() == [0, 0]  # reset for the next launch
         assert torch.equal(flat.run(programs=1), out)  # a second launch on the same buffers
         # K slices sized for 64 programs: the output and down projections' 8 tiles split in
         # 2 and 4, each tile finished by its last slice in slice order
         split = flat.run(programs=1, split_programs=64).clone()
-        assert [r[7] for r in flat.tables_rows(64)][:4] == [1, 2, 1, 4]
+        assert [r[7] for r in flat.table(64)[1]][:4] == [1, 2, 1, 4]
         torch.testing.assert_close(split, ref, rtol=2e-2, atol=2e-2)
         assert flat.cnt.tolist() == [0] * flat.cnt.numel() and flat.bar.tolist() == [0, 0]
 

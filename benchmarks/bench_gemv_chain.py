@@ -9,6 +9,8 @@ holds), captures it in one CUDA graph and times its replay, per configuration:
 
 - ``wN`` / ``sN``: warps and pipeline stages of every projection kernel
   (:data:`~voxline.kernels.gemv.LAUNCH`);
+- ``nN`` / ``kN`` / ``pN``: its tile (outputs, reduction columns per step) and the
+  programs its K slices aim for (:func:`~voxline.kernels.gemv.configure`);
 - ``nopdl``: launched without programmatic dependent launch.
 
 Chains: ``predictor`` (hidden 1024: QKV 1024->4096, output 2048->1024, gate/up
@@ -17,7 +19,8 @@ Chains: ``predictor`` (hidden 1024: QKV 1024->4096, output 2048->1024, gate/up
 step). Each layer feeds the first columns of its QKV and gate/up outputs to the next
 projection, so every launch reads what the one before it wrote. Reported per chain and
 rows: replay ms, microseconds per projection, weight GB/s, and the largest difference
-from the first configuration (none expected: these settings change no arithmetic).
+from the first configuration (none from ``wN``/``sN``/``nopdl``; ``kN``, ``pN`` and ``nN``
+change the K slices, so float32 partial sums add in another order).
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from profile_gpu_tts import replay_ms  # noqa: E402
+from projection_knobs import knob_switch, set_knobs  # noqa: E402
 
-from voxline.kernels import fused_linear, gemv, pdl  # noqa: E402
+from voxline.kernels import fused_linear, pdl  # noqa: E402
 
 CHAINS = {  # hidden, attention width, QKV outputs, MLP width, layers, repeats of the layers
     "predictor": (1024, 2048, 4096, 3072, 5, 15),
@@ -41,21 +45,15 @@ CHAINS = {  # hidden, attention width, QKV outputs, MLP width, layers, repeats o
 
 
 def parse_config(text: str) -> dict:
-    cfg = {"num_warps": 4, "num_stages": 3, "pdl": True}
-    for part in text.split("/"):
-        if part == "nopdl":
-            cfg["pdl"] = False
-        elif part.startswith("w"):
-            cfg["num_warps"] = int(part[1:])
-        elif part.startswith("s"):
-            cfg["num_stages"] = int(part[1:])
-        else:
-            raise SystemExit(f"--configs: unknown part {part!r} in {text!r} (wN, sN, nopdl)")
-    return cfg
+    parts = text.split("/")
+    unknown = [p for p in parts if p != "nopdl" and knob_switch(p) is None]
+    if unknown:
+        raise SystemExit(f"--configs: unknown part {unknown[0]!r} in {text!r} (wN, sN, nN, kN, pN, nopdl)")
+    return {"switches": parts, "pdl": "nopdl" not in parts}
 
 
 def apply(cfg: dict) -> None:
-    gemv.LAUNCH.update(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    set_knobs([p for p in cfg["switches"] if p != "nopdl"])
     pdl.set_enabled(cfg["pdl"])
 
 

@@ -64,23 +64,12 @@ from voxline.engines.tts_stage import SpeechOwner, TTSStage
 from voxline.kernels import fused_linear, gemv, pdl, qkv_attention, qkv_decode_attention, topk
 from voxline.kernels.cuda_graphs import bucket_for
 
+sys.path.insert(0, str(Path(__file__).parent))
+from projection_knobs import knob_switch, set_knobs  # noqa: E402
+
 TEXT = "A longer sentence about the lazy dog and the brown fox."
-SWITCHES = ("qkv", "talker", "linear", "topk", "pdl", "inductor", "none")  # --arms, and sN
+SWITCHES = ("qkv", "talker", "linear", "topk", "pdl", "inductor", "none")  # --arms, and the knobs (wN, sN, ...)
 FRAME_S = 0.08
-
-
-def stages_switch(switch: str) -> int | None:
-    """N of an arm's ``sN`` switch (the projections' pipeline stages, ``gemv.LAUNCH``), else None."""
-    return int(switch[1:]) if switch[:1] == "s" and switch[1:].isdigit() else None
-
-
-def set_stages(switches: set[str]) -> int:
-    """The projections' pipeline stages from an arm's ``sN`` (3 when absent); returns them."""
-    stages = [n for n in map(stages_switch, switches) if n is not None]
-    if len(stages) > 1:
-        raise SystemExit(f"--arms: more than one sN switch in {'+'.join(sorted(switches))}")
-    gemv.LAUNCH["num_stages"] = stages[0] if stages else 3
-    return gemv.LAUNCH["num_stages"]
 
 
 # Qwen3-TTS-12Hz-1.7B-CustomVoice shapes; ids 1..5 are the tiny tokenizer's specials.
@@ -537,8 +526,9 @@ def main(argv: list[str] | None = None) -> int:
                     "attention block), talker (the talker's, voxline.kernels.qkv_decode_attention) and "
                     "linear (projections with their norm and epilogue, voxline.kernels.fused_linear), "
                     "topk (voxline.kernels.topk), pdl (programmatic dependent launch of those kernels, "
-                    "voxline.kernels.pdl), inductor (PDL for Inductor's kernels) and sN (the projections' "
-                    "pipeline stages, voxline.kernels.gemv.LAUNCH; 3 when absent), "
+                    "voxline.kernels.pdl), inductor (PDL for Inductor's kernels) and the projections' knobs "
+                    "(wN warps, sN pipeline stages, nN/kN tile, pN the K slices' program target; "
+                    "voxline.kernels.gemv.configure; shipped values when absent), "
                     "or none; e.g. qkv+talker,qkv+talker+linear; results keyed '<mode>/<arm>'")
     ap.add_argument("--check", action="store_true", help="validate every frame's codes (slow)")
     ap.add_argument("--tiny", action="store_true", help="a toy-width model (CPU runs; timings mean nothing)")
@@ -567,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--arms: the open loop (--arrivals) runs one arm, the switches' defaults")
     args.qkv_attention = args.qkv_attention or "on"
     for arm in args.arms.split(",") if args.arms else []:
-        if not {s for s in arm.split("+") if stages_switch(s) is None} <= set(SWITCHES):
+        if not {s for s in arm.split("+") if knob_switch(s) is None} <= set(SWITCHES):
             ap.error(f"--arms: unknown switch in {arm!r} (known: {', '.join(SWITCHES)})")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("voxline.kernels.cuda_graphs").setLevel(logging.INFO)  # capture progress
@@ -634,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
         fused_linear.set_enabled("linear" in on)
         topk.set_enabled("topk" in on)
         pdl.set_enabled("pdl" in on)
-        set_stages(on)
+        set_knobs(on)
         if pdl.set_inductor("inductor" in on) != ("inductor" in on):
             torch._dynamo.reset()  # Inductor reads its PDL switch when a region compiles
         t0 = time.perf_counter()

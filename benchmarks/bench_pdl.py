@@ -5,7 +5,8 @@ graph replay times and exactness, arms side by side in one process.
 
 Same real-shape random checkpoint as ``bench_gpu_tts.py``. For each arm (``off``; ``pdl``:
 this package's kernels launched with PDL; ``inductor``: Inductor's generated kernels;
-``sN``: the projections' pipeline stages, 3 when absent) and each batch bucket, the code
+the projections' knobs ``wN``/``sN``/``nN``/``kN``/``pN`` of ``bench_gemv_chain.py``, shipped
+values when absent) and each batch bucket, the code
 predictor's frame step and the talker's decode step are built and captured, fed the same
 seeded inputs (greedy codes, a random key/value cache, distinct slots), and:
 
@@ -32,8 +33,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_gpu_tts import build_model, set_stages, stages_switch  # noqa: E402
+from bench_gpu_tts import build_model  # noqa: E402
 from profile_gpu_tts import replay_ms  # noqa: E402
+from projection_knobs import knob_switch, set_knobs  # noqa: E402
 
 from voxline.engines.models.qwen3_tts.graphed_talker import GraphedTalkerGenerator  # noqa: E402
 from voxline.kernels import pdl  # noqa: E402
@@ -42,14 +44,14 @@ from voxline.kernels import pdl  # noqa: E402
 def set_arm(arm: str) -> tuple[dict, bool]:
     """Switch the arm on; returns its switches and whether Inductor's regions recompile."""
     on = set(arm.split("+")) - {"off"}
-    if not {s for s in on if stages_switch(s) is None} <= {"pdl", "inductor"}:
-        raise SystemExit(f"--arms: unknown switch in {arm!r} (known: off, pdl, inductor, sN)")
+    if not {s for s in on if knob_switch(s) is None} <= {"pdl", "inductor"}:
+        raise SystemExit(f"--arms: unknown switch in {arm!r} (known: off, pdl, inductor, wN, sN, nN, kN, pN)")
     pdl.set_enabled("pdl" in on)
-    stages = set_stages(on)
+    knobs = set_knobs(on)
     recompile = pdl.set_inductor("inductor" in on) != ("inductor" in on)
     if recompile:
         torch._dynamo.reset()  # Inductor reads its PDL switch when a region compiles
-    switches = {"ours": "pdl" in on, "inductor": pdl.inductor_enabled(), "stages": stages}
+    switches = {"ours": "pdl" in on, "inductor": pdl.inductor_enabled(), "knobs": knobs}
     return switches, recompile
 
 

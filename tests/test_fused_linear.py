@@ -54,11 +54,11 @@ def test_the_cpu_takes_the_unfused_path():
 def test_counters_are_kept_and_grow_for_a_reused_address():
     w = torch.zeros(1024, 64)
     c = fl._counter(w)
-    assert c.numel() == 1024 // fl.BLOCK_N and not c.any() and fl._counter(w) is c
+    assert c.numel() == 1024 // fl.gemv.BLOCK_N and not c.any() and fl._counter(w) is c
     key = (str(w.device), w.data_ptr())
     fl._counters[key] = small = torch.zeros(1, dtype=torch.int32)  # a smaller weight's, at this address
     grown = fl._counter(w)
-    assert grown.numel() == 1024 // fl.BLOCK_N and any(t is small for t in fl._retired)  # kept alive
+    assert grown.numel() == 1024 // fl.gemv.BLOCK_N and any(t is small for t in fl._retired)  # kept alive
     del fl._counters[key]
 
 

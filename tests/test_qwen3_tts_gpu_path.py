@@ -200,8 +200,8 @@ def test_split_fills_the_chip_with_whole_blocks():
         split = gemv.split_for(n, k)
         programs = -(-n // gemv.BLOCK_N) * split
         assert k % (split * gemv.BLOCK_K) == 0 and split & (split - 1) == 0
-        assert programs <= gemv._TARGET_PROGRAMS or split == 1
-        assert programs * 2 > gemv._TARGET_PROGRAMS or k % (2 * split * gemv.BLOCK_K), (n, k, split)
+        assert programs <= gemv.TARGET_PROGRAMS or split == 1
+        assert programs * 2 > gemv.TARGET_PROGRAMS or k % (2 * split * gemv.BLOCK_K), (n, k, split)
 
 
 @cuda

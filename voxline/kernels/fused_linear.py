@@ -29,8 +29,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import pdl
-from .gemv import BLOCK_K, BLOCK_M, BLOCK_N, LAUNCH, gemv_available, split_for
+from . import gemv, pdl
+from .gemv import BLOCK_M, gemv_available, split_for
 from .switch import KernelSwitch
 
 try:  # Triton ships with CUDA builds of PyTorch only.
@@ -63,7 +63,7 @@ def _counter(weight: Tensor) -> Tensor:
     program resets its own). A counter is never freed: a captured graph keeps its address,
     and a freed weight's address may come back as another weight with more outputs."""
     key = (str(weight.device), weight.data_ptr())
-    blocks = -(-weight.shape[0] // BLOCK_N)
+    blocks = -(-weight.shape[0] // gemv.BLOCK_N)
     c = _counters.get(key)
     if c is None or c.numel() < blocks:
         if c is not None:
@@ -132,7 +132,7 @@ def _gemv_residual(x: Tensor, weight: Tensor, bias: Tensor | None, resid: Tensor
     if x.stride(-1) != 1:
         x = x.contiguous()
     resid = resid.contiguous()
-    grid = (triton.cdiv(n, BLOCK_N), split, 1)
+    grid = (triton.cdiv(n, gemv.BLOCK_N), split, 1)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     parts = torch.empty((split, m, n) if split > 1 else (1,), dtype=torch.float32, device=x.device)
     cnt = _counter(weight) if split > 1 else parts
@@ -140,8 +140,8 @@ def _gemv_residual(x: Tensor, weight: Tensor, bias: Tensor | None, resid: Tensor
     _gemv_residual_kernel[grid](
         x, weight, bias if bias is not None else x, resid, parts, cnt, out, m, n, x.stride(0), weight.stride(0),
         K_SPLIT=k // split, SPLIT=split, HAS_BIAS=bias is not None,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PDL=use_pdl, launch_pdl=use_pdl,
-        **LAUNCH)
+        BLOCK_M=BLOCK_M, BLOCK_N=gemv.BLOCK_N, BLOCK_K=gemv.BLOCK_K, PDL=use_pdl, launch_pdl=use_pdl,
+        **gemv.LAUNCH)
     return out
 
 

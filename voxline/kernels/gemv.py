@@ -32,14 +32,15 @@ try:  # Triton ships with CUDA builds of PyTorch only.
 except ImportError:  # pragma: no cover - depends on the installed torch build
     triton = None
 
-__all__ = ["LAUNCH", "MAX_ROWS", "gemv_available", "set_enabled", "small_linear", "split_for"]
+__all__ = ["LAUNCH", "MAX_ROWS", "configure", "gemv_available", "set_enabled", "small_linear", "split_for"]
 
 MAX_ROWS = 64
 BLOCK_M = 16
 BLOCK_N = 32
 BLOCK_K = 128
-_TARGET_PROGRAMS = 264  # two per multiprocessor of an H100/H200
+TARGET_PROGRAMS = 264  # two per multiprocessor of an H100/H200
 LAUNCH = {"num_warps": 4, "num_stages": 3}  # of every projection kernel (benchmarks sweep it)
+_TILE_KNOBS = {"block_n": "BLOCK_N", "block_k": "BLOCK_K", "programs": "TARGET_PROGRAMS"}
 _switch = KernelSwitch()
 set_enabled = _switch.set  # benchmarks A/B the kernel
 
@@ -51,12 +52,26 @@ def gemv_available(x: Tensor, weight: Tensor) -> bool:
             and weight.stride(-1) == 1)
 
 
+def configure(**knobs: int) -> dict[str, int]:
+    """Set the projection kernels' tiles (``block_n``, ``block_k``, ``programs``: the split
+    target) and launch options (``num_warps``, ``num_stages``) for every later launch, and
+    return all five. For benchmarks, which sweep them; graphs captured before keep theirs."""
+    for key, value in knobs.items():
+        if key in LAUNCH:
+            LAUNCH[key] = int(value)
+        elif key in _TILE_KNOBS:
+            globals()[_TILE_KNOBS[key]] = int(value)
+        else:
+            raise ValueError(f"gemv.configure: unknown knob {key!r} (known: {', '.join([*_TILE_KNOBS, *LAUNCH])})")
+    return {**{key: globals()[name] for key, name in _TILE_KNOBS.items()}, **LAUNCH}
+
+
 def split_for(n: int, k: int) -> int:
     """Slices of the reduction: enough programs to fill the chip, each slice a whole
     number of ``BLOCK_K`` blocks (a power of two)."""
     blocks = -(-n // BLOCK_N)
     split = 1
-    while blocks * split * 2 <= _TARGET_PROGRAMS and k % (split * 2 * BLOCK_K) == 0:
+    while blocks * split * 2 <= TARGET_PROGRAMS and k % (split * 2 * BLOCK_K) == 0:
         split *= 2
     return split
 

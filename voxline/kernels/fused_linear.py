@@ -141,7 +141,7 @@ def _gemv_residual(x: Tensor, weight: Tensor, bias: Tensor | None, resid: Tensor
         x, weight, bias if bias is not None else x, resid, parts, cnt, out, m, n, x.stride(0), weight.stride(0),
         K_SPLIT=k // split, SPLIT=split, HAS_BIAS=bias is not None,
         BLOCK_M=BLOCK_M, BLOCK_N=gemv.BLOCK_N, BLOCK_K=gemv.BLOCK_K, PDL=use_pdl, launch_pdl=use_pdl,
-        **gemv.LAUNCH)
+        **gemv.launch_options(m))
     return out
 
 

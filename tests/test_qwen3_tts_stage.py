@@ -354,6 +354,10 @@ def test_factory_builds_the_qwen3_stage_from_settings(model_dir):
         load_settings(tts_max_streams=4, tts_batch_buckets="1,8").tts_bucket_list()
     with pytest.raises(ValueError):
         load_settings(tts_batch_buckets="1;8")
+    with pytest.raises(ValueError, match="tts_pdl=off needs tts_device=cuda"):  # a CUDA launch attribute
+        load_tts(load_settings(tts=f"qwen3:{model_dir}", tts_pdl="off"))
+    with pytest.raises(ValueError, match="tts_pdl"):
+        load_settings(tts_pdl="on")
 
 
 def test_a_job_can_pick_another_preset_voice(model_dir):
@@ -365,3 +369,19 @@ def test_a_job_can_pick_another_preset_voice(model_dir):
     assert stage.voice_of(SpeechJob(9, "x", voice="RYAN")) == "ryan"
     assert np.array_equal(default, unknown)  # unknown names fall back to the stage's voice
     assert len(default) != len(ryan) or not np.allclose(default, ryan)
+
+
+def test_tts_pdl_off_switches_both_launch_paths_off():
+    from voxline.engines.factory import set_tts_pdl
+    from voxline.kernels import pdl
+
+    ours, inductor = pdl.set_enabled(True), pdl.inductor_enabled()
+    try:
+        set_tts_pdl("auto", cuda=True)  # leaves the defaults
+        assert pdl._switch.on
+        set_tts_pdl("off", cuda=True)
+        assert not pdl._switch.on and not pdl.inductor_enabled()
+    finally:
+        pdl.set_enabled(ours)
+        pdl.set_inductor(inductor)
+

@@ -164,6 +164,12 @@ class Settings(BaseSettings):
                                           "step rather than push the batch into a bigger CUDA-graph "
                                           "bucket; a new reply's first frame is made in its prefill "
                                           "step) or 'fifo' (every reply every step, fixed chunks)")
+    tts_pdl: str = Field(default="auto", pattern=r"^(auto|off)$",
+                         description="Qwen3-TTS on CUDA: programmatic dependent launch of its "
+                                     "step kernels (each placed on the GPU while the one before "
+                                     "it finishes; faster steps on one stream): 'auto' (on where "
+                                     "the GPU has it, Hopper and newer) or 'off' (for a GPU whose "
+                                     "other stages' kernels run beside the speech steps)")
     llm: str = Field(default="embedded", pattern=r"^(embedded|openai:https?://.+)$",
                      json_schema_extra={"metavar": "embedded|openai:<server url>"},
                      description="reply model: 'embedded' (shipped SmolLM2, in the engine) or "

@@ -224,6 +224,22 @@ def load_asr(settings: Settings, threads: int) -> ASRModel:
     return WhisperASR.load(checkpoint, settings.asr_device, max_batch=settings.max_sessions)
 
 
+def set_tts_pdl(mode: str, cuda: bool) -> None:
+    """Apply ``tts_pdl`` before the speech steps compile and capture: 'off' turns
+    programmatic dependent launch off for this package's kernels and Inductor's (both are
+    process-wide: the engine process's other compiled regions follow); 'auto' leaves the
+    default (on where :func:`voxline.kernels.pdl.supported`)."""
+    if mode == "auto":
+        return
+    if not cuda:
+        raise ValueError(f"tts_pdl={mode} needs tts_device=cuda (a CUDA launch attribute)")
+    from voxline.kernels import pdl
+
+    pdl.set_enabled(False)
+    pdl.set_inductor(False)
+    logger.info("Qwen3-TTS: programmatic dependent launch off (tts_pdl=off)")
+
+
 def load_tts(settings: Settings) -> SpeechModel:
     """The speech stage `settings.tts` names: Piper (shipped) or a Qwen3-TTS checkpoint."""
     if settings.tts.startswith("qwen3:"):
@@ -239,6 +255,7 @@ def load_tts(settings: Settings) -> SpeechModel:
             raise ValueError("tts_batch_buckets needs tts_device=cuda (CUDA graphs)")
         if buckets is None and cuda:
             buckets = ladder_buckets(settings.tts_max_streams)
+        set_tts_pdl(settings.tts_pdl, cuda)
         stage = Qwen3SpeechModel(model_dir, device=settings.tts_device,
                                  dtype=torch.bfloat16 if cuda else torch.float32,
                                  speaker=settings.tts_speaker, language=settings.tts_language,

@@ -63,13 +63,14 @@ def configure(**knobs: int) -> dict[str, int]:
     target) and launch options (``num_warps``, ``num_stages`` up to one row block) for every
     later launch, and return all five. For benchmarks, which sweep them; graphs captured
     before keep theirs."""
+    unknown = [key for key in knobs if key not in LAUNCH and key not in _TILE_KNOBS]
+    if unknown:  # before any change
+        raise ValueError(f"gemv.configure: unknown knob {unknown[0]!r} (known: {', '.join([*_TILE_KNOBS, *LAUNCH])})")
     for key, value in knobs.items():
         if key in LAUNCH:
             LAUNCH[key] = int(value)
-        elif key in _TILE_KNOBS:
-            globals()[_TILE_KNOBS[key]] = int(value)
         else:
-            raise ValueError(f"gemv.configure: unknown knob {key!r} (known: {', '.join([*_TILE_KNOBS, *LAUNCH])})")
+            globals()[_TILE_KNOBS[key]] = int(value)
     return {**{key: globals()[name] for key, name in _TILE_KNOBS.items()}, **LAUNCH}
 
 

@@ -150,6 +150,37 @@ def test_prefill_is_chunked_under_the_token_budget():
     assert sizes[:3] == [4, 4, 3] and len(req.generated) == 2
 
 
+def test_running_replies_take_the_budget_first_and_a_new_prompt_the_rest():
+    lm = CountingLM(stop_after=8)
+    stage = LLMStage(lm, token_budget=4)
+    a, b = make_request(lm, "a#1", [1, 9, 3]), make_request(lm, "b#1", [1, 9, 3])
+    stage.add(a)
+    stage.add(b)
+    plan, _ = run_step(stage)  # a's prompt whole, b's first token of it
+    assert [len(t) for t in plan.tokens] == [3, 1]
+    run_step(stage)  # a decodes, b's prompt goes on
+    c = make_request(lm, "c#1", [5, 1, 9, 3, 7, 7])
+    stage.add(c)
+    plan, _ = run_step(stage)  # a and b decode one token each; c gets what is left
+    assert [(e.request.request_id, len(t)) for e, t in zip(plan.entries, plan.tokens, strict=True)] == [
+        ("a#1", 1), ("b#1", 1), ("c#1", 2)]
+
+
+def test_the_step_token_setting_reaches_the_llm_stage(monkeypatch):
+    from fakes import make_fake_core
+
+    from voxline.engines import core, factory
+
+    assert make_fake_core(lambda: None).llm.token_budget == 512  # the default
+    seen: dict = {}
+    monkeypatch.setattr(factory, "load_models", lambda *a, **k: None)
+    monkeypatch.setattr(factory, "EngineCore", lambda models, wake, **kw: seen.update(kw))
+    factory.make_engine_core(lambda: None, {"llm_step_tokens": 96})
+    assert seen["llm_step_tokens"] == 96
+    real = core.EngineCore(make_fake_core(lambda: None).models, lambda: None, llm_step_tokens=96)
+    assert real.llm.token_budget == 96
+
+
 def test_a_new_stream_starts_from_the_kept_system_prompt():
     lm = CountingLM(max_slots=2, stop_after=2)
     stage = LLMStage(lm)

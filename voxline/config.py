@@ -182,6 +182,13 @@ class Settings(BaseSettings):
     llm_checkpoint: str | None = Field(default=None, description="embedded LLM: a local "
                                        "Hugging Face Llama-family checkpoint directory "
                                        "(default: the shipped SmolLM2)")
+    llm_step_tokens: int = Field(default=512, ge=1, le=8192,
+                                 description="embedded LLM: most tokens one batched step "
+                                             "computes: every speaking reply's next token "
+                                             "first, then new prompts up to this (a longer "
+                                             "prompt goes on in the next steps). Fewer: replies "
+                                             "already running wait less behind a new prompt, "
+                                             "whose first token comes later")
     video: str = Field(default="", pattern=r"^((helios|helios-pyramid):.+)?$",
                        json_schema_extra={"metavar": "helios:DIR"},
                        description="video model: 'helios:<checkpoint dir>' (diffusers layout; "

@@ -94,6 +94,7 @@ class EngineCore:
     with spare capacity only (embedded LLM; see `warm_prefill`).
     `early_pause_transcript`: a pause transcript is taken where the speech fell silent,
     so it is mostly done when the pause is reported (see `turns`).
+    `llm_step_tokens`: the embedded LLM's tokens per batched step (`LLMStage.token_budget`).
     """
 
     def __init__(self, models: Models, wake: Callable[[], None], max_streams: int = 64,
@@ -101,7 +102,7 @@ class EngineCore:
                  max_utterance_ms: float = MAX_UTTERANCE_MS, max_responses: int = 8,
                  speculate_after_ms: float = DEFAULT_SPECULATE_AFTER_MS,
                  generation_lead_ms: float | None = None, warm_prefill: bool = False,
-                 early_pause_transcript: bool = True) -> None:
+                 early_pause_transcript: bool = True, llm_step_tokens: int = 512) -> None:
         self.models = models
         self.max_responses = max_responses
         self.max_utterance_ms = max_utterance_ms
@@ -111,7 +112,7 @@ class EngineCore:
         # The reply model: embedded (batched forward passes here) or a remote server.
         self.llm: LLMStage | RemoteLLMStage = (
             RemoteLLMStage(models.llm, wake) if isinstance(models.llm, RemoteChat)
-            else LLMStage(models.llm))
+            else LLMStage(models.llm, token_budget=llm_step_tokens))
         self.tts = TTSStage(models.tts)
         self._outputs: list[p.EngineOutput] = []
         self.responses = Responses(models.llm, self.llm, self.tts, self._outputs.append,

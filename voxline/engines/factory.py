@@ -423,7 +423,8 @@ def make_engine_core(wake: Callable[[], None], settings: Mapping[str, Any] | Non
                       speculate_after_ms=resolved.speculate_after_ms,
                       warm_prefill=resolved.warm_prefill,
                       early_pause_transcript=resolved.early_pause_transcript,
-                      generation_lead_ms=resolved.generation_lead_s * 1000 or None)
+                      generation_lead_ms=resolved.generation_lead_s * 1000 or None,
+                      llm_step_tokens=resolved.llm_step_tokens)
 
 
 DEFAULT_CORE = "voxline.engines.factory:make_engine_core"

@@ -371,14 +371,13 @@ def run(args: argparse.Namespace) -> int:
         common = ["--max-output-tokens", str(args.max_output_tokens), "--timeout", "120",
                   "--ramp", str(args.ramp)]
         rc = 0
-        seen: set[str] = set()
+        runs: dict[str, int] = {}  # a level given again runs again: its own files
         for sweep in args.sweeps.split(";"):
             inp, _, levels = sweep.partition("=")
             for c in (int(x) for x in levels.split(",")):
-                base = name = f"{inp}_c{c}"
-                if name in seen:  # a level again on the same server (cold, then warm): its own files
-                    name += f"_run{sum(1 for n in seen if n == base or n.startswith(base + '_run')) + 1}"
-                seen.add(name)
+                base = f"{inp}_c{c}"
+                runs[base] = runs.get(base, 0) + 1
+                name = base if runs[base] == 1 else f"{base}_run{runs[base]}"
                 sessions = max(args.min_requests, args.rounds * c)
                 extra = [*common, "--input", inp, "--concurrency", str(c), "--turns",
                          str(args.turns), "--requests", str(sessions * args.turns)]

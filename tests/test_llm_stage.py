@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from fakes import EOS, CountingLM
 
-from voxline.engines.llm_stage import FinishReason, GenerationRequest, LLMStage, Slot
+from voxline.config import Settings
+from voxline.engines.llm_stage import STEP_TOKENS, FinishReason, GenerationRequest, LLMStage, Slot
 
 
 def make_request(lm: CountingLM, rid: str, prompt: list[int], max_tokens: int = 32) -> GenerationRequest:
@@ -171,7 +172,7 @@ def test_the_step_token_setting_reaches_the_llm_stage(monkeypatch):
 
     from voxline.engines import core, factory
 
-    assert make_fake_core(lambda: None).llm.token_budget == 512  # the default
+    assert make_fake_core(lambda: None).llm.token_budget == STEP_TOKENS == Settings().llm_step_tokens
     seen: dict = {}
     monkeypatch.setattr(factory, "load_models", lambda *a, **k: None)
     monkeypatch.setattr(factory, "EngineCore", lambda models, wake, **kw: seen.update(kw))

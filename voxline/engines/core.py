@@ -45,7 +45,7 @@ from voxline.engines.asr_stage import ASRModel, ASRStage, fail_each, route_each
 from voxline.engines.conversation import Conversation
 from voxline.engines.end_of_turn_stage import EndOfTurnModel, EndOfTurnStage
 from voxline.engines.input_audio import MAX_UTTERANCE_MS, InputAudio
-from voxline.engines.llm_stage import ChatModel, LLMStage
+from voxline.engines.llm_stage import STEP_TOKENS, ChatModel, LLMStage
 from voxline.engines.remote_llm import RemoteChat, RemoteLLMStage
 from voxline.engines.responses import Responses
 from voxline.engines.speech_model import SpeechModel
@@ -102,7 +102,7 @@ class EngineCore:
                  max_utterance_ms: float = MAX_UTTERANCE_MS, max_responses: int = 8,
                  speculate_after_ms: float = DEFAULT_SPECULATE_AFTER_MS,
                  generation_lead_ms: float | None = None, warm_prefill: bool = False,
-                 early_pause_transcript: bool = True, llm_step_tokens: int = 512) -> None:
+                 early_pause_transcript: bool = True, llm_step_tokens: int = STEP_TOKENS) -> None:
         self.models = models
         self.max_responses = max_responses
         self.max_utterance_ms = max_utterance_ms

@@ -42,6 +42,7 @@ from voxline.kernels.cuda_graphs import StageStream
 # A tentative (warm prefill) request's tokens per step: the most a reply that arrives
 # meanwhile waits for.
 TENTATIVE_CHUNK = 32
+STEP_TOKENS = 512  # a step's token budget by default (the llm_step_tokens setting)
 
 
 class LanguageModel(Protocol):
@@ -217,7 +218,7 @@ class PlanShapes:
 class LLMStage:
     """Continuous batching: requests join and leave the running batch on every step."""
 
-    def __init__(self, model: LanguageModel, token_budget: int = 512) -> None:
+    def __init__(self, model: LanguageModel, token_budget: int = STEP_TOKENS) -> None:
         self.model = model
         self.token_budget = token_budget
         self.running: dict[str, GenerationRequest] = {}

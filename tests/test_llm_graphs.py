@@ -161,3 +161,69 @@ def test_the_scratch_slot_is_required_and_reserved():
         dec.step([0], [300])
     with pytest.raises(ValueError, match="capture needs the model on CUDA"):
         GraphedLlamaDecoder(ours, max_streams=STREAMS, capture=True)
+
+
+# -- prefill graphs -------------------------------------------------------------------
+
+PREFILL = {"prefill_buckets": [4, 8, 16], "length_buckets": [16, 32, 64, MAX_LEN]}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefill_graphs_give_forward_batch_logits_and_cache(device):
+    ref, ours, dec = pair(device, **PREFILL)
+    # A new stream (37 tokens: chunks of 16, 16 and 5 crossing length buckets 16 -> 64)
+    # and a follow-up turn on slot 5 (8 tokens cached, 3 new: a 4-query bucket).
+    for slot, toks in ((1, ids(37, 30)), (5, ids(3, 31))):
+        want = ref.forward_batch([slot], [toks])
+        got = dec.forward([slot], [toks])
+        close(got, want)
+        assert got.argmax(-1).tolist() == want.argmax(-1).tolist()
+    assert dec.prefill_steps == 4 and dec.graph_steps == 0
+    assert {k for k in dec.prefills.steps} == {(16, 16), (16, 32), (8, 64), (4, 16)}
+    assert all(s.graph is not None for s in dec.prefills.steps.values()) == (device == "cuda")
+    same_cache(ref, ours)
+    decode_both(ref, dec, [1, 5], ids(2, 32), steps=3)  # decoding goes on from those caches
+    same_cache(ref, ours)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_mixed_step_replays_its_prompts_from_prefill_graphs(device):
+    ref, ours, dec = pair(device, **PREFILL)
+    slots, toks = [4, 1, 2, 5], [[7], ids(11, 20), [9], ids(5, 21)]
+    want = ref.forward_batch(slots, toks)
+    got = dec.forward(slots, toks)
+    close(got, want)
+    assert got.argmax(-1).tolist() == want.argmax(-1).tolist()
+    assert dec.graph_steps == 1 and dec.prefill_steps == 2  # slot 1: one 16-query chunk
+    decode_both(ref, dec, [1, 4, 5, 2], ids(4, 22), steps=3)
+    same_cache(ref, ours)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefill_padding_queries_write_only_the_scratch_slot(device):
+    _, ours, dec = pair(device, **PREFILL)
+    cache = ours.cache
+    cache.k.normal_()
+    cache.v.normal_()
+    k0, v0 = cache.k.clone(), cache.v.clone()
+    at = cache.lengths[0]
+    dec.prefill(0, ids(5, 40))  # 5 real queries in an 8-query bucket
+    changed = ((cache.k != k0) | (cache.v != v0)).any(dim=(0, 2, 4))  # [slots, positions]
+    for s, p in changed.nonzero().tolist():
+        assert s == dec.scratch or (s == 0 and at <= p < at + 5), f"slot {s} position {p}"
+    assert changed[0, at:at + 5].all() and changed[dec.scratch].any()
+    assert cache.lengths[0] == cache.written[0] == at + 5
+
+
+def test_prefill_refusals():
+    _, ours, _ = pair("cpu")
+    with pytest.raises(ValueError, match="prefill buckets must be >= 2"):
+        GraphedLlamaDecoder(ours, max_streams=STREAMS, prefill_buckets=[1, 8])
+    dec = GraphedLlamaDecoder(ours, max_streams=STREAMS, prefill_buckets=[8])
+    with pytest.raises(ValueError, match="scratch slot"):
+        dec.prefill(STREAMS, [1, 2])
+    with pytest.raises(ValueError, match="exceed max_len"):
+        dec.prefill(1, ids(MAX_LEN + 1, 41))
+    assert ours.cache.lengths[1] == 0 and dec.prefill_steps == 0  # nothing was fed
+    with pytest.raises(RuntimeError, match="runs prompts eagerly"):
+        GraphedLlamaDecoder(ours, max_streams=STREAMS).prefill(1, [1, 2])

@@ -182,6 +182,30 @@ def test_the_step_token_setting_reaches_the_llm_stage(monkeypatch):
     assert real.llm.token_budget == 96
 
 
+def test_the_prefill_graph_setting_reaches_the_chat_model_or_is_refused(monkeypatch):
+    import pytest
+
+    from voxline.engines import factory
+    from voxline.engines.models.llama import chat, checkpoint
+
+    seen: dict = {}
+    monkeypatch.setattr(checkpoint, "load_llm", lambda *a, **k: "loaded")
+    monkeypatch.setattr(chat, "ChatLLM", lambda loaded, **kw: seen.update(kw))
+    monkeypatch.setattr(factory, "llm_device", lambda settings: settings.llm_device)
+    for mode, on in (("auto", True), ("off", False)):
+        factory.load_reply_model(Settings(llm_device="cuda", llm_prefill_graphs=mode), None, 4, 256)
+        assert seen["prefill_graphs"] is on
+    # 'off' where no prompt could run from a graph is refused, naming the setting
+    with pytest.raises(ValueError, match="llm_prefill_graphs=off applies to the embedded LLM on CUDA"):
+        factory.load_reply_model(Settings(llm_prefill_graphs="off"), None, 4, 256)
+    with pytest.raises(ValueError, match="llm_prefill_graphs=off .*llm=openai"):
+        factory.load_reply_model(Settings(llm_prefill_graphs="off", llm_device="cuda",
+                                          llm="openai:http://127.0.0.1:9/v1", llm_model="m"),
+                                 None, 4, 256)
+    with pytest.raises(ValueError, match="llm_prefill_graphs"):
+        Settings(llm_prefill_graphs="on")
+
+
 def test_a_new_stream_starts_from_the_kept_system_prompt():
     lm = CountingLM(max_slots=2, stop_after=2)
     stage = LLMStage(lm)

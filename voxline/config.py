@@ -189,6 +189,13 @@ class Settings(BaseSettings):
                                              "prompt goes on in the next steps). Fewer: replies "
                                              "already running wait less behind a new prompt, "
                                              "whose first token comes later")
+    llm_prefill_graphs: str = Field(default="auto", pattern=r"^(auto|off)$",
+                                    description="embedded LLM on CUDA: prompts replayed from "
+                                                "CUDA graphs, one per query-length bucket "
+                                                "(16-256 tokens, longer ones in chunks): "
+                                                "'auto' (on wherever the LLM's decode steps are "
+                                                "graphed) or 'off' (prompts run eagerly, "
+                                                "kernel by kernel)")
     video: str = Field(default="", pattern=r"^((helios|helios-pyramid):.+)?$",
                        json_schema_extra={"metavar": "helios:DIR"},
                        description="video model: 'helios:<checkpoint dir>' (diffusers layout; "

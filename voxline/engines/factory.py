@@ -158,6 +158,11 @@ def warm_up(models: Models) -> None:
 def load_reply_model(settings: Settings, llm_path: str | None, max_slots: int,
                      max_len: int) -> ChatModel:
     """The embedded SmolLM2 (or `llm_path`), or a remote server when `settings.llm` says so."""
+    if settings.llm_prefill_graphs == "off" and (settings.remote_llm
+                                                 or not settings.llm_device.startswith("cuda")):
+        raise ValueError(f"llm_prefill_graphs=off applies to the embedded LLM on CUDA; with "
+                         f"llm={settings.llm} and llm_device={settings.llm_device} no prompt "
+                         "runs from a CUDA graph")
     if settings.remote_llm:
         config = RemoteLLMConfig(parse_llm_spec(settings.llm), settings.llm_model or "",
                                  settings.llm_api_key, settings.llm_timeout, settings.llm_retries)
@@ -170,7 +175,8 @@ def load_reply_model(settings: Settings, llm_path: str | None, max_slots: int,
     device = llm_device(settings)
     path = llm_path or settings.llm_checkpoint
     return ChatLLM(load_llm(path, settings.llm_dtype, device=device, cache=settings.cache),
-                   max_slots=max_slots, max_len=max_len)
+                   max_slots=max_slots, max_len=max_len,
+                   prefill_graphs=settings.llm_prefill_graphs == "auto")
 
 
 def llm_device(settings: Settings) -> str:

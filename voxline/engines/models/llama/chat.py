@@ -8,6 +8,7 @@ and still follows whatever template the checkpoint ships.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -17,8 +18,10 @@ import torch
 from voxline.engines.models.sampling import sample
 
 from .checkpoint import LoadedLLM, stop_token_ids
-from .graphs import GraphedLlamaDecoder
+from .graphs import PREFILL_BUCKETS, GraphedLlamaDecoder
 from .model import LlamaModel
+
+logger = logging.getLogger(__name__)
 
 _ANCHOR = [{"role": "system", "content": "A"}]
 SHARED_PREFIXES = 8  # system prompts whose K/V are kept for new streams (a few MB each)
@@ -29,9 +32,11 @@ class ChatLLM:
     """Slot allocation, cache edits, batched forward, sampling and the chat format."""
 
     def __init__(self, loaded: LoadedLLM, max_slots: int = 8, max_len: int = 2048,
-                 cuda_graphs: bool | None = None) -> None:
-        """``cuda_graphs`` (default: whether the model is on CUDA) replays pure decode steps
-        as CUDA graphs (:mod:`~voxline.engines.models.llama.graphs`), captured here."""
+                 cuda_graphs: bool | None = None, prefill_graphs: bool = True) -> None:
+        """``cuda_graphs`` (default: whether the model is on CUDA) replays decode steps as
+        CUDA graphs (:mod:`~voxline.engines.models.llama.graphs`), captured here, and with
+        ``prefill_graphs`` prompts too (one row at a time); without ``cuda_graphs`` every
+        step runs eagerly."""
         self.model: LlamaModel = loaded.model
         self.tokenizer: Any = loaded.tokenizer
         limit = int(getattr(loaded.config, "max_position_embeddings", max_len) or max_len)
@@ -41,8 +46,12 @@ class ChatLLM:
         self.cache = self.model.allocate_cache(max_slots + int(graphs), self.max_len)
         self.decoder: GraphedLlamaDecoder | None = None
         if graphs:
-            self.decoder = GraphedLlamaDecoder(self.model, max_streams=max_slots, capture=True)
+            self.decoder = GraphedLlamaDecoder(
+                self.model, max_streams=max_slots, capture=True,
+                prefill_buckets=PREFILL_BUCKETS if prefill_graphs else ())
             self.decoder.prepare()
+            if not prefill_graphs:
+                logger.info("LLM prompts run eagerly (no prefill graphs)")
         # K/V of prompt prefixes every stream starts with (system prompts), newest last
         self._prefixes: OrderedDict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = (
             OrderedDict())

@@ -13,11 +13,22 @@ Padding rows (bucket rows past the batch) feed token 0 at position 0 of a scratc
 slot that no stream owns (the cache has one slot more than ``max_streams``), so they
 write only that slot and their logits are dropped: padding never reaches a stream.
 
-Prefill steps, the prompt rows of a mixed step (:meth:`GraphedLlamaDecoder.forward`), and
-shapes past the largest bucket, run eagerly through :meth:`LlamaModel.forward_batch`. With ``capture=False`` (and always on the CPU) the same
-static-buffer step runs eagerly: the twin the CPU tests compare with ``forward_batch``.
-Attention is :func:`~voxline.kernels.decode_attention.attend_decode`: one Triton launch a
-layer reading the cache rows in place (bf16/fp16 on CUDA), SDPA on gathered rows elsewhere.
+Prompts (the rows of a step that feed more than one token) run eagerly through
+:meth:`LlamaModel.forward_batch`, or, given ``prefill_buckets``, one prompt at a time from
+a prefill graph: a (query, length) bucket of one row whose padding queries repeat the last
+real query's position and write their K/V to the scratch slot. An eager prompt is some
+600 small kernels for a 1B model, each launched from Python under the GIL the engine's
+other stages share (16-19 ms for one 57-token prompt on an H200 alone, 777-878 ms beside a
+thread spinning at the engine's switch interval: `bench_gpu_llm_cold.py`); a replay is
+one launch. A prompt longer than the largest query bucket is fed in chunks of it. Both
+graphs run :class:`~voxline.engines.models.llama.model.LlamaModel`'s own layers (prefill)
+or the same modules (decode), so the eager model is the reference.
+
+Decode shapes past the largest bucket run eagerly. With ``capture=False`` (and always on
+the CPU) the same static-buffer steps run eagerly: the twins the CPU tests compare with
+``forward_batch``. Decode attention is :func:`~voxline.kernels.decode_attention.attend_decode`:
+one Triton launch a layer reading the cache rows in place (bf16/fp16 on CUDA), SDPA on
+gathered rows elsewhere; prefill attention is SDPA over the slot's first ``length`` rows.
 """
 
 from __future__ import annotations
@@ -32,13 +43,16 @@ from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, p
 from voxline.kernels.decode_attention import attend_decode
 from voxline.kernels.layer_ops import apply_rope
 
-from .model import DecoderLayer, LlamaModel
+from .model import DecoderLayer, LlamaModel, StepPlan
 
-__all__ = ["GraphedLlamaDecoder"]
+__all__ = ["PREFILL_BUCKETS", "GraphedLlamaDecoder"]
 
 logger = logging.getLogger(__name__)
 
 MIN_LENGTH_BUCKET = 64
+# Query buckets of the prefill graphs: a new turn's prompt past the cached conversation is
+# tens of tokens; a first prompt (system + instructions) a few hundred, fed in chunks.
+PREFILL_BUCKETS = (16, 32, 64, 128, 256)
 
 
 def _decode_layer(layer: DecoderLayer, h: Tensor, cos: Tensor, sin: Tensor, ck: Tensor,
@@ -75,10 +89,13 @@ class GraphedLlamaDecoder:
         batch_buckets: Sequence[int] | None = None,
         length_buckets: Sequence[int] | None = None,
         capture: bool | None = None,
+        prefill_buckets: Sequence[int] = (),
     ) -> None:
         """``batch_buckets`` default to powers of two up to ``max_streams``, ``length_buckets``
-        to powers of two from 64 up to the cache's ``max_len``. ``capture`` defaults to
-        whether the model is on CUDA; it is refused elsewhere."""
+        to powers of two from 64 up to the cache's ``max_len``; ``prefill_buckets`` (query
+        lengths, e.g. :data:`PREFILL_BUCKETS`; none: prompts run eagerly) each pair with
+        every length bucket. ``capture`` defaults to whether the model is on CUDA; it is
+        refused elsewhere."""
         cache = model.cache
         if cache is None:
             raise RuntimeError("no KV cache: call allocate_cache() first")
@@ -99,16 +116,30 @@ class GraphedLlamaDecoder:
             if length_buckets is None else length_buckets)
         self.steps: BucketedSteps[tuple[int, int]] = BucketedSteps(
             self._make, capture=capture, name="llm decode graphs")
+        self.prefill_buckets = sorted(prefill_buckets)
+        if self.prefill_buckets and self.prefill_buckets[0] < 2:
+            raise ValueError(f"prefill buckets must be >= 2 queries, not {self.prefill_buckets}")
+        self.prefills: BucketedSteps[tuple[int, int]] | None = BucketedSteps(
+            self._make_prefill, capture=capture, name="llm prefill graphs"
+        ) if self.prefill_buckets else None
         self.graph_steps = 0  # decode steps served by a bucket (graph or twin)
         self.eager_steps = 0  # decode steps past the buckets, run by forward_batch
+        self.prefill_steps = 0  # prompt chunks served by a prefill bucket
 
     @property
     def buckets(self) -> list[tuple[int, int]]:
         return [(b, n) for b in self.batch_buckets for n in self.length_buckets]
 
+    @property
+    def prefill_keys(self) -> list[tuple[int, int]]:
+        return [(q, n) for q in self.prefill_buckets for n in self.length_buckets]
+
     def prepare(self, keys: Iterable[tuple[int, int]] | None = None) -> None:
-        """Create (and capture) the given buckets now, default all, logging progress."""
+        """Create (and capture) the given decode buckets now, default all, and every
+        prefill bucket, logging progress."""
         self.steps.prepare(self.buckets if keys is None else keys)
+        if self.prefills is not None:
+            self.prefills.prepare(self.prefill_keys)
 
     # -- the static step --------------------------------------------------------------
 
@@ -138,7 +169,51 @@ class GraphedLlamaDecoder:
         b, length = key
         return StaticStep(self._fn(length), {"ints": self._padding(b).to(self.model.device)})
 
+    def _prefill_fn(self, q: int, length: int):
+        """One row of ``q`` queries attending over its slot's first ``length`` positions.
+
+        ``ints [4, q]``: token ids, positions, the slot each query's K/V is written to
+        (the scratch slot for padding), and in row 3 the row's slot and its last real
+        query's index."""
+        model, cache = self.model, self.cache
+
+        def fn(ints: Tensor) -> dict[str, Tensor]:
+            ids, pos, write_slot = ints[0], ints[1], ints[2]
+            slot, last = ints[3, :1], ints[3, 1:2]
+            cos, sin = model._cos_sin(pos[None, :])  # [1, 1, q, D]
+            keys = torch.arange(length, device=ints.device)
+            plan = StepPlan(cos=cos, sin=sin,
+                            mask=(keys[None, :] <= pos[:, None])[None, None],  # [1, 1, q, length]
+                            kv_len=length, slot_index=slot,
+                            write_b=torch.zeros_like(pos),
+                            write_t=torch.arange(q, device=ints.device),
+                            write_slot=write_slot, write_pos=pos)
+            h = model.hidden(ids[None, :], plan, cache)
+            return {"logits": model.logits(h[0].index_select(0, last))}
+
+        return fn
+
+    def _prefill_padding(self, q: int) -> Tensor:
+        """Inputs of a row of padding only: token 0 at position 0 of the scratch slot."""
+        ints = torch.zeros(4, q, dtype=torch.long)
+        ints[2] = self.scratch
+        ints[3, 0] = self.scratch
+        return ints
+
+    def _make_prefill(self, key: tuple[int, int]) -> StaticStep:
+        q, length = key
+        return StaticStep(self._prefill_fn(q, length),
+                          {"ints": self._prefill_padding(q).to(self.model.device)})
+
     # -- stepping ---------------------------------------------------------------------
+
+    @staticmethod
+    def _load(step: StaticStep, ints: Tensor) -> None:
+        """Copy a step's inputs in: one non-blocking host-to-device copy on CUDA, from a
+        pinned staging copy (the allocator keeps it until the copy has run)."""
+        if step.inputs["ints"].is_cuda:
+            ints = ints.pin_memory()
+        step.inputs["ints"].copy_(ints, non_blocking=True)
 
     def bucket(self, n: int, need: int) -> tuple[int, int] | None:
         """The (batch, length) bucket of ``n`` rows attending over ``need`` positions."""
@@ -157,10 +232,10 @@ class GraphedLlamaDecoder:
         if len(decode) == len(tokens):
             return self.step(slots, [toks[0] for toks in tokens])
         if not decode:
-            return self.model.forward_batch(slots, tokens)
+            return self.prompts(slots, tokens)
         prompt = [i for i, toks in enumerate(tokens) if len(toks) > 1]
         decoded = self.step([slots[i] for i in decode], [tokens[i][0] for i in decode])
-        prompted = self.model.forward_batch([slots[i] for i in prompt], [tokens[i] for i in prompt])
+        prompted = self.prompts([slots[i] for i in prompt], [tokens[i] for i in prompt])
         logits = decoded.new_empty((len(slots), decoded.shape[-1]))
         logits[torch.tensor(decode, device=logits.device)] = decoded
         logits[torch.tensor(prompt, device=logits.device)] = prompted.to(decoded.dtype)
@@ -184,13 +259,50 @@ class GraphedLlamaDecoder:
         ints[0, :n] = torch.as_tensor(list(tokens), dtype=torch.long)
         ints[1, :n] = torch.as_tensor(list(slots), dtype=torch.long)
         ints[2, :n] = torch.as_tensor([cache.lengths[s] for s in slots], dtype=torch.long)
-        if step.inputs["ints"].is_cuda:
-            # A pinned staging copy: the allocator keeps it until the copy has run.
-            ints = ints.pin_memory()
-        step.inputs["ints"].copy_(ints, non_blocking=True)
+        self._load(step, ints)
         logits = step()["logits"][:n].clone()  # the buffer is the next replay's output
         for slot in slots:
             cache.lengths[slot] += 1
             cache.written[slot] = cache.lengths[slot]
         self.graph_steps += 1
+        return logits
+
+    def prompts(self, slots: Sequence[int], tokens: Sequence[Sequence[int]]) -> Tensor:
+        """``forward_batch``'s step for prompt rows: one prefill replay (or chunks of
+        replays) per row with prefill buckets, else one eager step for all of them."""
+        if self.prefills is None:
+            return self.model.forward_batch(slots, tokens)
+        self.model.check_step(slots, tokens)
+        return torch.cat([self.prefill(slot, toks) for slot, toks in zip(slots, tokens,
+                                                                          strict=True)])
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, tokens: Sequence[int]) -> Tensor:
+        """Feed one stream's ``tokens`` from prefill graphs, in chunks of the largest query
+        bucket; float32 logits ``[1, V]`` of the last token, and the slot's length grows
+        by ``len(tokens)`` (as ``forward_batch`` with ``advance``)."""
+        if self.prefills is None:
+            raise RuntimeError("no prefill buckets: this decoder runs prompts eagerly")
+        cache = self.model.check_step([slot], [tokens])
+        if slot == self.scratch:
+            raise ValueError(f"slot {slot} is the graphs' scratch slot")
+        top = self.prefill_buckets[-1]
+        for start in range(0, len(tokens), top):
+            chunk = list(tokens[start:start + top])
+            n, at = len(chunk), cache.lengths[slot]
+            q = bucket_for(n, self.prefill_buckets)
+            length = bucket_for(at + n, self.length_buckets)
+            assert q is not None and length is not None  # chunks <= top; check_step: <= max_len
+            step = self.prefills.get((q, length))
+            ints = self._prefill_padding(q)
+            ints[0, :n] = torch.as_tensor(chunk, dtype=torch.long)
+            ints[1, :n] = torch.arange(at, at + n)
+            ints[1, n:] = at + n - 1  # padding repeats the last real query's position
+            ints[2, :n] = slot
+            ints[3, 0], ints[3, 1] = slot, n - 1
+            self._load(step, ints)
+            logits = step()["logits"].clone()  # the buffer is the next replay's output
+            cache.lengths[slot] += n
+            cache.written[slot] = cache.lengths[slot]
+            self.prefill_steps += 1
         return logits

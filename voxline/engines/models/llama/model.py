@@ -31,14 +31,14 @@ from voxline.engines.models.layers import MLP, RMSNorm
 from voxline.kernels.int8_linear import Int8Linear, quantize_linears
 from voxline.kernels.layer_ops import apply_rope, rope_tables
 
-__all__ = ["Attention", "DecoderLayer", "LlamaModel"]
+__all__ = ["Attention", "DecoderLayer", "LlamaModel", "StepPlan"]
 
 
 # --------------------------------------------------------------------------- layers
 
 
 @dataclass
-class _StepPlan:
+class StepPlan:
     """Index tensors shared by every layer of one forward step."""
 
     cos: Tensor  # [B, 1, Q, D]
@@ -68,7 +68,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
 
-    def forward(self, x: Tensor, plan: _StepPlan, cache: KVCache | None) -> Tensor:
+    def forward(self, x: Tensor, plan: StepPlan, cache: KVCache | None) -> Tensor:
         b, q_len, _ = x.shape
         q = self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -102,7 +102,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: Tensor, plan: _StepPlan, cache: KVCache | None) -> Tensor:
+    def forward(self, x: Tensor, plan: StepPlan, cache: KVCache | None) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), plan, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -246,7 +246,7 @@ class LlamaModel(nn.Module):
             self.inv_freq = self.inv_freq.to(positions.device)
         return rope_tables(positions, self.inv_freq, self.dtype, self.rope_scale)
 
-    def _plan(self, slots: Sequence[int], counts: Sequence[int], cache: KVCache) -> _StepPlan:
+    def _plan(self, slots: Sequence[int], counts: Sequence[int], cache: KVCache) -> StepPlan:
         dev = self.device
         starts = [cache.lengths[s] for s in slots]
         q_max = max(counts)
@@ -271,7 +271,7 @@ class LlamaModel(nn.Module):
         def idx(values: list[int]) -> Tensor:
             return torch.tensor(values, dtype=torch.long, device=dev)
 
-        return _StepPlan(
+        return StepPlan(
             cos=cos,
             sin=sin,
             mask=mask.unsqueeze(1),
@@ -294,10 +294,19 @@ class LlamaModel(nn.Module):
         positions = torch.arange(t, device=self.device).expand(b, t)
         cos, sin = self._cos_sin(positions)
         mask = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()
-        plan = _StepPlan(cos=cos, sin=sin, mask=mask)
-        h = self.model.embed_tokens(input_ids.to(self.device))
+        plan = StepPlan(cos=cos, sin=sin, mask=mask)
+        return self.logits(self.hidden(input_ids.to(self.device), plan, None))
+
+    def hidden(self, ids: Tensor, plan: StepPlan, cache: KVCache | None) -> Tensor:
+        """The last layer's hidden states ``[B, Q, H]`` of ``ids [B, Q]`` under ``plan``
+        (K/V written to ``cache`` as the plan says)."""
+        h = self.model.embed_tokens(ids)
         for layer in self.model.layers:
-            h = layer(h, plan, None)
+            h = layer(h, plan, cache)
+        return h
+
+    def logits(self, h: Tensor) -> Tensor:
+        """Float32 logits of final hidden states ``h [..., H]``."""
         return self.lm_head(self.model.norm(h)).float()
 
     def check_step(self, slots: Sequence[int], tokens: Sequence[Sequence[int]]) -> KVCache:
@@ -350,12 +359,10 @@ class LlamaModel(nn.Module):
             ids[b, : len(toks)] = torch.as_tensor(toks, dtype=torch.long)
         plan = self._plan(slots, counts, cache)
 
-        h = self.model.embed_tokens(ids.to(self.device))
-        for layer in self.model.layers:
-            h = layer(h, plan, cache)
+        h = self.hidden(ids.to(self.device), plan, cache)
         if not all_logits:
             h = h[torch.arange(len(slots), device=self.device), plan.last_t]
-        logits = self.lm_head(self.model.norm(h)).float()
+        logits = self.logits(h)
 
         for slot, q in zip(slots, counts, strict=True):
             cache.written[slot] = cache.lengths[slot] + q

@@ -9,6 +9,10 @@ GPU transcribes the batch ``--repeats`` times (after one warm-up call): p50/p95 
 call and ms per clip. onnxruntime transcribes each clip alone on one thread (how an
 ``asr_workers`` worker runs, without draft reuse: every call a new utterance). Transcripts
 are compared clip by clip; a mismatch is printed (cuDNN may convolve in TF32 on a GPU).
+Each batch size is timed twice, interleaved call by call: the encoder replayed from its
+graph (the engine's path, `moonshine_encoder`) and run eagerly (`encode_many`, as before
+those graphs); the last rows repeat batch 1 beside a thread spinning in Python at the
+engine's GIL switch interval (the other stages' host work).
 
     python benchmarks/bench_gpu_asr.py --device cpu --audio-dir DIR --batches 1,2   # smoke
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 import wave
 from pathlib import Path
@@ -26,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from voxline.engines.factory import GIL_SWITCH_INTERVAL_S  # noqa: E402
 from voxline.engines.models.moonshine_asr import MoonshineASR  # noqa: E402
 from voxline.engines.models.moonshine_torch import MoonshineTorchASR  # noqa: E402
 from voxline.engines.models.whisper_asr import TranscriptionOptions  # noqa: E402
@@ -75,22 +81,52 @@ def main() -> None:
         clips, [TranscriptionOptions()] * len(clips)), reference, strict=True)) if t != r]
     for i, ours, theirs in mismatches:
         print(f"clip {i}: torch {ours!r} vs onnxruntime {theirs!r}")
-    rows = []
-    for n in sizes:
-        batch = [clips[i % len(clips)] for i in range(n)]
-        options = [TranscriptionOptions()] * n
-        gpu.transcribe_many(batch, options)
-        times = []
-        for _ in range(args.repeats):
+    graphs_fit = gpu.encoder.fits
+
+    def timed(batch: list[np.ndarray], encoder: str) -> float:
+        gpu.encoder.fits = graphs_fit if encoder == "graphs" else (lambda *a: False)
+        try:
             t0 = time.perf_counter()
-            gpu.transcribe_many(batch, options)
-            times.append((time.perf_counter() - t0) * 1000)
-        row = {"batch": n, "p50_ms": round(percentile(times, 50), 1),
-               "p95_ms": round(percentile(times, 95), 1),
-               "ms_per_clip": round(percentile(times, 50) / n, 2)}
-        rows.append(row)
-        print(f"batch {n:3d}: {row['p50_ms']:7.1f} / {row['p95_ms']:7.1f} ms p50/p95 per call, "
-              f"{row['ms_per_clip']:6.2f} ms per clip")
+            gpu.transcribe_many(batch, [TranscriptionOptions()] * len(batch))
+            return (time.perf_counter() - t0) * 1000
+        finally:
+            gpu.encoder.fits = graphs_fit
+
+    def level(n: int, label: str) -> None:
+        batch = [clips[i % len(clips)] for i in range(n)]
+        times: dict[str, list[float]] = {"graphs": [], "eager": []}
+        for rep in range(args.repeats + 1):  # the first call of each arm warms it up
+            for encoder, ts in times.items():
+                ms = timed(batch, encoder)
+                if rep:
+                    ts.append(ms)
+        for encoder, ts in times.items():
+            row = {"batch": n, "encoder": encoder, "when": label,
+                   "p50_ms": round(percentile(ts, 50), 1), "p95_ms": round(percentile(ts, 95), 1),
+                   "ms_per_clip": round(percentile(ts, 50) / n, 2)}
+            rows.append(row)
+            print(f"batch {n:3d}, encoder {encoder:6s} {label}: {row['p50_ms']:7.1f} / "
+                  f"{row['p95_ms']:7.1f} ms p50/p95 per call, {row['ms_per_clip']:6.2f} ms per clip")
+
+    rows: list[dict[str, object]] = []
+    for n in sizes:
+        level(n, "alone")
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    default = sys.getswitchinterval()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    spinner.start()
+    try:
+        level(1, "beside a busy thread")
+    finally:
+        stop.set()
+        spinner.join()
+        sys.setswitchinterval(default)
     result = {"device": args.device, "cpu_ms_per_clip": [round(m, 1) for m in cpu_ms],
               "transcripts_differ": len(mismatches), "batches": rows}
     if args.out:

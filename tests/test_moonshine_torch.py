@@ -17,6 +17,7 @@ from voxline.engines.factory import gpu_footprints, load_asr
 from voxline.engines.models import moonshine_torch
 from voxline.engines.models.moonshine_asr import BOS_ID, EOS_ID, MoonshineASR, token_budget
 from voxline.engines.models.moonshine_decoder import StaticDecoder
+from voxline.engines.models.moonshine_encoder import conv_counts, samples_for
 from voxline.engines.models.moonshine_torch import (
     MoonshineTorchASR,
     build_model,
@@ -84,6 +85,32 @@ def test_a_batch_encodes_each_clip_as_alone(asr: MoonshineTorchASR,
         alone = asr.encode(clip)[0]
         assert alone.shape[0] == n
         torch.testing.assert_close(state[:n], alone, atol=1e-4, rtol=0)
+
+
+def test_a_frame_buckets_samples_are_the_fewest_that_give_its_frames() -> None:
+    for frames in (1, 64, 128, 512, 768):
+        assert conv_counts(samples_for(frames))[1] == frames
+        assert conv_counts(samples_for(frames) - 1)[1] == frames - 1
+
+
+def test_the_bucketed_encoder_gives_encode_manys_states(asr: MoonshineTorchASR,
+                                                        clips: list[np.ndarray]) -> None:
+    """The static-buffer encoder (a graph per bucket on a GPU; here its eager twin) pads
+    rows and samples to a bucket; each clip's own frames are encode_many's."""
+    want, frames = asr.encode_many(clips)
+    assert asr.encoder.keys() == [(r, f) for r in (1, 2, 4) for f in (64, 128, 256, 384, 512)]
+    for batch in (clips, clips[1:2]):  # 3 rows in a 4-row bucket (one padding row); 1 row
+        got, got_frames = asr.encoder.run(batch)
+        idx = [i for i, c in enumerate(clips) if any(c is b for b in batch)]
+        assert got_frames == [frames[i] for i in idx]
+        assert got.shape[0] == len(batch) and got.shape[1] in asr.encoder.frame_buckets
+        assert got.shape[1] >= max(got_frames) and torch.isfinite(got).all()
+        for row, i in zip(got, idx, strict=True):
+            torch.testing.assert_close(row[:frames[i]], want[i, :frames[i]], atol=1e-4, rtol=0)
+    assert asr.encoder.fits(4, samples_for(512)) and not asr.encoder.fits(5, 16000)
+    assert not asr.encoder.fits(1, samples_for(512) + 1)
+    with pytest.raises(ValueError, match="past the encoder's buckets"):
+        asr.encoder.run([np.zeros(samples_for(512) + 1, np.float32)])
 
 
 def test_batched_transcripts_are_onnxruntimes(asr: MoonshineTorchASR, reference: MoonshineASR,

@@ -19,7 +19,8 @@ numpy is the same arithmetic the ORT graph does, so the weights are bit-identica
 
 Batching (`transcribe_many`): the clips are padded to the longest and encoded at once,
 with the GroupNorm's statistics and the attention masked to each clip's own frames
-(`encode_many`); the decoder then takes every clip in one greedy step per token over
+(`encode_many`; up to 16 clips of up to 12.3 s are padded to a bucket instead and replayed
+from one CUDA graph per bucket on a GPU, `moonshine_encoder`); the decoder then takes every clip in one greedy step per token over
 static buffers, one CUDA graph per batch shape on a GPU (`moonshine_decoder`), each row
 cut at </s> or its own token budget. Encoder states and logits agree with onnxruntime's
 to float rounding and the tokens are the same (tests compare them on the CPU).
@@ -52,6 +53,7 @@ from voxline.engines.models.moonshine_asr import (
     token_budget,
 )
 from voxline.engines.models.moonshine_decoder import StaticDecoder
+from voxline.engines.models.moonshine_encoder import GRAPH_ROWS, StaticEncoder, conv_counts
 from voxline.engines.models.whisper_asr import BatchTranscriber, TranscriptionOptions
 from voxline.errors import ModelUnavailableError
 from voxline.logs import timed
@@ -244,9 +246,11 @@ class MoonshineTorchASR(BatchTranscriber):
         self.tokenizer = tokenizer
         self.max_batch = max_batch  # the ASR stage batches at most this many jobs
         self.device = next(model.parameters()).device
+        capture = self.device.type == "cuda"
         self.decoder = StaticDecoder(model.model.decoder, model.proj_out,
-                                     rows=max(1, min(max_batch, MAX_GRAPH_ROWS)),
-                                     capture=self.device.type == "cuda")
+                                     rows=max(1, min(max_batch, MAX_GRAPH_ROWS)), capture=capture)
+        self.encoder = StaticEncoder(self._encode, self.device,
+                                     rows=max(1, min(max_batch, GRAPH_ROWS)), capture=capture)
         # A side stream on a GPU, so the other stages' kernels need not queue behind ours.
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
@@ -263,6 +267,11 @@ class MoonshineTorchASR(BatchTranscriber):
             with timed(log, f"capturing {len(asr.decoder.keys())} Moonshine decoder graphs "
                             f"({asr.decoder.nbytes / 2**20:.0f} MiB of buffers)"):
                 asr.decoder.steps.prepare(asr.decoder.keys(), progress=False)  # 1 s in all
+            reserved = torch.cuda.memory_reserved(asr.device)
+            with timed(log, f"capturing {len(asr.encoder.keys())} Moonshine encoder graphs"):
+                asr.encoder.steps.prepare(asr.encoder.keys(), progress=False)
+            log.info("Moonshine encoder graphs: %.0f MiB of GPU memory",
+                     (torch.cuda.memory_reserved(asr.device) - reserved) / 2**20)
         return asr
 
     def _transcribe_many(self, clips: Sequence[np.ndarray],
@@ -294,19 +303,24 @@ class MoonshineTorchASR(BatchTranscriber):
         GroupNorm's statistics and the attention cover each clip's own frames only: a
         valid output frame of each strided conv reads valid input frames only, so every
         clip's frames are what it would get alone (to float rounding)."""
-        enc = self.model.model.encoder
         lengths = [len(c) for c in clips]
         values = torch.zeros(len(clips), max(lengths))
         for i, clip in enumerate(clips):
             values[i, :len(clip)] = torch.from_numpy(clip)
-        values = values.to(self.device, non_blocking=True)
-        n1 = [(n - 127) // 64 + 1 for n in lengths]  # conv1: kernel 127, stride 64
-        frames = [((m - 7) // 3 + 1 - 3) // 2 + 1 for m in n1]  # conv2 (7, 3), conv3 (3, 2)
+        states = self._encode(values.to(self.device, non_blocking=True),
+                              torch.tensor(lengths, device=self.device))
+        return states, [conv_counts(n)[1] for n in lengths]
+
+    def _encode(self, values: torch.Tensor, samples: torch.Tensor) -> torch.Tensor:
+        """Encoder states [clips, frames, 416] of zero-padded `values` [clips, width], each
+        row's own `samples` counted (a device tensor: no host sync, so a graph can hold it)."""
+        enc = self.model.model.encoder
+        n1, frames = conv_counts(samples)
         h = torch.tanh(enc.conv1(values[:, None]))
-        h = self._group_norm(h, torch.tensor(n1, device=self.device))
+        h = self._group_norm(h, n1)
         h = torch.nn.functional.gelu(enc.conv2(h))
         h = torch.nn.functional.gelu(enc.conv3(h)).permute(0, 2, 1)
-        valid = self._valid(frames, h.shape[1])
+        valid = torch.arange(h.shape[1], device=h.device)[None] < frames[:, None]
         # additive key mask [clips, 1, 1, frames]: eager and SDPA attention both take it
         mask = torch.zeros(valid.shape, dtype=h.dtype, device=self.device)
         mask = mask.masked_fill(~valid, torch.finfo(h.dtype).min)[:, None, None, :]
@@ -314,7 +328,7 @@ class MoonshineTorchASR(BatchTranscriber):
         rotary = enc.rotary_emb(h, position_ids=positions)
         for layer in enc.layers:
             h = layer(h, attention_mask=mask, position_ids=positions, position_embeddings=rotary)
-        return enc.layer_norm(h), frames
+        return enc.layer_norm(h)
 
     def _valid(self, frames: Sequence[int], width: int) -> torch.Tensor:
         """[clips, width] bool: True on each clip's own frames."""
@@ -346,6 +360,9 @@ class MoonshineTorchASR(BatchTranscriber):
             return self._tokens(clips)
 
     def _tokens(self, clips: Sequence[np.ndarray]) -> list[list[int]]:
-        states, frames = self.encode_many(clips)
+        if self.encoder.fits(len(clips), max(map(len, clips))):
+            states, frames = self.encoder.run(clips)  # a graph replay on a GPU
+        else:
+            states, frames = self.encode_many(clips)
         return self.decoder.decode(states, self._valid(frames, states.shape[1]),
                                    [token_budget(len(c)) for c in clips], bos=BOS_ID, eos=EOS_ID)

@@ -525,7 +525,8 @@ class Responses:
             response.spans[-1].text = f"{response.spans[-1].text} {out.text}"
         if len(out.audio):
             if not response.audio_ms:
-                trace(stream.internal_id, "first_audio", held=response.speculative is not None)
+                trace(stream.internal_id, "first_audio", held=response.speculative is not None,
+                      step_ms=round(step_ms))
             audio = np.asarray(out.audio, dtype=np.float32)
             ms = len(audio) * 1000 / out.sample_rate
             if out.text or not response.spans:

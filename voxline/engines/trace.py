@@ -49,7 +49,8 @@ def timeline(lines: Iterable[str]) -> str:
     """Median milestones of the turns that spoke, from trace messages (``t=... stream=...
     event ...``), in ms after the engine saw the speech fall silent (``speech_ended``,
     `input_audio.SPEECH_END_MS` into the silence), plus the LLM's work by the reply's first
-    text and first segment.
+    text and first segment, and the TTS step that made the first audio (the rest of
+    first_segment -> first_audio is the wait for that step to start and be collected).
     A turn counts once it has both stopped and reached first audio, in either order (a
     speculative reply's first audio is often ready before the turn stops)."""
     turns: list[dict[str, float]] = []
@@ -69,7 +70,7 @@ def timeline(lines: Iterable[str]) -> str:
         if event.startswith("asr_") and fields.get("kind") not in ("take", "pause", "final"):
             continue  # partials
         turn.setdefault(event, t - turn["t0"])
-        for key in ("prompt", "cached", "tokens", "llm_ms"):
+        for key in ("prompt", "cached", "tokens", "llm_ms", "step_ms"):
             if key in fields and fields[key] != "None":
                 turn.setdefault(f"{event}.{key}", float(fields[key]))
         if "first_audio" in turn and "turn_stopped" in turn:
@@ -86,7 +87,7 @@ def timeline(lines: Iterable[str]) -> str:
     out.append(f"  first_audio - turn_stopped {_pct(ready, 50):6.0f}   (p95 {_pct(ready, 95):.0f}; "
                f"{sum(r <= 0 for r in ready)} of {len(ready)} ready by the stop)")
     for key in ("first_delta.prompt", "first_delta.cached", "first_delta.llm_ms",
-                "first_segment.tokens", "first_segment.llm_ms"):
+                "first_segment.tokens", "first_segment.llm_ms", "first_audio.step_ms"):
         vals = [tr[key] for tr in turns if key in tr]
         if vals:
             out.append(f"  {key:<20} {_pct(vals, 50):6.0f}")

@@ -254,6 +254,14 @@ def test_sample_greedy_and_seeded() -> None:
     assert mixed[0] == greedy[0] and mixed[2] == greedy[2]
 
 
+def test_unseeded_rows_draw_in_one_go_and_a_seeded_row_keeps_its_own_draws() -> None:
+    logits = torch.zeros(6, 1000)  # flat: the pick is wherever the noise is smallest
+    picks = sample(logits, [1.0] * 6, generators=[None] * 5 + [torch.Generator().manual_seed(7)])
+    alone = sample(logits[5:], [1.0], generators=[torch.Generator().manual_seed(7)])
+    assert picks[5] == alone[0]
+    assert len(set(picks[:5].tolist())) > 1  # each unseeded row gets noise of its own
+
+
 def test_sample_top_k_top_p() -> None:
     logits = torch.tensor([[0.0, 3.0, 2.9, -1.0]]).repeat(400, 1)
     gens = [torch.Generator().manual_seed(i) for i in range(400)]

@@ -57,10 +57,17 @@ def sample(
         order = None
     probs = scores.softmax(dim=-1)
     # Exponential-race sampling: argmax(p / E), E ~ Exp(1) drawn from each row's generator.
+    # Unseeded rows share the default generator: one draw for the whole batch (a launch
+    # per row was a GIL-bound cost of every decode step at 64 streams), then seeded rows
+    # draw their own.
     noise = torch.empty_like(probs)
+    if not generators or any(generators[i] is None for i in sampled_rows):
+        noise.exponential_()
     for j, i in enumerate(sampled_rows):
         gen = generators[i] if generators else None
-        if gen is not None and gen.device != noise.device:
+        if gen is None:
+            continue
+        if gen.device != noise.device:
             draw = torch.empty(noise.shape[1], dtype=noise.dtype, device=gen.device)
             noise[j].copy_(draw.exponential_(generator=gen))
         else:

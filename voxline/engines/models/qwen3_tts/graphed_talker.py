@@ -230,7 +230,8 @@ class GraphedTalkerGenerator(TalkerGenerator):
         live, results, completing = triage(streams, self.eos)
 
         decode: list[TalkerStream] = []
-        inputs: list[Tensor] = []
+        kept: list[int] = []  # rows of `completing` that decode on
+        texts: list[Tensor] = []
         if completing:
             frames, embeds = self._complete(completing)
             for i, s in enumerate(completing):
@@ -241,7 +242,8 @@ class GraphedTalkerGenerator(TalkerGenerator):
                     s.finish = results[id(s)].finish = FinishReason.LENGTH
                     continue
                 decode.append(s)
-                inputs.append(embeds[i] + s.prompt.text_for_frame(s.frames - 1))
+                kept.append(i)
+                texts.append(s.prompt.text_for_frame(s.frames - 1))
 
         fed: list[TalkerStream] = []
         hiddens: list[Tensor] = []
@@ -253,7 +255,10 @@ class GraphedTalkerGenerator(TalkerGenerator):
             hiddens.append(hidden)
             codes.append(code)
         if decode:
-            hidden, code = self._decode(decode, torch.stack(inputs))
+            # one add for the batch, not one per row: each torch call gives up the GIL
+            # the other stages' threads are waiting for
+            rows = embeds if len(kept) == len(completing) else torch.stack([embeds[i] for i in kept])
+            hidden, code = self._decode(decode, rows + torch.stack(texts))
             fed += decode
             hiddens.append(hidden)
             codes.append(code)

@@ -35,3 +35,17 @@ def test_on_cuda_the_work_follows_the_default_stream_and_is_done_on_return():
     assert seen == [True]
     assert stream.stream.query()  # nothing of the stage's left running
     assert out.tolist() == [2.0] * 4
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_copy_in_fills_a_static_input_from_the_host(device):
+    from voxline.kernels.cuda_graphs import copy_in
+
+    dst = torch.zeros(2, 3, dtype=torch.long, device=device)
+    src = torch.arange(6).view(2, 3)
+    copy_in(dst, src)
+    src.zero_()  # the host's tensor may change at once: the copy read a staging copy
+    assert dst.tolist() == [[0, 1, 2], [3, 4, 5]]
+    copy_in(dst[1], torch.tensor([7, 8, 9]))  # a view: only its rows change
+    assert dst.tolist() == [[0, 1, 2], [7, 8, 9]]

@@ -24,7 +24,8 @@ from typing import Generic, TypeVar
 import torch
 from torch import Tensor
 
-__all__ = ["BucketedSteps", "StageStream", "StaticStep", "bucket_for", "ladder_buckets", "pow2_buckets"]
+__all__ = ["BucketedSteps", "StageStream", "StaticStep", "bucket_for", "copy_in", "ladder_buckets",
+           "pow2_buckets"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,18 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int | None:
         if b >= n:
             return b
     return None
+
+
+def copy_in(dst: Tensor, src: Tensor) -> None:
+    """Copy ``src`` into a step's static input ``dst``. From host memory into a GPU buffer
+    the copy goes through a pinned staging copy without waiting: a plain ``copy_`` from
+    pageable memory synchronizes the stream, so the host sat idle while the step before
+    ran (and gave up the GIL to get it back). The pinned block is kept until the copy has
+    run (PyTorch's host allocator records it on the stream)."""
+    if dst.is_cuda and src.device.type == "cpu":
+        dst.copy_(src.pin_memory(), non_blocking=True)
+    else:
+        dst.copy_(src)
 
 
 class StaticStep:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, pow2_buckets
+from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, copy_in, pow2_buckets
 
 from .moonshine_decoder import FRAME_BUCKETS
 
@@ -103,8 +103,6 @@ class StaticEncoder:
         for i, clip in enumerate(clips):
             values[i, :len(clip)] = torch.from_numpy(clip)
             samples[i] = len(clip)
-        if self.values.is_cuda:  # pinned: the copies need not wait for the host
-            values, samples = values.pin_memory(), samples.pin_memory()
-        step.inputs["values"].copy_(values, non_blocking=True)
-        step.inputs["samples"].copy_(samples, non_blocking=True)
+        copy_in(step.inputs["values"], values)
+        copy_in(step.inputs["samples"], samples)
         return step()["states"][:len(clips)].clone(), frames  # the next replay overwrites it

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, pow2_buckets
+from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, copy_in, pow2_buckets
 from voxline.kernels.decode_attention import attend_decode
 from voxline.kernels.layer_ops import apply_rope
 
@@ -207,14 +207,6 @@ class GraphedLlamaDecoder:
 
     # -- stepping ---------------------------------------------------------------------
 
-    @staticmethod
-    def _load(step: StaticStep, ints: Tensor) -> None:
-        """Copy a step's inputs in: one non-blocking host-to-device copy on CUDA, from a
-        pinned staging copy (the allocator keeps it until the copy has run)."""
-        if step.inputs["ints"].is_cuda:
-            ints = ints.pin_memory()
-        step.inputs["ints"].copy_(ints, non_blocking=True)
-
     def bucket(self, n: int, need: int) -> tuple[int, int] | None:
         """The (batch, length) bucket of ``n`` rows attending over ``need`` positions."""
         b = bucket_for(n, self.batch_buckets)
@@ -259,7 +251,7 @@ class GraphedLlamaDecoder:
         ints[0, :n] = torch.as_tensor(list(tokens), dtype=torch.long)
         ints[1, :n] = torch.as_tensor(list(slots), dtype=torch.long)
         ints[2, :n] = torch.as_tensor([cache.lengths[s] for s in slots], dtype=torch.long)
-        self._load(step, ints)
+        copy_in(step.inputs["ints"], ints)
         logits = step()["logits"][:n].clone()  # the buffer is the next replay's output
         for slot in slots:
             cache.lengths[slot] += 1
@@ -300,7 +292,7 @@ class GraphedLlamaDecoder:
             ints[1, n:] = at + n - 1  # padding repeats the last real query's position
             ints[2, :n] = slot
             ints[3, 0], ints[3, 1] = slot, n - 1
-            self._load(step, ints)
+            copy_in(step.inputs["ints"], ints)
             logits = step()["logits"].clone()  # the buffer is the next replay's output
             cache.lengths[slot] += n
             cache.written[slot] = cache.lengths[slot]

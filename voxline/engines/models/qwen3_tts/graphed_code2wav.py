@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from voxline.kernels.compiled import maybe_compile
-from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, pow2_buckets
+from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, copy_in, pow2_buckets
 
 from .code2wav import Code2WavDecoder, Code2WavState
 
@@ -136,7 +136,7 @@ class GraphedCode2Wav:
                 wav = self._fn(torch.tensor(ids, device=codes.device), codes)["wav"]
             else:
                 step = self.steps.get((b, t))
-                step.inputs["slots"].copy_(torch.tensor(ids + [self.scratch] * (b - n)))
+                copy_in(step.inputs["slots"], torch.tensor(ids + [self.scratch] * (b - n)))
                 step.inputs["codes"][:n].copy_(codes)
                 wav = step()["wav"]
             for row, i in enumerate(idx):

@@ -61,7 +61,7 @@ from torch import Tensor
 from voxline.engines.models.layers import fuse_decoder_modules
 from voxline.kernels.attention import attend, attend_matmul, attend_sum, position_mask
 from voxline.kernels.compiled import maybe_compile
-from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, pow2_buckets
+from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, copy_in, pow2_buckets
 from voxline.kernels.decode_attention import attend_decode
 from voxline.kernels.decoder_step import attn_mlp, attn_out_mlp, attn_prep
 from voxline.kernels.qkv_decode_attention import (
@@ -358,8 +358,8 @@ class GraphedTalkerGenerator(TalkerGenerator):
         step = self.frame_steps.get((b, cap))
         ints, floats = self._frame_settings(streams, b)
         step.inputs["hidden"][:n].copy_(hidden)
-        step.inputs["ints"].copy_(ints)
-        step.inputs["floats"].copy_(floats)
+        copy_in(step.inputs["ints"], ints)
+        copy_in(step.inputs["floats"], floats)
         out = step()
         return out["frames"][:n].clone(), out["embeds"][:n].clone()
 
@@ -411,9 +411,9 @@ class GraphedTalkerGenerator(TalkerGenerator):
         x.zero_()  # padded positions: finite and never attended to by real ones
         for i, s in enumerate(streams):
             x[i, : counts[i]].copy_(s.prompt.embeds)
-        step.inputs["ints"].copy_(ints)
-        step.inputs["floats"].copy_(floats)
-        step.inputs["last"].copy_(torch.tensor([c - 1 for c in counts] + [0] * (b - n)))
+        copy_in(step.inputs["ints"], ints)
+        copy_in(step.inputs["floats"], floats)
+        copy_in(step.inputs["last"], torch.tensor([c - 1 for c in counts] + [0] * (b - n)))
         out = step()
         for s, c in zip(streams, counts, strict=True):
             cache.lengths[s.slot] += c
@@ -514,8 +514,8 @@ class GraphedTalkerGenerator(TalkerGenerator):
             step = self.decode_steps.get((b, length))
             ints, floats = self._first_settings(streams, b)
             step.inputs["x"][:n].copy_(x)
-            step.inputs["ints"].copy_(ints)
-            step.inputs["floats"].copy_(floats)
+            copy_in(step.inputs["ints"], ints)
+            copy_in(step.inputs["floats"], floats)
             out = step()
             hidden, code = out["hidden"][:n].clone(), out["code"][:n]
         for s in streams:

@@ -1,0 +1,195 @@
+"""Torch calls the host makes per unit of engine work, eager against graph replays (CPU).
+
+    .venv/bin/python benchmarks/host_ops.py
+
+On a GPU server every torch call a stage's thread makes from Python gives up the GIL and
+must win it back from the engine's other threads (each spinning Python for up to the
+engine's 0.5 ms switch interval): `bench_gpu_llm_cold.py` measured a 57-token eager
+prompt at 16-19 ms alone and 777-878 ms beside one busy thread. So the count of such
+calls per plan is what a stage costs the others, whatever the GPU. This counts them on
+the CPU, where the same code runs: Python-level torch calls (a ``TorchFunctionMode``) and
+the aten ops they dispatch (a ``TorchDispatchMode``), for
+
+- a prompt of the embedded LLM (Llama-3.2-1B's 16 layers, narrow: the count does not
+  depend on width): eager (`LlamaModel.forward_batch`) against the prefill-graph path
+  (`GraphedLlamaDecoder.prompts`), its replay counted as one call;
+- Moonshine's encoder on 1 and 4 clips: eager (`encode_many`) against the bucketed
+  encoder (`StaticEncoder.run`), replay as one;
+- Moonshine's greedy decoding of those clips: host reads of the picks per transcript (one
+  per replay; one per token before four tokens a replay);
+- one Qwen3-TTS step of the graph path with 16 replies speaking (replays as one);
+- sampling 64 LLM rows at temperature 0.8, unseeded (one noise draw) and seeded (a draw
+  per row, which is what every row cost before).
+
+A "replay as one" arm swaps `StaticStep.__call__` for a stand-in that only returns the
+step's outputs: on a GPU that call is one `CUDAGraph.replay`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import LlamaConfig
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+
+from voxline.engines.models.llama.graphs import PREFILL_BUCKETS, GraphedLlamaDecoder  # noqa: E402
+from voxline.engines.models.llama.model import LlamaModel  # noqa: E402
+from voxline.engines.models.sampling import sample  # noqa: E402
+from voxline.kernels.cuda_graphs import StaticStep  # noqa: E402
+
+
+class _Calls(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count(fn: Callable[[], object]) -> dict[str, object]:
+    """Python-level torch calls and aten ops of one call of ``fn``."""
+    with _Calls() as calls, _Ops() as ops:
+        fn()
+    return {"torch_calls": calls.n, "aten_ops": sum(ops.ops.values())}
+
+
+@contextmanager
+def replay_as_one():
+    """StaticStep calls return their outputs without running (a graph replay's one call)."""
+    def replay(step: StaticStep) -> dict[str, torch.Tensor]:
+        if not step.outputs:
+            step._run()  # the first call makes the output buffers (capture does, at load)
+        return step.outputs
+
+    with mock.patch.object(StaticStep, "__call__", replay):
+        yield
+
+
+def llm_prompt() -> dict[str, object]:
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=16,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                         max_position_embeddings=2048, tie_word_embeddings=True)
+    model = LlamaModel(config).eval()
+    model.allocate_cache(3, 1024)
+    dec = GraphedLlamaDecoder(model, max_streams=2, prefill_buckets=PREFILL_BUCKETS)
+    history = torch.randint(0, 512, (157,)).tolist()
+    model.forward_batch([0], [history])  # 157 tokens cached, as a conversation's turn
+    prompt = torch.randint(0, 512, (57,)).tolist()
+
+    def eager() -> None:
+        model.forward_batch([0], [prompt])
+        model.cache.truncate(0, 157)
+
+    def graphed() -> None:
+        dec.prompts([0], [prompt])
+        model.cache.truncate(0, 157)
+
+    graphed()  # make the bucket's step (and its output buffers) first
+    with replay_as_one():
+        return {"eager": count(eager), "prefill graph": count(graphed)}
+
+
+def moonshine() -> dict[str, object]:
+    from speech import espeak
+
+    from voxline.engines.models import moonshine_decoder
+    from voxline.engines.models.moonshine_asr import BOS_ID, EOS_ID, token_budget
+    from voxline.engines.models.moonshine_torch import MoonshineTorchASR
+
+    asr = MoonshineTorchASR.load("cpu", max_batch=4)
+    clips = [espeak("What is the capital of France?"),
+             espeak("Please set a timer for ten minutes and turn off the kitchen lights."),
+             espeak("Good morning."), espeak("How far away is the moon?")]
+    out: dict[str, object] = {}
+    for n in (1, 4):
+        batch = clips[:n]
+        asr.encoder.run(batch)
+        with replay_as_one():
+            out[f"encode {n} clip(s)"] = {"eager": count(lambda b=batch: asr.encode_many(b)),
+                                          "encoder graph": count(lambda b=batch: asr.encoder.run(b))}
+    states, frames = asr.encode_many(clips)
+    valid = asr._valid(frames, states.shape[1])
+    budgets = [token_budget(len(c)) for c in clips]
+    reads = Counter()
+    real_tolist = torch.Tensor.tolist
+
+    def tolist(t: torch.Tensor):
+        reads["n"] += 1
+        return real_tolist(t)
+
+    with mock.patch.object(torch.Tensor, "tolist", tolist):
+        tokens = asr.decoder.decode(states, valid, budgets, bos=BOS_ID, eos=EOS_ID)
+    longest = max(len(t) for t in tokens) + 1  # the steps until every row ended
+    out["decode 4 clips"] = {"tokens": [len(t) for t in tokens], "host reads": reads["n"],
+                             "host reads at one token a replay": longest,
+                             "tokens per replay": moonshine_decoder.TOKENS_PER_REPLAY}
+    return out
+
+
+def tts_step(streams: int = 16) -> dict[str, object]:
+    """One Qwen3-TTS step of the graph path with ``streams`` replies speaking (the tests'
+    tiny random checkpoint: the count does not depend on the model's size)."""
+    import tempfile
+
+    from test_qwen3_tts_stage import make_stage, write_test_checkpoint
+
+    from voxline.engines.models.qwen3_tts import TalkerSampling
+    from voxline.engines.speech_model import SpeechJob
+
+    with tempfile.TemporaryDirectory() as tmp:
+        stage = make_stage(write_test_checkpoint(Path(tmp) / "model"), graphs=True,
+                           max_streams=streams, max_frames=400, max_len=1024,
+                           sampling=TalkerSampling(min_frames=300))  # no reply ends early
+        for i in range(streams):
+            stage.start(SpeechJob(i + 1, "a long enough reply to keep speaking for a while"))
+        for _ in range(12):  # every stream admitted and its first chunks out
+            stage.step()
+        with replay_as_one():
+            stage.step()  # the steady step's buffers exist
+            counts = [count(stage.step) for _ in range(4)]
+    return {f"{streams} streams, steady steps": counts}
+
+
+def sampling() -> dict[str, object]:
+    logits = torch.randn(64, 4096)
+    gens = [torch.Generator().manual_seed(i) for i in range(64)]
+    # every row seeded: each draws its own noise, as every row did before unseeded rows
+    # drew theirs in one go
+    return {"64 unseeded rows at 0.8": count(lambda: sample(logits, [0.8] * 64, generators=[None] * 64)),
+            "64 seeded rows at 0.8": count(lambda: sample(logits, [0.8] * 64, generators=gens))}
+
+
+def main() -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # speech.espeak
+    report = {"llm prompt, 157 cached + 57 new, 16 layers": llm_prompt(),
+              "moonshine": moonshine(), "sampling": sampling(), "qwen3-tts step": tts_step()}
+    print(json.dumps(report, indent=2, default=lambda o: o.tolist() if isinstance(o, np.ndarray) else str(o)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -38,17 +38,29 @@ def test_requests_join_and_leave_the_batch_every_step():
     assert EOS not in a.generated
 
 
-def test_the_load_note_describes_the_plans_since_the_last_one():
+def test_the_load_note_describes_the_plans_since_the_last_one(monkeypatch):
+    import voxline.engines.llm_stage as llm_stage
+
     lm = CountingLM(stop_after=3)
+    clock = [0.0]  # the model takes 1 ms per token it is fed
+    forward = lm.forward
+
+    def timed_forward(slots, tokens):
+        clock[0] += 0.001 * sum(map(len, tokens))
+        return forward(slots, tokens)
+
+    monkeypatch.setattr(lm, "forward", timed_forward)
+    monkeypatch.setattr(llm_stage, "_clock", lambda: clock[0])
     stage = LLMStage(lm)
     assert stage.load_note() is None
     stage.add(make_request(lm, "a#1", [1, 9, 3]))
-    run_step(stage)  # a prefills 3 tokens
+    run_step(stage)  # a prefills 3 tokens: 3 ms
     stage.add(make_request(lm, "b#1", [5, 1, 9, 3, 7]))
-    run_step(stage)  # a decodes beside b's 5-token prompt
-    run_step(stage)  # both decode
+    run_step(stage)  # a decodes beside b's 5-token prompt: 6 ms
+    run_step(stage)  # both decode: 2 ms
     assert stage.load_note() == ("1.0 decode rows a plan; 2 plans with prompts, 4 prompt "
-                                 "tokens each; largest 6 tokens")
+                                 "tokens each; largest 6 tokens; with prompts 4.5 ms each; "
+                                 "without 2.0 ms each")
     assert stage.load_note() is None  # reset
 
 

@@ -3,9 +3,9 @@
     python benchmarks/bench_gpu_llm_prefill.py --out /tmp/prefill.json            # on a GPU
     python benchmarks/bench_gpu_llm_prefill.py --device cpu --shape smollm2 --reps 2 --streams 4  # smoke
 
-The embedded LLM's prompts ran eagerly (`LlamaModel.forward_batch`): some 600 kernels for
-the Llama-3.2-1B shape, each launched from Python while the engine's other stages want the
-GIL (16-19 ms for a lone 57-token prompt on an H200, `bench_gpu_llm_cold.py`).
+The embedded LLM's prompts ran eagerly (`LlamaModel.forward_batch`): some 1,000 torch
+calls for the Llama-3.2-1B shape (`host_ops.py`), each made from Python while the
+engine's other stages want the GIL (16-19 ms for a lone 57-token prompt on an H200, `bench_gpu_llm_cold.py`).
 `GraphedLlamaDecoder.prefill` replays one graph per (query, length) bucket instead. This
 builds the shape with random weights (bfloat16), captures both kinds of graph as the
 engine does (logging the prefill graphs' capture time and memory), then times, arms

@@ -227,3 +227,18 @@ def test_prefill_refusals():
     assert ours.cache.lengths[1] == 0 and dec.prefill_steps == 0  # nothing was fed
     with pytest.raises(RuntimeError, match="runs prompts eagerly"):
         GraphedLlamaDecoder(ours, max_streams=STREAMS).prefill(1, [1, 2])
+
+
+def test_the_graph_step_functions_need_no_host_value():
+    """What CUDA-graph capture needs, checked on the eager twins: no host reads inside."""
+    from host_sync import no_host_sync
+
+    _, _, dec = pair("cpu", **PREFILL)
+    steps = [dec.steps.get((4, 32)), dec.prefills.get((8, 64))]
+    for step in steps:
+        with torch.inference_mode(), no_host_sync():  # as StaticStep runs it
+            step.fn(**step.inputs)
+    with pytest.raises(AssertionError, match="reads a device value"), no_host_sync():
+        steps[0].inputs["ints"][0, 0].item()  # the check does catch a host read ...
+    with pytest.raises(AssertionError, match="tensor from Python data"), no_host_sync():
+        torch.tensor([1, 2])  # ... and a tensor made from Python values

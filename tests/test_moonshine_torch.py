@@ -211,3 +211,15 @@ def test_its_memory_is_counted_on_the_gpu(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     on, _ = gpu_footprints(Settings(asr_device="cuda"))
     assert on["cuda:0"].parts == ("ASR",) and on["cuda:0"].weights > 61_000_000 * 4
+
+
+def test_the_graph_step_functions_need_no_host_value(asr: MoonshineTorchASR,
+                                                     clips: list[np.ndarray]) -> None:
+    """What CUDA-graph capture needs, checked on the eager twins: no host reads inside
+    the encoder's or the decoder's step (the clips' counts and tokens are device values)."""
+    from host_sync import no_host_sync
+
+    asr.encoder.run(clips)  # real inputs in the static buffers
+    for step in (asr.encoder.steps.get((4, 128)), asr.decoder.steps.get((4, 128))):
+        with torch.inference_mode(), no_host_sync():  # as StaticStep runs it
+            step.fn(**step.inputs)

@@ -322,3 +322,19 @@ def test_prefill_graph_equals_eager_prefill(model_dir):
     exact = make_stage(model_dir, graphs=True)
     exact.generator.prefill_buckets = []
     _assert_same(bucketed, _by_job(run(exact, _jobs())))
+
+
+def test_the_graph_step_functions_need_no_host_value(model_dir):
+    """What CUDA-graph capture needs, checked on the eager twins: no host reads inside the
+    talker's frame, decode and prefill steps or code2wav's."""
+    from host_sync import no_host_sync
+
+    stage = make_stage(model_dir, graphs=True)
+    run(stage, _jobs())  # every kind of step made, with real inputs last
+    gen = stage.generator
+    groups = [gen.frame_steps, gen.decode_steps, gen.prefill_steps, stage.chunks.codec.steps]
+    steps = [s for group in groups for s in group.steps.values()]
+    assert len(steps) >= 4
+    for step in steps:
+        with torch.inference_mode(), no_host_sync():  # as StaticStep runs it
+            step.fn(**step.inputs)

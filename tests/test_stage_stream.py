@@ -49,3 +49,14 @@ def test_copy_in_fills_a_static_input_from_the_host(device):
     assert dst.tolist() == [[0, 1, 2], [3, 4, 5]]
     copy_in(dst[1], torch.tensor([7, 8, 9]))  # a view: only its rows change
     assert dst.tolist() == [[0, 1, 2], [7, 8, 9]]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_to_device_makes_the_tensor_there(device):
+    from voxline.kernels.cuda_graphs import to_device
+
+    t = to_device([3, 1, 2], torch.long, torch.device(device))
+    assert t.device.type == device and t.dtype == torch.long and t.tolist() == [3, 1, 2]
+    f = to_device([0.5, 1.0], torch.float32, torch.device(device))
+    assert f.dtype == torch.float32 and f.tolist() == [0.5, 1.0]

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["BucketedSteps", "StageStream", "StaticStep", "bucket_for", "copy_in", "ladder_buckets",
-           "pow2_buckets"]
+           "pow2_buckets", "to_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,16 @@ def copy_in(dst: Tensor, src: Tensor) -> None:
         dst.copy_(src.pin_memory(), non_blocking=True)
     else:
         dst.copy_(src)
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A tensor of Python ``values`` on ``device``; onto a GPU without waiting for the
+    stream (``torch.tensor(values, device=...)`` copies from pageable memory, which waits
+    for every kernel queued before it)."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 class StaticStep:

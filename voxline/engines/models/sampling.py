@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from voxline.kernels.cuda_graphs import to_device
 from voxline.kernels.layer_ops import top_k_top_p_drop
 
 __all__ = ["sample"]
@@ -43,15 +44,16 @@ def sample(
     sampled_rows = [i for i, temp in enumerate(temperatures) if temp > 0]
     if not sampled_rows:
         return greedy
-    rows = torch.tensor(sampled_rows, device=logits.device)
-    temps = torch.tensor([temperatures[i] for i in sampled_rows], device=logits.device)
+    dev = logits.device
+    rows = to_device(sampled_rows, torch.long, dev)
+    temps = to_device([float(temperatures[i]) for i in sampled_rows], torch.float32, dev)
     scores = logits.index_select(0, rows).float() / temps[:, None]
     ks = [top_k[i] if top_k else 0 for i in sampled_rows]
     ps = [top_p[i] if top_p else 1.0 for i in sampled_rows]
     if any(0 < k < vocab for k in ks) or any(p < 1.0 for p in ps):
         sorted_scores, order = scores.sort(dim=-1, descending=True)
-        drop = top_k_top_p_drop(sorted_scores, torch.tensor(ks, device=logits.device),
-                                torch.tensor(ps, device=logits.device))
+        drop = top_k_top_p_drop(sorted_scores, to_device(ks, torch.long, dev),
+                                to_device([float(p) for p in ps], torch.float32, dev))
         scores = sorted_scores.masked_fill(drop, float("-inf"))
     else:
         order = None

@@ -39,7 +39,14 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, copy_in, pow2_buckets
+from voxline.kernels.cuda_graphs import (
+    BucketedSteps,
+    StaticStep,
+    bucket_for,
+    copy_in,
+    pow2_buckets,
+    to_device,
+)
 from voxline.kernels.decode_attention import attend_decode
 from voxline.kernels.layer_ops import apply_rope
 
@@ -229,8 +236,8 @@ class GraphedLlamaDecoder:
         decoded = self.step([slots[i] for i in decode], [tokens[i][0] for i in decode])
         prompted = self.prompts([slots[i] for i in prompt], [tokens[i] for i in prompt])
         logits = decoded.new_empty((len(slots), decoded.shape[-1]))
-        logits[torch.tensor(decode, device=logits.device)] = decoded
-        logits[torch.tensor(prompt, device=logits.device)] = prompted.to(decoded.dtype)
+        logits[to_device(decode, torch.long, logits.device)] = decoded
+        logits[to_device(prompt, torch.long, logits.device)] = prompted.to(decoded.dtype)
         return logits
 
     @torch.inference_mode()

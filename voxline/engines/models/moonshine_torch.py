@@ -56,6 +56,7 @@ from voxline.engines.models.moonshine_decoder import StaticDecoder
 from voxline.engines.models.moonshine_encoder import GRAPH_ROWS, StaticEncoder, conv_counts
 from voxline.engines.models.whisper_asr import BatchTranscriber, TranscriptionOptions
 from voxline.errors import ModelUnavailableError
+from voxline.kernels.cuda_graphs import to_device
 from voxline.logs import timed
 
 log = logging.getLogger(__name__)
@@ -332,7 +333,7 @@ class MoonshineTorchASR(BatchTranscriber):
 
     def _valid(self, frames: Sequence[int], width: int) -> torch.Tensor:
         """[clips, width] bool: True on each clip's own frames."""
-        counts = torch.tensor(list(frames), device=self.device)
+        counts = to_device(list(frames), torch.long, self.device)
         return torch.arange(width, device=self.device)[None] < counts[:, None]
 
     def _group_norm(self, h: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

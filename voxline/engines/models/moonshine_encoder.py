@@ -20,7 +20,6 @@ as full rows. Large buckets stay eager: their graphs would hold their activation
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -31,8 +30,6 @@ from torch import Tensor
 from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, copy_in, pow2_buckets
 
 from .moonshine_decoder import FRAME_BUCKETS
-
-log = logging.getLogger(__name__)
 
 GRAPH_ROWS = 16  # larger batches encode eagerly
 GRAPH_FRAMES = 512  # 12.3 s; longer clips encode eagerly

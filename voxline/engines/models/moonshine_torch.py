@@ -20,9 +20,10 @@ numpy is the same arithmetic the ORT graph does, so the weights are bit-identica
 Batching (`transcribe_many`): the clips are padded to the longest and encoded at once,
 with the GroupNorm's statistics and the attention masked to each clip's own frames
 (`encode_many`; up to 16 clips of up to 12.3 s are padded to a bucket instead and replayed
-from one CUDA graph per bucket on a GPU, `moonshine_encoder`); the decoder then takes every clip in one greedy step per token over
-static buffers, one CUDA graph per batch shape on a GPU (`moonshine_decoder`), each row
-cut at </s> or its own token budget. Encoder states and logits agree with onnxruntime's
+from one CUDA graph per bucket on a GPU, `moonshine_encoder`); the decoder then takes
+every clip in one batch over static buffers, four greedy steps a replay of one CUDA graph
+per batch shape on a GPU (`moonshine_decoder`), each row cut at </s> or its own token
+budget. Encoder states and logits agree with onnxruntime's
 to float rounding and the tokens are the same (tests compare them on the CPU).
 """
 
@@ -309,7 +310,7 @@ class MoonshineTorchASR(BatchTranscriber):
         for i, clip in enumerate(clips):
             values[i, :len(clip)] = torch.from_numpy(clip)
         states = self._encode(values.to(self.device, non_blocking=True),
-                              torch.tensor(lengths, device=self.device))
+                              to_device(lengths, torch.long, self.device))
         return states, [conv_counts(n)[1] for n in lengths]
 
     def _encode(self, values: torch.Tensor, samples: torch.Tensor) -> torch.Tensor:

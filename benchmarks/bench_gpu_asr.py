@@ -81,6 +81,8 @@ def main() -> None:
         clips, [TranscriptionOptions()] * len(clips)), reference, strict=True)) if t != r]
     for i, ours, theirs in mismatches:
         print(f"clip {i}: torch {ours!r} vs onnxruntime {theirs!r}")
+    if gpu.encoder is None:
+        raise SystemExit("the encoder's graphs failed to capture (the log says why)")
     graphs_fit = gpu.encoder.fits
 
     def timed(batch: list[np.ndarray], encoder: str) -> float:

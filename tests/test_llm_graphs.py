@@ -242,3 +242,18 @@ def test_the_graph_step_functions_need_no_host_value():
         steps[0].inputs["ints"][0, 0].item()  # the check does catch a host read ...
     with pytest.raises(AssertionError, match="tensor from Python data"), no_host_sync():
         torch.tensor([1, 2])  # ... and a tensor made from Python values
+
+
+def test_prefill_graphs_that_fail_to_capture_leave_prompts_eager(monkeypatch, caplog):
+    ref, _, dec = pair("cpu", **PREFILL)
+
+    def fail(keys, *, progress=True):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(dec.prefills, "prepare", fail)
+    with caplog.at_level("WARNING"):
+        dec.prepare([(1, 16)])
+    assert dec.prefills is None and "prompts run eagerly" in caplog.text
+    assert (1, 16) in dec.steps.steps  # the decode graphs are kept
+    close(dec.forward([1], [ids(9, 50)]), ref.forward_batch([1], [ids(9, 50)]))
+    assert dec.prefill_steps == 0

@@ -223,3 +223,23 @@ def test_the_graph_step_functions_need_no_host_value(asr: MoonshineTorchASR,
     for step in (asr.encoder.steps.get((4, 128)), asr.decoder.steps.get((4, 128))):
         with torch.inference_mode(), no_host_sync():  # as StaticStep runs it
             step.fn(**step.inputs)
+
+
+def test_encoder_graphs_that_fail_to_capture_leave_the_encoder_eager(
+        state: dict[str, torch.Tensor], clips: list[np.ndarray], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from voxline.engines.models.moonshine_asr import MoonshineTokenizer, shipped_model_dir
+    from voxline.kernels.cuda_graphs import BucketedSteps
+
+    tokenizer = MoonshineTokenizer.from_file(shipped_model_dir() / "tokenizer.bin")
+    asr = MoonshineTorchASR(build_model(state), tokenizer, max_batch=2)
+    want = asr.transcribe_many(clips[:2], [DEFAULT] * 2)
+
+    def fail(self, keys, *, progress=True):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(BucketedSteps, "prepare", fail)
+    with caplog.at_level("WARNING"):
+        asr.prepare_encoder()
+    assert asr.encoder is None and "runs eagerly" in caplog.text
+    assert asr.transcribe_many(clips[:2], [DEFAULT] * 2) == want

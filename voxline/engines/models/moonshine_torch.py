@@ -251,8 +251,8 @@ class MoonshineTorchASR(BatchTranscriber):
         capture = self.device.type == "cuda"
         self.decoder = StaticDecoder(model.model.decoder, model.proj_out,
                                      rows=max(1, min(max_batch, MAX_GRAPH_ROWS)), capture=capture)
-        self.encoder = StaticEncoder(self._encode, self.device,
-                                     rows=max(1, min(max_batch, GRAPH_ROWS)), capture=capture)
+        self.encoder: StaticEncoder | None = StaticEncoder(
+            self._encode, self.device, rows=max(1, min(max_batch, GRAPH_ROWS)), capture=capture)
         # A side stream on a GPU, so the other stages' kernels need not queue behind ours.
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
@@ -269,12 +269,24 @@ class MoonshineTorchASR(BatchTranscriber):
             with timed(log, f"capturing {len(asr.decoder.keys())} Moonshine decoder graphs "
                             f"({asr.decoder.nbytes / 2**20:.0f} MiB of buffers)"):
                 asr.decoder.steps.prepare(asr.decoder.keys(), progress=False)  # 1 s in all
-            reserved = torch.cuda.memory_reserved(asr.device)
-            with timed(log, f"capturing {len(asr.encoder.keys())} Moonshine encoder graphs"):
-                asr.encoder.steps.prepare(asr.encoder.keys(), progress=False)
-            log.info("Moonshine encoder graphs: %.0f MiB of GPU memory",
-                     (torch.cuda.memory_reserved(asr.device) - reserved) / 2**20)
+            asr.prepare_encoder()
         return asr
+
+    def prepare_encoder(self) -> None:
+        """Capture the encoder's graphs now, logging time and memory. If they fail to
+        capture, the encoder runs eagerly (as before those graphs), with a warning."""
+        reserved = torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0
+        try:
+            with timed(log, f"capturing {len(self.encoder.keys())} Moonshine encoder graphs"):
+                self.encoder.steps.prepare(self.encoder.keys(), progress=False)
+        except RuntimeError as exc:
+            log.warning("Moonshine encoder graphs failed to capture, so it runs eagerly "
+                        "(%s: %s)", type(exc).__name__, exc)
+            self.encoder = None
+            return
+        if self.device.type == "cuda":
+            log.info("Moonshine encoder graphs: %.0f MiB of GPU memory",
+                     (torch.cuda.memory_reserved(self.device) - reserved) / 2**20)
 
     def _transcribe_many(self, clips: Sequence[np.ndarray],
                          options: Sequence[TranscriptionOptions]) -> list[str]:
@@ -362,7 +374,7 @@ class MoonshineTorchASR(BatchTranscriber):
             return self._tokens(clips)
 
     def _tokens(self, clips: Sequence[np.ndarray]) -> list[list[int]]:
-        if self.encoder.fits(len(clips), max(map(len, clips))):
+        if self.encoder is not None and self.encoder.fits(len(clips), max(map(len, clips))):
             states, frames = self.encoder.run(clips)  # a graph replay on a GPU
         else:
             states, frames = self.encode_many(clips)

@@ -143,10 +143,17 @@ class GraphedLlamaDecoder:
 
     def prepare(self, keys: Iterable[tuple[int, int]] | None = None) -> None:
         """Create (and capture) the given decode buckets now, default all, and every
-        prefill bucket, logging progress."""
+        prefill bucket, logging progress. Prefill graphs that fail to capture are dropped
+        with a warning: prompts then run eagerly, as they did before those graphs."""
         self.steps.prepare(self.buckets if keys is None else keys)
-        if self.prefills is not None:
+        if self.prefills is None:
+            return
+        try:
             self.prefills.prepare(self.prefill_keys)
+        except RuntimeError as exc:
+            logger.warning("llm prefill graphs failed to capture, so prompts run eagerly "
+                           "(%s: %s)", type(exc).__name__, exc)
+            self.prefills = None
 
     # -- the static step --------------------------------------------------------------
 

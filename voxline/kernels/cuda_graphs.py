@@ -73,12 +73,13 @@ def copy_in(dst: Tensor, src: Tensor) -> None:
         dst.copy_(src)
 
 
-def to_device(values: list, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A tensor of Python ``values`` on ``device``; onto a GPU without waiting for the
+def to_device(values: object, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+    """A tensor of Python ``values`` (a number or nested lists) on ``device``; onto a GPU
+    without waiting for the
     stream (``torch.tensor(values, device=...)`` copies from pageable memory, which waits
     for every kernel queued before it)."""
     host = torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
+    if torch.device(device).type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
 

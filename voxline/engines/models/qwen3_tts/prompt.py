@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from voxline.kernels.cuda_graphs import to_device
+
 from .config import Qwen3TTSConfig
 from .talker import Talker
 
@@ -174,7 +176,8 @@ def build_prompt(
     """
     c = config.talker
     dev = talker.device
-    ids = torch.as_tensor(input_ids, dtype=torch.long, device=dev).reshape(1, -1)
+    ids = (input_ids.to(dev, torch.long) if isinstance(input_ids, Tensor)
+           else to_device(list(input_ids), torch.long, dev)).reshape(1, -1)
     if ids.shape[1] < 9:
         raise ValueError(
             f"input_ids has {ids.shape[1]} tokens; expected the assistant template around "
@@ -189,7 +192,7 @@ def build_prompt(
                          "in-context reference)")
 
     def tok(values: list[int]) -> Tensor:
-        return torch.tensor([values], dtype=torch.long, device=dev)
+        return to_device([values], torch.long, dev)
 
     parts: list[Tensor] = []
     if instruct is not None and len(instruct) > 0:
@@ -200,7 +203,7 @@ def build_prompt(
         spk = speaker.lower()
         if spk not in c.spk_id:
             raise ValueError(f"speaker {speaker!r} is not supported; choose one of {sorted(c.spk_id)}")
-        speaker_embed = talker.embed_codec(torch.tensor(c.spk_id[spk], device=dev))
+        speaker_embed = talker.embed_codec(to_device(c.spk_id[spk], torch.long, dev))
     elif speaker_embedding is not None:
         speaker_embed = speaker_embedding.to(device=dev, dtype=talker.dtype)
 

@@ -80,6 +80,7 @@ import torch
 from voxline.codecs.tempo import TimeStretch
 from voxline.engines.protocol import VoiceReference
 from voxline.engines.speech_model import SpeechJob, SpeechOut
+from voxline.kernels.cuda_graphs import to_device
 
 from .checkpoint import Qwen3TTSModel
 from .codec_chunks import ChunkScheduler, LaunchedChunks
@@ -302,7 +303,7 @@ class Qwen3SpeechModel:
         new = entry.add_text(text, self.tokenizer.text_ids)
         stream = entry.stream
         if new and entry.run_open and stream is not None and not stream.finished:
-            ids = torch.tensor([new], dtype=torch.long, device=self.model.talker.device)
+            ids = to_device([new], torch.long, self.model.talker.device)
             stream.prompt.append_text(self.model.talker.embed_text(ids)[0])
             entry.feed(len(new), self.max_frames)
 

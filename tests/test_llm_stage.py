@@ -5,7 +5,14 @@ from __future__ import annotations
 from fakes import EOS, CountingLM
 
 from voxline.config import Settings
-from voxline.engines.llm_stage import STEP_TOKENS, FinishReason, GenerationRequest, LLMStage, Slot
+from voxline.engines.llm_stage import (
+    STEP_TOKENS,
+    FinishReason,
+    GenerationRequest,
+    LLMStage,
+    Slot,
+    plan_kind,
+)
 
 
 def make_request(lm: CountingLM, rid: str, prompt: list[int], max_tokens: int = 32) -> GenerationRequest:
@@ -38,30 +45,23 @@ def test_requests_join_and_leave_the_batch_every_step():
     assert EOS not in a.generated
 
 
-def test_the_load_note_describes_the_plans_since_the_last_one(monkeypatch):
-    import voxline.engines.llm_stage as llm_stage
-
+def test_the_load_note_describes_the_plans_since_the_last_one():
     lm = CountingLM(stop_after=3)
-    clock = [0.0]  # the model takes 1 ms per token it is fed
-    forward = lm.forward
-
-    def timed_forward(slots, tokens):
-        clock[0] += 0.001 * sum(map(len, tokens))
-        return forward(slots, tokens)
-
-    monkeypatch.setattr(lm, "forward", timed_forward)
-    monkeypatch.setattr(llm_stage, "_clock", lambda: clock[0])
     stage = LLMStage(lm)
     assert stage.load_note() is None
     stage.add(make_request(lm, "a#1", [1, 9, 3]))
-    run_step(stage)  # a prefills 3 tokens: 3 ms
+    plan, _ = run_step(stage)  # a prefills 3 tokens
+    kinds = [plan_kind(plan)]
     stage.add(make_request(lm, "b#1", [5, 1, 9, 3, 7]))
-    run_step(stage)  # a decodes beside b's 5-token prompt: 6 ms
-    run_step(stage)  # both decode: 2 ms
+    plan, _ = run_step(stage)  # a decodes beside b's 5-token prompt
+    kinds.append(plan_kind(plan))
+    plan, _ = run_step(stage)  # both decode
+    kinds.append(plan_kind(plan))
     assert stage.load_note() == ("1.0 decode rows a plan; 2 plans with prompts, 4 prompt "
-                                 "tokens each; largest 6 tokens; with prompts 4.5 ms each; "
-                                 "without 2.0 ms each")
+                                 "tokens each; largest 6 tokens")
     assert stage.load_note() is None  # reset
+    # the load report times the plans by kind (stage_table)
+    assert kinds == ["with prompts", "with prompts", "decode only"]
 
 
 def test_max_tokens_finishes_with_length():
@@ -192,6 +192,7 @@ def test_the_step_token_setting_reaches_the_llm_stage(monkeypatch):
     assert seen["llm_step_tokens"] == 96
     real = core.EngineCore(make_fake_core(lambda: None).models, lambda: None, llm_step_tokens=96)
     assert real.llm.token_budget == 96
+    assert real.table["llm"].kind is plan_kind  # its load line times plans with prompts apart
 
 
 def test_the_prefill_graph_setting_reaches_the_chat_model_or_is_refused(monkeypatch):

@@ -12,7 +12,7 @@ from test_stage_worker import ListStage
 
 from voxline.engines import protocol as p
 from voxline.engines.stage import StageWorker
-from voxline.engines.stage_table import StageSlot, StageTable
+from voxline.engines.stage_table import StageLoad, StageSlot, StageTable
 
 
 class LoggedStage(ListStage):
@@ -176,3 +176,13 @@ def test_the_load_report_counts_each_stages_plans_and_failures_then_resets():
     vad.stage.queue = [4]
     table.step()
     assert "[3 gaps]" in (table.load_report(0.0) or "")  # a stage's own note, in its part
+
+
+def test_the_load_report_times_plans_by_the_stages_kind():
+    load = StageLoad()
+    for seconds, kind in ((0.080, "with prompts"), (0.004, "decode only"), (0.100, "with prompts"),
+                          (0.006, "decode only"), (0.002, None)):
+        load.add(seconds, 0.0, False, kind)
+    line = load.describe(1.0)
+    assert "(5 plans, 38.4 ms each," in line
+    assert line.endswith("; with prompts: 2, 90.0 ms each; decode only: 2, 5.0 ms each)")

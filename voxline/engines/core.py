@@ -45,7 +45,7 @@ from voxline.engines.asr_stage import ASRModel, ASRStage, fail_each, route_each
 from voxline.engines.conversation import Conversation
 from voxline.engines.end_of_turn_stage import EndOfTurnModel, EndOfTurnStage
 from voxline.engines.input_audio import MAX_UTTERANCE_MS, InputAudio
-from voxline.engines.llm_stage import STEP_TOKENS, ChatModel, LLMStage
+from voxline.engines.llm_stage import STEP_TOKENS, ChatModel, LLMStage, plan_kind
 from voxline.engines.remote_llm import RemoteChat, RemoteLLMStage
 from voxline.engines.responses import Responses
 from voxline.engines.speech_model import SpeechModel
@@ -143,6 +143,7 @@ class EngineCore:
             llm_row.on_close = llm.close  # its HTTP requests run outside the worker
         else:
             llm_row.note = llm.load_note
+            llm_row.kind = plan_kind
         eot = self.end_of_turn
         eot_rows = [] if eot is None else [
             StageSlot("end_of_turn", eot, StageWorker(eot, wake, "voxline-eot"),

@@ -30,7 +30,6 @@ back, and decoding (where the uncached suffix is the last sampled token).
 from __future__ import annotations
 
 import enum
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -43,7 +42,6 @@ from voxline.kernels.cuda_graphs import StageStream
 # A tentative (warm prefill) request's tokens per step: the most a reply that arrives
 # meanwhile waits for.
 TENTATIVE_CHUNK = 32
-_clock = time.perf_counter  # a plan's model time (tests swap it)
 STEP_TOKENS = 512  # a step's token budget by default (the llm_step_tokens setting)
 
 
@@ -174,12 +172,16 @@ class PlanEntry:
 @dataclass
 class StepPlan:
     entries: list[PlanEntry]
-    seconds: float = 0.0  # the model's time on it (set by `execute`)
 
     @property
     def fed(self) -> list[PlanEntry]:
         """The entries the model runs (not those sampled from kept logits), in row order."""
         return [e for e in self.entries if e.kept is None]
+
+    @property
+    def prompt_lengths(self) -> list[int]:
+        """Tokens of each fed prompt (an entry feeding more than one token)."""
+        return [len(e.tokens) for e in self.fed if len(e.tokens) > 1]
 
     @property
     def slots(self) -> list[int]:
@@ -190,48 +192,39 @@ class StepPlan:
         return [e.tokens for e in self.fed]
 
 
+def plan_kind(plan: StepPlan) -> str | None:
+    """The stage load report times LLM plans by this: prompts slow a step that every
+    speaking reply's next token waits for."""
+    return None if not plan.fed else "with prompts" if plan.prompt_lengths else "decode only"
+
+
 @dataclass
 class PlanShapes:
-    """What the stage's plans held since the last note, and how long those with prompts
-    took against those without: a step that carries prompts runs them beside the decode
-    rows (eagerly, or from prefill graphs), and every speaking reply's next token waits."""
+    """What the stage's plans held since the last note: a step that carries prompts runs
+    them beside the decode rows (eagerly, or from prefill graphs), and every speaking
+    reply's next token waits for it."""
 
     plans: int = 0
     decode_rows: int = 0
     prompt_plans: int = 0
     prompt_tokens: int = 0
     max_tokens: int = 0
-    prompt_s: float = 0.0  # model time of the plans with prompts that finished
-    prompt_timed: int = 0
-    decode_s: float = 0.0  # and of those without
-    decode_timed: int = 0
 
     def add(self, plan: StepPlan) -> None:
         fed = plan.fed
-        prompts = [len(e.tokens) for e in fed if len(e.tokens) > 1]
+        prompts = plan.prompt_lengths
         self.plans += 1
         self.decode_rows += len(fed) - len(prompts)
         self.prompt_plans += bool(prompts)
         self.prompt_tokens += sum(prompts)
         self.max_tokens = max(self.max_tokens, sum(len(e.tokens) for e in fed))
 
-    def timed(self, plan: StepPlan) -> None:
-        if any(len(e.tokens) > 1 for e in plan.fed):
-            self.prompt_s += plan.seconds
-            self.prompt_timed += 1
-        elif plan.fed:
-            self.decode_s += plan.seconds
-            self.decode_timed += 1
-
     def describe(self) -> str | None:
         if not self.plans:
             return None
-        times = "".join(f"; {label} {1000 * s / n:.1f} ms each" for label, s, n in (
-            ("with prompts", self.prompt_s, self.prompt_timed),
-            ("without", self.decode_s, self.decode_timed)) if n)
         return (f"{self.decode_rows / self.plans:.1f} decode rows a plan; {self.prompt_plans} "
                 f"plans with prompts, {self.prompt_tokens / max(1, self.prompt_plans):.0f} "
-                f"prompt tokens each; largest {self.max_tokens} tokens{times}")
+                f"prompt tokens each; largest {self.max_tokens} tokens")
 
 
 class LLMStage:
@@ -344,11 +337,7 @@ class LLMStage:
         `StepPlan.fed` order (none: a plan sampled from kept logits only)."""
         if not plan.fed:
             return torch.empty(0)
-        t0 = _clock()
-        try:
-            return self._stream.run(self.model.forward, plan.slots, plan.tokens)
-        finally:
-            plan.seconds = _clock() - t0
+        return self._stream.run(self.model.forward, plan.slots, plan.tokens)
 
     def update(self, plan: StepPlan, logits: torch.Tensor) -> list[tuple[GenerationRequest, int]]:
         """Confirm the plan's tokens and sample; returns (request, new token) pairs.
@@ -356,7 +345,6 @@ class LLMStage:
         Finished requests (EOS, length, context error) leave the batch here.
         """
         self._in_flight.clear()
-        self._shapes.timed(plan)
         sampled: list[tuple[GenerationRequest, torch.Tensor]] = []
         row = -1  # the logits' row of the entry: the fed entries', in order
         for entry in plan.entries:

@@ -43,6 +43,10 @@ def _no_work() -> bool:
     return False
 
 
+def _no_kind(plan: object) -> str | None:
+    return None
+
+
 @dataclass
 class StageLoad:
     """One stage's work since the last report: plans run, time in `execute`, and time a
@@ -54,22 +58,29 @@ class StageLoad:
     waited_s: float = 0.0
     waited_max_s: float = 0.0
     max_s: float = 0.0
+    kinds: dict[str, list[float]] = field(default_factory=dict)  # kind -> [plans, seconds]
 
-    def add(self, seconds: float, waited: float, failed: bool) -> None:
+    def add(self, seconds: float, waited: float, failed: bool, kind: str | None = None) -> None:
         self.plans += 1
         self.failed += failed
         self.busy_s += seconds
         self.max_s = max(self.max_s, seconds)
         self.waited_s += waited
         self.waited_max_s = max(self.waited_max_s, waited)
+        if kind is not None:
+            n_s = self.kinds.setdefault(kind, [0, 0.0])
+            n_s[0] += 1
+            n_s[1] += seconds
 
     def describe(self, wall_s: float) -> str:
         each = self.busy_s / self.plans * 1000
         wait = self.waited_s / self.plans * 1000
         failed = f", {self.failed} failed" if self.failed else ""
+        kinds = "".join(f"; {kind}: {n:.0f}, {1000 * s / n:.1f} ms each"
+                        for kind, (n, s) in self.kinds.items())
         return (f"{100 * self.busy_s / wall_s:.0f}% busy ({self.plans} plans, {each:.1f} ms "
                 f"each, max {self.max_s * 1000:.0f}, collected {wait:.1f} ms after / max {self.waited_max_s * 1000:.0f}"
-                f"{failed})")
+                f"{failed}{kinds})")
 
 
 @dataclass(eq=False)
@@ -86,6 +97,8 @@ class StageSlot(Generic[PlanT, ResultT, OutT]):
     - `on_close()`: after the worker stopped (a remote LLM: cancel its HTTP requests).
     - `note()`: the stage's own words for the load report since the last one (LLM: plan
       shapes; TTS: gaps in the audio it sent), or None.
+    - `kind(plan)`: a label the load report times plans by, or None (LLM: with prompts
+      or without).
     """
 
     name: str
@@ -99,6 +112,7 @@ class StageSlot(Generic[PlanT, ResultT, OutT]):
     landed: Callable[[], None] = _nothing
     on_close: Callable[[], None] = _nothing
     note: Callable[[], str | None] = _no_note
+    kind: Callable[[PlanT], str | None] = _no_kind
     rounds: int = 1  # plans per step; more than one only for an inline worker
     load: StageLoad = field(default_factory=StageLoad)
 
@@ -118,7 +132,7 @@ class StageSlot(Generic[PlanT, ResultT, OutT]):
         done = self.worker.collect()
         if done is None:
             return False
-        self.load.add(done.seconds, done.waited, done.error is not None)
+        self.load.add(done.seconds, done.waited, done.error is not None, self.kind(done.plan))
         if done.error is not None:
             logger.error("%s step failed", self.name, exc_info=done.error)
             self.fail(done.plan, done.error)

@@ -35,7 +35,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
-import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -187,7 +186,7 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # speech.espeak
     report = {"llm prompt, 157 cached + 57 new, 16 layers": llm_prompt(),
               "moonshine": moonshine(), "sampling": sampling(), "qwen3-tts step": tts_step()}
-    print(json.dumps(report, indent=2, default=lambda o: o.tolist() if isinstance(o, np.ndarray) else str(o)))
+    print(json.dumps(report, indent=2))
     return 0
 
 

@@ -278,7 +278,7 @@ class GraphedLlamaDecoder:
         replays) per row with prefill buckets, else one eager step for all of them."""
         if self.prefills is None:
             return self.model.forward_batch(slots, tokens)
-        self.model.check_step(slots, tokens)
+        self.model.check_step(slots, tokens)  # every row first: none is fed if one is bad
         return torch.cat([self.prefill(slot, toks) for slot, toks in zip(slots, tokens,
                                                                           strict=True)])
 

@@ -60,3 +60,69 @@ def test_to_device_makes_the_tensor_there(device):
     assert t.device.type == device and t.dtype == torch.long and t.tolist() == [3, 1, 2]
     f = to_device([0.5, 1.0], torch.float32, torch.device(device))
     assert f.dtype == torch.float32 and f.tolist() == [0.5, 1.0]
+
+
+@pytest.fixture
+def urgent_streams_restored():
+    from voxline.kernels.cuda_graphs import set_urgent_streams
+
+    yield
+    set_urgent_streams(True)  # the process-wide default
+
+
+def test_urgent_stages_get_the_higher_cuda_priority(monkeypatch, urgent_streams_restored):
+    from voxline.kernels import cuda_graphs
+
+    made: list[int] = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None, priority=0: made.append(priority))
+    assert StageStream("cuda", urgent=True).priority == cuda_graphs.URGENT_PRIORITY < 0
+    assert StageStream("cuda").priority == cuda_graphs.NORMAL_PRIORITY == 0
+    assert made == [cuda_graphs.URGENT_PRIORITY, 0]  # the streams are made with them
+    cuda_graphs.set_urgent_streams(False)
+    assert StageStream("cuda", urgent=True).priority == 0 and made[-1] == 0
+    assert StageStream("cpu", urgent=True).stream is None  # off CUDA: no stream at all
+
+
+def test_the_llm_stream_is_urgent_the_speech_stream_is_not(monkeypatch, urgent_streams_restored):
+    from fakes import CountingLM, ToneTTS
+
+    from voxline.engines.llm_stage import LLMStage
+    from voxline.engines.speech_model import SentenceSpeechModel
+    from voxline.engines.tts_stage import TTSStage
+    from voxline.kernels.cuda_graphs import URGENT_PRIORITY
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None, priority=0: object())
+    lm, speech = CountingLM(max_slots=1), SentenceSpeechModel(ToneTTS())
+    lm.device = speech.device = torch.device("cuda")  # as the models on a GPU say
+    assert LLMStage(lm)._stream.priority == URGENT_PRIORITY
+    assert TTSStage(speech)._stream.priority == 0
+
+
+def test_gpu_stream_priority_setting(monkeypatch, urgent_streams_restored):
+    from voxline.config import Settings
+    from voxline.engines import factory
+    from voxline.kernels import cuda_graphs
+
+    factory.set_stream_priority(Settings())  # auto on the CPU: nothing to do, no error
+    assert cuda_graphs.stream_priority(urgent=True) == cuda_graphs.URGENT_PRIORITY
+    factory.set_stream_priority(Settings(asr_device="cuda", gpu_stream_priority="off"))
+    assert cuda_graphs.stream_priority(urgent=True) == 0  # the ASR's stream made after this
+    factory.set_stream_priority(Settings(llm_device="cuda", gpu_stream_priority="auto"))
+    assert cuda_graphs.stream_priority(urgent=True) == cuda_graphs.URGENT_PRIORITY
+    # 'off' where neither the ASR nor an embedded LLM is on CUDA is refused, naming it
+    with pytest.raises(ValueError, match="gpu_stream_priority=off applies to the ASR"):
+        factory.set_stream_priority(Settings(gpu_stream_priority="off", tts_device="cuda"))
+    with pytest.raises(ValueError, match="gpu_stream_priority=off .*llm=openai"):
+        factory.set_stream_priority(Settings(gpu_stream_priority="off", llm_device="cuda",
+                                             llm="openai:http://127.0.0.1:9/v1", llm_model="m"))
+    with pytest.raises(ValueError, match="gpu_stream_priority"):
+        Settings(gpu_stream_priority="high")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_an_urgent_stream_has_the_higher_priority(urgent_streams_restored):
+    from voxline.kernels.cuda_graphs import URGENT_PRIORITY
+
+    urgent, normal = StageStream("cuda", urgent=True), StageStream("cuda")
+    assert urgent.stream.priority == URGENT_PRIORITY and normal.stream.priority == 0
+    assert urgent.run(torch.cuda.current_stream).priority == URGENT_PRIORITY

@@ -196,6 +196,14 @@ class Settings(BaseSettings):
                                                 "'auto' (on wherever the LLM's decode steps are "
                                                 "graphed) or 'off' (prompts run eagerly, "
                                                 "kernel by kernel)")
+    gpu_stream_priority: str = Field(default="auto", pattern=r"^(auto|off)$",
+                                     description="on CUDA: the ASR's and the embedded LLM's "
+                                                 "GPU work goes on high-priority streams, so "
+                                                 "the GPU starts their kernels' blocks ahead of "
+                                                 "the speech steps' (a reply's first words wait "
+                                                 "on them; speech has its playout buffer): "
+                                                 "'auto' (on wherever they run on CUDA) or "
+                                                 "'off' (every stage at one priority)")
     video: str = Field(default="", pattern=r"^((helios|helios-pyramid):.+)?$",
                        json_schema_extra={"metavar": "helios:DIR"},
                        description="video model: 'helios:<checkpoint dir>' (diffusers layout; "

@@ -48,7 +48,12 @@ from voxline.engines.remote_llm import RemoteChat, RemoteLLMConfig, parse_llm_sp
 from voxline.engines.speech_model import SentenceSpeechModel, SpeechModel
 from voxline.engines.video_stage import VideoModel
 from voxline.errors import VoxlineError
-from voxline.kernels.cuda_graphs import ladder_buckets, pow2_buckets
+from voxline.kernels.cuda_graphs import (
+    ladder_buckets,
+    pow2_buckets,
+    set_urgent_streams,
+    stream_priority,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +125,7 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     if runs_on_gpu(settings):
         share_the_gil()
         shape_free_attention()
+    set_stream_priority(settings)
     persistent_compile_cache(settings)
     t0 = time.perf_counter()
     vad = SileroVAD.load(threads=1)
@@ -153,6 +159,24 @@ def warm_up(models: Models) -> None:
     while models.tts.has_work():
         models.tts.step()
     logger.info("models warmed up in %.2f s", time.perf_counter() - t0)
+
+
+def set_stream_priority(settings: Settings) -> None:
+    """Apply ``gpu_stream_priority`` before the ASR and the LLM make their streams: 'off'
+    gives them the speech steps' priority; refused where neither runs on CUDA."""
+    urgent_on_gpu = [f"{field}={device}" for field, device in
+                     (("asr_device", settings.asr_device),
+                      ("llm_device", "remote" if settings.remote_llm else settings.llm_device))
+                     if device.startswith("cuda")]
+    if settings.gpu_stream_priority == "off" and not urgent_on_gpu:
+        raise ValueError(f"gpu_stream_priority=off applies to the ASR and the embedded LLM on "
+                         f"CUDA; with asr_device={settings.asr_device} and llm={settings.llm} "
+                         f"on llm_device={settings.llm_device} neither runs there")
+    set_urgent_streams(settings.gpu_stream_priority == "auto")
+    if urgent_on_gpu:
+        logger.info("CUDA stream priority of the ASR and the LLM (%s): %d, speech steps %d",
+                    ", ".join(urgent_on_gpu), stream_priority(urgent=True),
+                    stream_priority(urgent=False))
 
 
 def load_reply_model(settings: Settings, llm_path: str | None, max_slots: int,

@@ -236,7 +236,8 @@ class LLMStage:
         self.running: dict[str, GenerationRequest] = {}
         self._in_flight: set[int] = set()  # slots of the step scheduled and not yet updated
         self._shapes = PlanShapes()
-        self._stream = StageStream(getattr(model, "device", None))
+        # urgent: a reply's first words wait on its prompt and first tokens
+        self._stream = StageStream(getattr(model, "device", None), urgent=True)
         self.keep_logits = True  # warm prefills keep their logits (off: benchmarks A/B it)
 
     def add(self, request: GenerationRequest) -> None:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["BucketedSteps", "StageStream", "StaticStep", "bucket_for", "copy_in", "ladder_buckets",
-           "pow2_buckets", "to_device"]
+           "pow2_buckets", "set_urgent_streams", "stream_priority", "to_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -159,8 +159,30 @@ class BucketedSteps(Generic[K]):
                        len(keys), time.perf_counter() - t0)
 
 
+# CUDA stream priorities: a lower number is served sooner. When multiprocessors free up,
+# the GPU starts the waiting blocks of an urgent stream's kernels before a normal one's
+# (running blocks are never preempted). The stages a reply's first words wait on (ASR,
+# LLM) are urgent; the speech steps, whose audio sits in a playout buffer, are not.
+URGENT_PRIORITY = -1
+NORMAL_PRIORITY = 0
+_urgent_streams = True
+
+
+def set_urgent_streams(enabled: bool) -> None:
+    """Give the urgent stages' streams their priority (the default) or not (process-wide;
+    takes effect for streams made afterwards)."""
+    global _urgent_streams
+    _urgent_streams = enabled
+
+
+def stream_priority(urgent: bool) -> int:
+    """The CUDA priority a stage's stream is made with."""
+    return URGENT_PRIORITY if urgent and _urgent_streams else NORMAL_PRIORITY
+
+
 class StageStream:
-    """A stage's own CUDA stream, so stages sharing one GPU queue their kernels apart.
+    """A stage's own CUDA stream, so stages sharing one GPU queue their kernels apart;
+    ``urgent`` stages' streams have a higher priority (:func:`stream_priority`).
 
     Threads that never pick a stream all queue on the device's default stream, one FIFO:
     the LLM's eager prompt kernels waited behind every Qwen3-TTS step queued before them
@@ -169,9 +191,11 @@ class StageStream:
     the default stream (cache copies, text embeddings), and returns once the stage's
     work is done, so whatever the loop reads next is complete. Off CUDA it just calls."""
 
-    def __init__(self, device: torch.device | str | None) -> None:
+    def __init__(self, device: torch.device | str | None, *, urgent: bool = False) -> None:
         dev = torch.device(device) if device is not None else None
-        self.stream = torch.cuda.Stream(dev) if dev is not None and dev.type == "cuda" else None
+        self.priority = stream_priority(urgent)
+        self.stream = (torch.cuda.Stream(dev, priority=self.priority)
+                       if dev is not None and dev.type == "cuda" else None)
 
     def run(self, fn: Callable[..., T], *args: object) -> T:
         if self.stream is None:

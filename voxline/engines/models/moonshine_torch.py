@@ -57,7 +57,7 @@ from voxline.engines.models.moonshine_decoder import StaticDecoder
 from voxline.engines.models.moonshine_encoder import GRAPH_ROWS, StaticEncoder, conv_counts
 from voxline.engines.models.whisper_asr import BatchTranscriber, TranscriptionOptions
 from voxline.errors import ModelUnavailableError
-from voxline.kernels.cuda_graphs import to_device
+from voxline.kernels.cuda_graphs import stream_priority, to_device
 from voxline.logs import timed
 
 log = logging.getLogger(__name__)
@@ -253,8 +253,10 @@ class MoonshineTorchASR(BatchTranscriber):
                                      rows=max(1, min(max_batch, MAX_GRAPH_ROWS)), capture=capture)
         self.encoder: StaticEncoder | None = StaticEncoder(
             self._encode, self.device, rows=max(1, min(max_batch, GRAPH_ROWS)), capture=capture)
-        # A side stream on a GPU, so the other stages' kernels need not queue behind ours.
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # A side stream on a GPU, so the other stages' kernels need not queue behind ours;
+        # urgent, as the pause transcript starts a reply's speculative prompt.
+        self._stream = (torch.cuda.Stream(self.device, priority=stream_priority(urgent=True))
+                        if self.device.type == "cuda" else None)
 
     @classmethod
     def load(cls, device: str = "cpu", *, model_dir: str | None = None,

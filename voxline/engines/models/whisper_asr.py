@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from voxline.errors import ModelUnavailableError
+from voxline.kernels.cuda_graphs import StageStream
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,8 @@ class WhisperASR(BatchTranscriber):
         self.languages = (tuple(tok.strip("<|>") for tok in gen.lang_to_id)
                           if self.multilingual else ("en",))  # as `checkpoint_languages`
         self.context = int(model.config.max_target_positions)
+        # its own stream on a GPU, urgent: a pause transcript starts a reply's prompt
+        self._stream = StageStream(next(model.parameters()).device, urgent=True)
 
     @classmethod
     def load(cls, model_dir: str, device: str = "cpu", *, max_batch: int = 16) -> WhisperASR:
@@ -142,7 +145,7 @@ class WhisperASR(BatchTranscriber):
         for i, window in windows:
             groups.setdefault(options[i], []).append((i, window))
         for opts, group in groups.items():
-            texts = self._generate([w for _, w in group], opts)
+            texts = self._stream.run(self._generate, [w for _, w in group], opts)
             for (i, _), text in zip(group, texts, strict=True):
                 if text:
                     parts[i].append(text)

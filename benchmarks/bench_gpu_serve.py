@@ -344,14 +344,78 @@ def merge(out: Path, sweeps: str) -> None:
     print("== sessions held:", {k: v["sessions_held"] for k, v in merged.items()}, flush=True)
 
 
+def parse_arms(spec: str) -> list[tuple[str, str]]:
+    """``--arms``: ';'-separated NAME=FLAGS, each a server of its own in OUT/NAME."""
+    arms: list[tuple[str, str]] = []
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        name, sep, flags = part.partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise SystemExit(f"--arms: {part!r} is not NAME=FLAGS (NAME a plain word)")
+        if name.strip() in {n for n, _ in arms}:
+            raise SystemExit(f"--arms: {name.strip()!r} given twice (name each run apart: a1, a2)")
+        arms.append((name.strip(), flags.strip()))
+    return arms
+
+
+def level_summary(report: dict) -> dict[str, dict[str, float | int | None]]:
+    """Per level of one input's merged report: p50/p95 speech_stopped -> first audio (ms),
+    the turns that underran and the errors."""
+    rows = {}
+    for level in report["levels"]:
+        eos = level["metrics"].get("eos_to_first_audio_s") or {}
+        rows[level["label"]] = {
+            "p50_ms": round(eos["p50"] * 1000) if eos.get("p50") is not None else None,
+            "p95_ms": round(eos["p95"] * 1000) if eos.get("p95") is not None else None,
+            "underran": sum(1 for r in level["results"] if r.get("underruns")),
+            "turns": len(level["results"]), "errors": sum(level["errors"].values())}
+    return rows
+
+
+def compare_arms(out: Path, arms: list[tuple[str, str]]) -> dict:
+    """Each arm's levels side by side (OUT/arms.json), printed as a table."""
+    table: dict = {}
+    for name, flags in arms:
+        merged = out / name / "serve.json"
+        reports = json.loads(merged.read_text()) if merged.exists() else {}
+        table[name] = {"flags": flags, **{inp: {"sessions_held": rep["sessions_held"],
+                                                "levels": level_summary(rep)}
+                                          for inp, rep in reports.items()}}
+    (out / "arms.json").write_text(json.dumps(table, indent=1))
+    print("== arms: speech_stopped -> first audio p50 / p95 ms, turns underran / turns")
+    for name, row in table.items():
+        for inp, rep in row.items():
+            if inp == "flags":
+                continue
+            cells = [f"{label} {v['p50_ms']} / {v['p95_ms']}, {v['underran']}/{v['turns']}"
+                     + (f", {v['errors']} errors" if v["errors"] else "")
+                     for label, v in rep["levels"].items()]
+            print(f"  {name} [{row['flags'] or 'as given'}] {inp}: " + "; ".join(cells)
+                  + f"; held {rep['sessions_held']}", flush=True)
+    return table
+
+
 def run(args: argparse.Namespace) -> int:
+    """One server and its sweeps into OUT, or with ``--arms`` one per arm, in the order
+    given (alternate them, a1;b1;a2;b2, so drift between runs does not pose as a gain)."""
     out = Path(args.out)
+    arms = parse_arms(args.arms)
+    if not arms:
+        return serve_and_bench(args, out, args.serve_args)
+    rc = 0
+    for name, flags in arms:
+        print(f"== arm {name}: {flags or '(no extra flags)'}", flush=True)
+        rc |= serve_and_bench(args, out / name, f"{args.serve_args} {flags}")
+    compare_arms(out, arms)
+    return rc
+
+
+def serve_and_bench(args: argparse.Namespace, out: Path, serve_args: str) -> int:
     out.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{args.port}"
     serve = [sys.executable, "-m", "voxline.cli", "serve", "--device", "cuda",
              "--tts", f"qwen3:{args.ckpt}/tts", "--llm-checkpoint", f"{args.ckpt}/llm",
              "--port", str(args.port), "--tts-max-frames", str(args.tts_max_frames),
-             *args.serve_args.split()]
+             *serve_args.split()]
     print("== serve:", " ".join(serve[3:]), flush=True)
     if args.profile:  # py-spy samples the server and its engine child (as its descendants)
         serve = [args.profile, "record", "--subprocesses", "--threads", "--nonblocking",
@@ -435,6 +499,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--port", type=int, default=8765)
     r.add_argument("--audio-dir", default=None)
     r.add_argument("--serve-args", default="", help="more `voxline serve` flags, space-separated")
+    r.add_argument("--arms", default="", help="';'-separated NAME=FLAGS: one server per arm, "
+                   "in order, with --serve-args plus FLAGS, its files in OUT/NAME; then a "
+                   "side-by-side table (OUT/arms.json). E.g. 'on1=;off1=--gpu-stream-priority "
+                   "off;on2=;off2=--gpu-stream-priority off'")
     r.add_argument("--sweeps", default="audio=1,8,32,64;text=1,8,32,64",
                    help="';'-separated INPUT=LEVELS (INPUT audio or text); one bench per level (a "
                         "level given again runs again on the same server, its files suffixed _runN)")

@@ -240,3 +240,22 @@ def test_a_new_stream_starts_from_the_kept_system_prompt():
     while stage.has_work():
         run_step(stage)
     assert second.finish == FinishReason.STOP and len(second.generated) == 2
+
+
+def test_tokens_are_sampled_in_execute_on_the_worker_and_update_only_confirms_them():
+    lm = CountingLM(stop_after=50)
+    stage = LLMStage(lm)
+    seen: list[tuple[list[float], int]] = []
+    argmax = lm.sample
+    lm.sample = lambda logits, temps, gens: seen.append((temps, len(logits))) or argmax(logits, temps, gens)
+    a, b = make_request(lm, "a", [1, 9, 3]), make_request(lm, "b", [1, 7, 7, 3])
+    b.temperature = 0.7  # reaches the model's sampler with its row
+    stage.add(a)
+    stage.add(b)
+    plan = stage.schedule()
+    result = stage.execute(plan)
+    assert seen == [([0.0, 0.7], 2)]  # one batched sampling call, in execute
+    assert len(result.picks) == 2 and result.logits.shape[0] == 2
+    lm.sample = None  # update must not sample again (the engine loop runs it)
+    assert stage.update(plan, result) == [(a, result.picks[0]), (b, result.picks[1])]
+    assert a.generated == [result.picks[0]] and b.generated == [result.picks[1]]

@@ -1,12 +1,13 @@
 """The LLM stage: continuous batching of generation requests over per-stream KV slots.
 
 Stage interface (`voxline.engines.stage`): `schedule` -> `StepPlan`, `execute(plan)`
--> logits (worker thread), `update(plan, logits)` -> the (request, token) pairs sampled.
+-> a `StepResult`, logits and sampled tokens (worker thread), `update(plan, result)` ->
+the (request, token) pairs confirmed.
 
 Split in the vLLM way so the scheduling logic is pure and testable without a model:
 `schedule()` builds a `StepPlan` (which slot feeds which tokens), the model runs the plan
-(possibly on a worker thread while new inputs arrive), and `update(plan, logits)`
-confirms tokens and samples. A request whose inputs changed while its step was in flight
+and samples (possibly on a worker thread while new inputs arrive), and
+`update(plan, result)` confirms the tokens. A request whose inputs changed while its step was in flight
 (its `epoch` moved) has that step's work discarded: the cache is rolled back to the
 confirmed tokens and the sampled token is dropped.
 
@@ -167,6 +168,15 @@ class PlanEntry:
     epoch: int
     samples: bool  # this chunk reaches the end of the target: sample a token from it
     kept: torch.Tensor | None = None  # no tokens fed: sample from the slot's kept logits
+
+
+@dataclass
+class StepResult:
+    """What `execute` hands `update`: the fed rows' logits, and the token sampled for each
+    entry that samples, in entry order."""
+
+    logits: torch.Tensor
+    picks: list[int]
 
 
 @dataclass
@@ -333,24 +343,40 @@ class LLMStage:
         shapes, self._shapes = self._shapes, PlanShapes()
         return shapes.describe()
 
-    def execute(self, plan: StepPlan) -> torch.Tensor:
-        """Run the model on the plan (safe to call from a worker thread); rows in
-        `StepPlan.fed` order (none: a plan sampled from kept logits only)."""
-        if not plan.fed:
-            return torch.empty(0)
-        return self._stream.run(self.model.forward, plan.slots, plan.tokens)
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run the model on the plan and sample each sampling entry's token (safe to call
+        from a worker thread). Sampling here, on the stage's stream, rather than in
+        `update`: the engine loop neither launches its kernels nor waits for them."""
+        return self._stream.run(self._forward_and_sample, plan)
 
-    def update(self, plan: StepPlan, logits: torch.Tensor) -> list[tuple[GenerationRequest, int]]:
-        """Confirm the plan's tokens and sample; returns (request, new token) pairs.
+    def _forward_and_sample(self, plan: StepPlan) -> StepResult:
+        logits = self.model.forward(plan.slots, plan.tokens) if plan.fed else torch.empty(0)
+        rows: list[torch.Tensor] = []
+        reqs: list[GenerationRequest] = []
+        row = -1  # the logits' row of the entry: the fed entries', in order
+        for entry in plan.entries:
+            row += entry.kept is None
+            if entry.samples:
+                rows.append(logits[row] if entry.kept is None else entry.kept)
+                reqs.append(entry.request)
+        picks = (self.model.sample(torch.stack(rows), [r.temperature for r in reqs],
+                                   [r.generator for r in reqs]) if rows else [])
+        return StepResult(logits, picks)
 
-        Finished requests (EOS, length, context error) leave the batch here.
+    def update(self, plan: StepPlan, result: StepResult) -> list[tuple[GenerationRequest, int]]:
+        """Confirm the plan's tokens and its sampled ones; returns (request, new token) pairs.
+
+        Finished requests (EOS, length, context error) leave the batch here; a request
+        aborted while the step ran has its work rolled back and its token dropped.
         """
         self._in_flight.clear()
-        sampled: list[tuple[GenerationRequest, torch.Tensor]] = []
+        logits, picks = result.logits, iter(result.picks)
+        sampled: list[tuple[GenerationRequest, int]] = []
         row = -1  # the logits' row of the entry: the fed entries', in order
         for entry in plan.entries:
             req = entry.request
             row += entry.kept is None
+            pick = next(picks) if entry.samples else None
             if req.epoch != entry.epoch or req.request_id not in self.running:
                 if entry.kept is None:  # inputs changed mid-step: roll back what it wrote
                     self.model.truncate(req.slot.index, len(req.slot.tokens))
@@ -363,24 +389,17 @@ class LLMStage:
                 req.finish = FinishReason.STOP  # its prompt is cached
                 if self.keep_logits:  # a reply over exactly these tokens samples from them
                     req.slot.kept, req.slot.kept_after = logits[row].clone(), list(req.slot.tokens)
-            if entry.samples:
-                sampled.append((req, logits[row] if entry.kept is None else entry.kept))
+            if pick is not None:
+                sampled.append((req, pick))
         new_tokens: list[tuple[GenerationRequest, int]] = []
-        if sampled:
-            reqs = [req for req, _ in sampled]
-            toks = self.model.sample(
-                torch.stack([row for _, row in sampled]),
-                [r.temperature for r in reqs],
-                [r.generator for r in reqs],
-            )
-            for req, tok in zip(reqs, toks, strict=True):
-                if tok in self.model.eos_token_ids:
-                    req.finish = FinishReason.STOP
-                    continue
-                req.generated.append(tok)
-                new_tokens.append((req, tok))
-                if len(req.generated) >= req.max_tokens:
-                    req.finish = FinishReason.LENGTH
+        for req, tok in sampled:
+            if tok in self.model.eos_token_ids:
+                req.finish = FinishReason.STOP
+                continue
+            req.generated.append(tok)
+            new_tokens.append((req, tok))
+            if len(req.generated) >= req.max_tokens:
+                req.finish = FinishReason.LENGTH
         for req in list(self.running.values()):
             if req.finish is not None:
                 del self.running[req.request_id]

@@ -19,7 +19,7 @@ What the three calls mean for each stage:
 |---|---|---|---|---|
 | VAD (`vad_stage`) | each stream's unframed input | one 32 ms frame from every stream that has one | one batched VAD call: speech probabilities | consume the frames: `VADFrame`s |
 | ASR (`asr_stage`) | utterance jobs, finals ahead of partials | the next job (a batched model: up to `max_batch` of its kind) | transcribe the audio (with each stream's language, prompt) | the transcripts, stripped |
-| LLM (`llm_stage`) | running `GenerationRequest`s | a `StepPlan` under the token budget | one batched forward: logits | confirm tokens, sample, discard a step whose inputs changed |
+| LLM (`llm_stage`) | running `GenerationRequest`s | a `StepPlan` under the token budget | one batched forward and its sampling: logits, tokens | confirm tokens, discard a step whose inputs changed |
 | TTS (`tts_stage`) | speech jobs and pending cancels | apply cancels, start new jobs; a plan when the model has work | one `SpeechModel.step()` | route outputs to their owners, dropping cancelled jobs |
 """
 

@@ -112,6 +112,42 @@ def llm_prompt() -> dict[str, object]:
         return {"eager": count(eager), "prefill graph": count(graphed)}
 
 
+def llm_decode(rows: int = 64) -> dict[str, object]:
+    """One graphed decode step of ``rows`` replies at temperature 0.8 and their tokens read
+    on the host: the step, then :func:`sample` over its logits (what the LLM stage did)
+    against the tokens picked inside the step's graph (``forward_picked``)."""
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=16,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                         max_position_embeddings=2048, tie_word_embeddings=True)
+    model = LlamaModel(config).eval()
+    model.allocate_cache(rows + 1, 256)
+    dec = GraphedLlamaDecoder(model, max_streams=rows)
+    slots = list(range(rows))
+    model.forward_batch(slots, [torch.randint(0, 512, (20,)).tolist() for _ in slots])
+    tokens = [[t] for t in torch.randint(0, 512, (rows,)).tolist()]
+    temps = [0.8] * rows
+
+    def then_sample() -> None:
+        sample(dec.forward(slots, tokens), temps, generators=[None] * rows).tolist()
+
+    def picked() -> None:
+        dec.forward_picked(slots, tokens, temps)[1].tolist()
+
+    def rewind() -> None:  # back to the 20 cached tokens (not counted)
+        for s in slots:
+            model.cache.truncate(s, 20)
+
+    picked()  # make the bucket's step (and its output buffers) first
+    rewind()
+    out = {}
+    with replay_as_one():
+        for name, fn in (("step, then sample", then_sample), ("picked in the graph", picked)):
+            out[name] = count(fn)
+            rewind()
+    return out
+
+
 def moonshine() -> dict[str, object]:
     from speech import espeak
 
@@ -185,6 +221,7 @@ def sampling() -> dict[str, object]:
 def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # speech.espeak
     report = {"llm prompt, 157 cached + 57 new, 16 layers": llm_prompt(),
+              "llm decode step, 64 rows at 0.8": llm_decode(),
               "moonshine": moonshine(), "sampling": sampling(), "qwen3-tts step": tts_step()}
     print(json.dumps(report, indent=2))
     return 0

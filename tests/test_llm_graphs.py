@@ -257,3 +257,38 @@ def test_prefill_graphs_that_fail_to_capture_leave_prompts_eager(monkeypatch, ca
     assert (1, 16) in dec.steps.steps  # the decode graphs are kept
     close(dec.forward([1], [ids(9, 50)]), ref.forward_batch([1], [ids(9, 50)]))
     assert dec.prefill_steps == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_each_row_is_picked_inside_the_step_at_its_temperature(device):
+    from voxline.engines.models.sampling import pick_rows
+
+    ref, _, dec = pair(device, **PREFILL)
+    # three decode rows and a follow-up prompt on slot 5: greedy, sampled, greedy, sampled
+    slots, toks, temps = [4, 0, 2, 5], [[7], [3], [9], ids(3, 60)], [0.0, 50.0, 0.0, 30.0]
+    torch.manual_seed(123)
+    logits, picks = dec.forward_picked(slots, toks, temps)
+    close(logits, ref.forward_batch(slots, toks))
+    assert picks.shape == (4,) and picks.dtype == torch.long
+    assert picks[[0, 2]].tolist() == logits[[0, 2]].argmax(-1).tolist()
+    if device == "cpu":  # the same draws again: the decode rows' bucket, then the prompt's
+        torch.manual_seed(123)
+        noise = torch.empty(4, 300).exponential_()  # decode bucket of 4 (3 rows + padding)
+        row1 = ((logits[1] / 50.0).softmax(-1) / noise[1]).argmax().item()
+        noise = torch.empty(1, 300).exponential_()  # the prompt's 4-query bucket
+        row3 = ((logits[3] / 30.0).softmax(-1) / noise[0]).argmax().item()
+        assert picks[[1, 3]].tolist() == [row1, row3]
+        assert [row1, row3] != logits[[1, 3]].argmax(-1).tolist()  # these draws are not greedy
+    # without temperatures every row is greedy, as `forward` always was
+    greedy = dec.forward_picked([4], [[int(picks[0])]])[1]
+    assert greedy.tolist() == ref.forward_batch([4], [[int(picks[0])]]).argmax(-1).tolist()
+    with pytest.raises(ValueError, match="2 temperatures for 1 rows"):
+        dec.forward_picked([4], [[1]], [0.5, 0.5])
+    # a replay draws new noise (on a GPU the graph advances the generator): the same
+    # inputs at a high temperature do not pick the same four tokens twice
+    step = dec.steps.get((4, 64))
+    step.inputs["ints"][3] = torch.full((4,), 50.0, dtype=torch.float64).view(torch.long)
+    first = step()["picks"].clone()
+    assert not torch.equal(first, step()["picks"])
+    assert torch.equal(pick_rows(logits[[0, 2]], torch.zeros(2, device=device)),
+                       logits[[0, 2]].argmax(-1))

@@ -86,6 +86,19 @@ class ChatModel(LanguageModel, Protocol):
     def decode(self, tokens: list[int]) -> str: ...
 
 
+def forward_and_pick(model: LanguageModel, slots: list[int], tokens: list[list[int]],
+                     temperatures: list[float], generators: list[torch.Generator | None]
+                     ) -> tuple[torch.Tensor, list[int]]:
+    """The model's step and one token per row: the model's own ``forward_and_pick`` where
+    it has one (the embedded Llama picks inside its CUDA graphs), else ``forward`` then
+    ``sample``."""
+    own = getattr(model, "forward_and_pick", None)
+    if own is not None:
+        return own(slots, tokens, temperatures, generators)
+    logits = model.forward(slots, tokens)
+    return logits, model.sample(logits, temperatures, generators)
+
+
 class FinishReason(enum.IntEnum):
     STOP = 1  # EOS
     LENGTH = 2  # max_output_tokens
@@ -350,17 +363,22 @@ class LLMStage:
         return self._stream.run(self._forward_and_sample, plan)
 
     def _forward_and_sample(self, plan: StepPlan) -> StepResult:
-        logits = self.model.forward(plan.slots, plan.tokens) if plan.fed else torch.empty(0)
-        rows: list[torch.Tensor] = []
-        reqs: list[GenerationRequest] = []
-        row = -1  # the logits' row of the entry: the fed entries', in order
+        fed = plan.fed
+        # rows that do not sample (a prompt chunk short of its end) pick greedily, unread
+        temps = [e.request.temperature if e.samples else 0.0 for e in fed]
+        gens = [e.request.generator if e.samples else None for e in fed]
+        logits, fed_picks = (forward_and_pick(self.model, plan.slots, plan.tokens, temps, gens)
+                             if fed else (torch.empty(0), []))
+        kept = [e for e in plan.entries if e.kept is not None]
+        kept_picks = (self.model.sample(torch.stack([e.kept for e in kept]),  # type: ignore[misc]
+                                        [e.request.temperature for e in kept],
+                                        [e.request.generator for e in kept]) if kept else [])
+        fed_iter, kept_iter = iter(fed_picks), iter(kept_picks)
+        picks = []
         for entry in plan.entries:
-            row += entry.kept is None
+            pick = next(kept_iter) if entry.kept is not None else next(fed_iter)
             if entry.samples:
-                rows.append(logits[row] if entry.kept is None else entry.kept)
-                reqs.append(entry.request)
-        picks = (self.model.sample(torch.stack(rows), [r.temperature for r in reqs],
-                                   [r.generator for r in reqs]) if rows else [])
+                picks.append(pick)
         return StepResult(logits, picks)
 
     def update(self, plan: StepPlan, result: StepResult) -> list[tuple[GenerationRequest, int]]:

@@ -16,7 +16,7 @@ from torch import Tensor
 from voxline.kernels.cuda_graphs import to_device
 from voxline.kernels.layer_ops import top_k_top_p_drop
 
-__all__ = ["sample"]
+__all__ = ["pick_rows", "sample"]
 
 
 def sample(
@@ -78,3 +78,17 @@ def sample(
     if order is not None:
         picked = order.gather(1, picked[:, None])[:, 0]
     return greedy.index_copy(0, rows, picked)
+
+
+def pick_rows(logits: Tensor, temperatures: Tensor) -> Tensor:
+    """One token per row of ``logits [B, V]`` at ``temperatures [B]`` (0: greedy), drawn
+    with the default generator; ``[B]`` long. Every row does the same work whatever its
+    temperature and nothing reads a value on the host, so a CUDA graph can hold it (a
+    graph's draws advance the default CUDA generator at each replay). The same exponential
+    race as :func:`sample`'s unseeded rows, without top-k/top-p (the LLM sets neither)."""
+    greedy = logits.argmax(dim=-1)
+    sampled = temperatures > 0
+    temp = torch.where(sampled, temperatures, torch.ones_like(temperatures))
+    probs = (logits.float() / temp[:, None]).softmax(dim=-1)
+    picked = (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1)
+    return torch.where(sampled, picked, greedy)

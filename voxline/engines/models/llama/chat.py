@@ -139,3 +139,25 @@ class ChatLLM:
     def sample(self, logits: torch.Tensor, temperatures: Sequence[float],
                generators: Sequence[torch.Generator | None]) -> list[int]:
         return sample(logits, temperatures, generators=generators).tolist()
+
+    def forward_and_pick(self, slots: list[int], tokens: list[list[int]],
+                         temperatures: Sequence[float],
+                         generators: Sequence[torch.Generator | None]) -> tuple[torch.Tensor, list[int]]:
+        """:meth:`forward`, and each row's token at ``temperatures[i]`` with
+        ``generators[i]`` (as :meth:`sample`). With CUDA graphs the unseeded rows' tokens
+        are picked inside the step's graphs and read in one go; seeded rows draw from
+        their own generators here, from the logits."""
+        if self.decoder is None:
+            logits = self.forward(slots, tokens)
+            return logits, self.sample(logits, temperatures, generators)
+        seeded = [i for i, (t, g) in enumerate(zip(temperatures, generators, strict=True))
+                  if g is not None and t > 0]
+        in_graph = [0.0 if i in seeded else t for i, t in enumerate(temperatures)]
+        logits, picks = self.decoder.forward_picked(slots, tokens, in_graph)
+        out = picks.tolist()
+        if seeded:
+            own = self.sample(logits[seeded], [temperatures[i] for i in seeded],
+                              [generators[i] for i in seeded])
+            for i, tok in zip(seeded, own, strict=True):
+                out[i] = tok
+        return logits, out

@@ -4,10 +4,13 @@ A pure decode step (every stream feeds one token) on a GPU is all launch overhea
 small Llama: ~15 kernels a layer, each far shorter than its launch. Such a step replays a
 CUDA graph captured for a (batch, length) bucket: the smallest batch bucket >= the number
 of streams and the smallest length bucket >= the longest stream's length + 1. The graph
-reads static inputs (token id, cache slot and position per row, filled by one
-non-blocking host-to-device copy), writes each row's new K/V at its position, attends over
+reads static inputs (token id, cache slot, position and temperature per row, built in
+numpy and filled by one non-blocking host-to-device copy), writes each row's new K/V at its position, attends over
 the first ``length`` cache positions under a mask computed on the device from the
-positions (no host sync inside the step), and leaves float32 logits in a static buffer.
+positions (no host sync inside the step), and leaves float32 logits in a static buffer,
+with each row's token picked at its temperature (:func:`~voxline.engines.models.sampling.pick_rows`;
+0 greedy) beside them, so the host reads one small tensor a step instead of launching the
+sampling itself.
 
 Padding rows (bucket rows past the batch) feed token 0 at position 0 of a scratch cache
 slot that no stream owns (the cache has one slot more than ``max_streams``), so they
@@ -36,9 +39,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from voxline.engines.models.sampling import pick_rows
 from voxline.kernels.cuda_graphs import (
     BucketedSteps,
     StaticStep,
@@ -78,6 +83,12 @@ def _decode_layer(layer: DecoderLayer, h: Tensor, cos: Tensor, sin: Tensor, ck: 
     out = attend_decode(q, ck, cv, mask, slot=slot, length=length)
     h = h + a.o_proj(out.transpose(1, 2).reshape(b, 1, -1))
     return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def temperatures(bits: Tensor) -> Tensor:
+    """float32 temperatures from a row of the int64 inputs holding float64 bits: they
+    travel in the one host-to-device copy of a step's inputs (a view, no host read)."""
+    return bits.view(torch.float64).float()
 
 
 class GraphedLlamaDecoder:
@@ -161,7 +172,7 @@ class GraphedLlamaDecoder:
         model, cache = self.model, self.cache
 
         def fn(ints: Tensor) -> dict[str, Tensor]:
-            ids, slot, pos = ints[0], ints[1], ints[2]
+            ids, slot, pos, temps = ints[0], ints[1], ints[2], temperatures(ints[3])
             cos, sin = model._cos_sin(pos[:, None])  # [B, 1, 1, D]
             keys = torch.arange(length, device=ints.device)
             mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, length]
@@ -169,30 +180,35 @@ class GraphedLlamaDecoder:
             for i, layer in enumerate(model.model.layers):
                 h = _decode_layer(layer, h, cos, sin, cache.k[i], cache.v[i], slot, pos, mask,
                                   length)
-            return {"logits": model.lm_head(model.model.norm(h[:, 0])).float()}
+            logits = model.lm_head(model.model.norm(h[:, 0])).float()
+            return {"logits": logits, "picks": pick_rows(logits, temps)}
 
         return fn
 
-    def _padding(self, b: int) -> Tensor:
-        """Inputs of ``b`` padding rows: token 0 at position 0 of the scratch slot."""
-        ints = torch.zeros(3, b, dtype=torch.long)
+    def _padding(self, b: int) -> np.ndarray:
+        """Inputs of ``b`` padding rows: token 0 at position 0 of the scratch slot, greedy
+        (row 3: each row's temperature, as the bits of a float64; see :func:`temperatures`)."""
+        ints = np.zeros((4, b), dtype=np.int64)
         ints[1] = self.scratch
         return ints
 
     def _make(self, key: tuple[int, int]) -> StaticStep:
         b, length = key
-        return StaticStep(self._fn(length), {"ints": self._padding(b).to(self.model.device)})
+        return StaticStep(self._fn(length),
+                          {"ints": torch.from_numpy(self._padding(b)).to(self.model.device)})
 
     def _prefill_fn(self, q: int, length: int):
         """One row of ``q`` queries attending over its slot's first ``length`` positions.
 
-        ``ints [4, q]``: token ids, positions, the slot each query's K/V is written to
-        (the scratch slot for padding), and in row 3 the row's slot and its last real
-        query's index."""
+        ``ints [5, q]``: token ids, positions, the slot each query's K/V is written to
+        (the scratch slot for padding), in row 3 the row's slot and its last real
+        query's index, and in row 4 the temperature its token is picked at (first
+        column, float64 bits)."""
         model, cache = self.model, self.cache
 
         def fn(ints: Tensor) -> dict[str, Tensor]:
             ids, pos, write_slot = ints[0], ints[1], ints[2]
+            temps = temperatures(ints[4, :1])
             slot, last = ints[3, :1], ints[3, 1:2]
             cos, sin = model._cos_sin(pos[None, :])  # [1, 1, q, D]
             keys = torch.arange(length, device=ints.device)
@@ -203,13 +219,14 @@ class GraphedLlamaDecoder:
                             write_t=torch.arange(q, device=ints.device),
                             write_slot=write_slot, write_pos=pos)
             h = model.hidden(ids[None, :], plan, cache)
-            return {"logits": model.logits(h[0].index_select(0, last))}
+            logits = model.logits(h[0].index_select(0, last))
+            return {"logits": logits, "picks": pick_rows(logits, temps)}
 
         return fn
 
-    def _prefill_padding(self, q: int) -> Tensor:
+    def _prefill_padding(self, q: int) -> np.ndarray:
         """Inputs of a row of padding only: token 0 at position 0 of the scratch slot."""
-        ints = torch.zeros(4, q, dtype=torch.long)
+        ints = np.zeros((5, q), dtype=np.int64)
         ints[2] = self.scratch
         ints[3, 0] = self.scratch
         return ints
@@ -217,7 +234,7 @@ class GraphedLlamaDecoder:
     def _make_prefill(self, key: tuple[int, int]) -> StaticStep:
         q, length = key
         return StaticStep(self._prefill_fn(q, length),
-                          {"ints": self._prefill_padding(q).to(self.model.device)})
+                          {"ints": torch.from_numpy(self._prefill_padding(q)).to(self.model.device)})
 
     # -- stepping ---------------------------------------------------------------------
 
@@ -229,28 +246,48 @@ class GraphedLlamaDecoder:
 
     def forward(self, slots: Sequence[int], tokens: Sequence[Sequence[int]]) -> Tensor:
         """``forward_batch``'s step (logits of each row's last token; lengths advance) with
-        the decode rows replayed from their graph. In a step that mixes decode rows with
-        prompts, the prompts alone run eagerly: one eager step would pad every row to the
-        longest prompt and gather every row's cache, so each arrival would stall all the
-        streams already speaking (on an H200 serving 64 sessions, LLM plans averaged
-        43-55 ms, against ~3.5 ms for a graphed decode step)."""
+        the decode rows replayed from their graph (see :meth:`forward_picked`)."""
+        return self.forward_picked(slots, tokens)[0]
+
+    def forward_picked(self, slots: Sequence[int], tokens: Sequence[Sequence[int]],
+                       temperatures: Sequence[float] | None = None) -> tuple[Tensor, Tensor]:
+        """:meth:`forward`'s logits and each row's token picked at ``temperatures[i]``
+        (default 0: greedy) on the device, ``[n]`` long. In a step that mixes decode rows
+        with prompts, the prompts run apart (a prefill graph each, or one eager step): one
+        eager step would pad every row to the longest prompt and gather every row's cache,
+        so each arrival would stall all the streams already speaking (on an H200 serving 64
+        sessions, LLM plans averaged 43-55 ms, against ~3.5 ms for a graphed decode step)."""
+        temps = [0.0] * len(slots) if temperatures is None else list(temperatures)
+        if len(temps) != len(slots):
+            raise ValueError(f"{len(temps)} temperatures for {len(slots)} rows")
         decode = [i for i, toks in enumerate(tokens) if len(toks) == 1]
         if len(decode) == len(tokens):
-            return self.step(slots, [toks[0] for toks in tokens])
+            return self._step(slots, [toks[0] for toks in tokens], temps)
         if not decode:
-            return self.prompts(slots, tokens)
+            return self._prompts(slots, tokens, temps)
         prompt = [i for i, toks in enumerate(tokens) if len(toks) > 1]
-        decoded = self.step([slots[i] for i in decode], [tokens[i][0] for i in decode])
-        prompted = self.prompts([slots[i] for i in prompt], [tokens[i] for i in prompt])
+        decoded, decoded_picks = self._step([slots[i] for i in decode],
+                                            [tokens[i][0] for i in decode],
+                                            [temps[i] for i in decode])
+        prompted, prompted_picks = self._prompts([slots[i] for i in prompt],
+                                                 [tokens[i] for i in prompt],
+                                                 [temps[i] for i in prompt])
+        dev = decoded.device
         logits = decoded.new_empty((len(slots), decoded.shape[-1]))
-        logits[to_device(decode, torch.long, logits.device)] = decoded
-        logits[to_device(prompt, torch.long, logits.device)] = prompted.to(decoded.dtype)
-        return logits
+        picks = decoded_picks.new_empty(len(slots))
+        rows = to_device(decode, torch.long, dev), to_device(prompt, torch.long, dev)
+        logits[rows[0]], picks[rows[0]] = decoded, decoded_picks
+        logits[rows[1]], picks[rows[1]] = prompted.to(decoded.dtype), prompted_picks
+        return logits, picks
 
-    @torch.inference_mode()
     def step(self, slots: Sequence[int], tokens: Sequence[int]) -> Tensor:
         """Feed ``tokens[i]`` to stream ``slots[i]``; float32 logits ``[n, V]`` of each, and
         each slot's length grows by one (as ``forward_batch`` with ``advance``)."""
+        return self._step(slots, tokens, [0.0] * len(slots))[0]
+
+    @torch.inference_mode()
+    def _step(self, slots: Sequence[int], tokens: Sequence[int],
+              temps: Sequence[float]) -> tuple[Tensor, Tensor]:
         cache = self.model.check_step(slots, [[t] for t in tokens])
         for slot in slots:
             if slot == self.scratch:
@@ -259,34 +296,49 @@ class GraphedLlamaDecoder:
         key = self.bucket(n, max(cache.lengths[s] for s in slots) + 1)
         if key is None:
             self.eager_steps += 1
-            return self.model.forward_batch(slots, [[t] for t in tokens])
+            logits = self.model.forward_batch(slots, [[t] for t in tokens])
+            return logits, pick_rows(logits, to_device(list(temps), torch.float32, logits.device))
         step = self.steps.get(key)
+        # built in numpy: torch calls here would each give up the GIL (host_ops.py)
         ints = self._padding(key[0])
-        ints[0, :n] = torch.as_tensor(list(tokens), dtype=torch.long)
-        ints[1, :n] = torch.as_tensor(list(slots), dtype=torch.long)
-        ints[2, :n] = torch.as_tensor([cache.lengths[s] for s in slots], dtype=torch.long)
-        copy_in(step.inputs["ints"], ints)
-        logits = step()["logits"][:n].clone()  # the buffer is the next replay's output
+        ints[0, :n] = tokens
+        ints[1, :n] = slots
+        ints[2, :n] = [cache.lengths[s] for s in slots]
+        ints[3, :n] = np.asarray(temps, dtype=np.float64).view(np.int64)
+        copy_in(step.inputs["ints"], torch.from_numpy(ints))
+        out = step()  # the buffers are the next replay's outputs: copied out
+        logits, picks = out["logits"][:n].clone(), out["picks"][:n].clone()
         for slot in slots:
             cache.lengths[slot] += 1
             cache.written[slot] = cache.lengths[slot]
         self.graph_steps += 1
-        return logits
+        return logits, picks
 
     def prompts(self, slots: Sequence[int], tokens: Sequence[Sequence[int]]) -> Tensor:
         """``forward_batch``'s step for prompt rows: one prefill replay (or chunks of
         replays) per row with prefill buckets, else one eager step for all of them."""
-        if self.prefills is None:
-            return self.model.forward_batch(slots, tokens)
-        self.model.check_step(slots, tokens)  # every row first: none is fed if one is bad
-        return torch.cat([self.prefill(slot, toks) for slot, toks in zip(slots, tokens,
-                                                                          strict=True)])
+        return self._prompts(slots, tokens, [0.0] * len(slots))[0]
 
-    @torch.inference_mode()
+    def _prompts(self, slots: Sequence[int], tokens: Sequence[Sequence[int]],
+                 temps: Sequence[float]) -> tuple[Tensor, Tensor]:
+        if self.prefills is None:
+            logits = self.model.forward_batch(slots, tokens)
+            return logits, pick_rows(logits, to_device(list(temps), torch.float32, logits.device))
+        self.model.check_step(slots, tokens)  # every row first: none is fed if one is bad
+        rows = [self._prefill(slot, toks, temp)
+                for slot, toks, temp in zip(slots, tokens, temps, strict=True)]
+        if len(rows) == 1:
+            return rows[0]
+        return torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
+
     def prefill(self, slot: int, tokens: Sequence[int]) -> Tensor:
         """Feed one stream's ``tokens`` from prefill graphs, in chunks of the largest query
         bucket; float32 logits ``[1, V]`` of the last token, and the slot's length grows
         by ``len(tokens)`` (as ``forward_batch`` with ``advance``)."""
+        return self._prefill(slot, tokens, 0.0)[0]
+
+    @torch.inference_mode()
+    def _prefill(self, slot: int, tokens: Sequence[int], temp: float) -> tuple[Tensor, Tensor]:
         if self.prefills is None:
             raise RuntimeError("no prefill buckets: this decoder runs prompts eagerly")
         cache = self.model.check_step([slot], [tokens])
@@ -301,14 +353,17 @@ class GraphedLlamaDecoder:
             assert q is not None and length is not None  # chunks <= top; check_step: <= max_len
             step = self.prefills.get((q, length))
             ints = self._prefill_padding(q)
-            ints[0, :n] = torch.as_tensor(chunk, dtype=torch.long)
-            ints[1, :n] = torch.arange(at, at + n)
+            ints[0, :n] = chunk
+            ints[1, :n] = np.arange(at, at + n)
             ints[1, n:] = at + n - 1  # padding repeats the last real query's position
             ints[2, :n] = slot
             ints[3, 0], ints[3, 1] = slot, n - 1
-            copy_in(step.inputs["ints"], ints)
-            logits = step()["logits"].clone()  # the buffer is the next replay's output
+            last = start + top >= len(tokens)  # only the last chunk's pick is read
+            ints[4, :1] = np.asarray([temp if last else 0.0]).view(np.int64)
+            copy_in(step.inputs["ints"], torch.from_numpy(ints))
+            out = step()  # the buffers are the next replay's outputs: copied out
+            logits, picks = out["logits"].clone(), out["picks"].clone()
             cache.lengths[slot] += n
             cache.written[slot] = cache.lengths[slot]
             self.prefill_steps += 1
-        return logits
+        return logits, picks

@@ -17,9 +17,18 @@ the aten ops they dispatch (a ``TorchDispatchMode``), for
   encoder (`StaticEncoder.run`), replay as one;
 - Moonshine's greedy decoding of those clips: host reads of the picks per transcript (one
   per replay; one per token before four tokens a replay);
-- one Qwen3-TTS step of the graph path with 16 replies speaking (replays as one);
+- one graphed LLM decode step of 64 rows at 0.8 and its tokens read: the step then
+  `sample` against the tokens picked inside the graph (`forward_picked`);
+- one Qwen3-TTS step of the graph path with 16 and 64 replies speaking (replays as one);
 - sampling 64 LLM rows at temperature 0.8, unseeded (one noise draw) and seeded (a draw
   per row, which is what every row cost before).
+
+Host-bound arms (the graph paths, with replays stubbed) are also timed: the mean host
+ms of one unit alone and beside one thread spinning Python at the engine's switch
+interval. Not every torch call gives up the GIL (indexing and ``.shape`` keep it; an op
+such as ``add`` or ``copy_`` releases it and, beside a busy thread, waits up to a switch
+interval to get it back), so the second time is what the calls cost a stage on a loaded
+server, as nearly as one CPU can say.
 
 A "replay as one" arm swaps `StaticStep.__call__` for a stand-in that only returns the
 step's outputs: on a GPU that call is one `CUDAGraph.replay`.
@@ -29,6 +38,8 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -42,6 +53,7 @@ from transformers import LlamaConfig
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
+from voxline.engines.factory import GIL_SWITCH_INTERVAL_S  # noqa: E402
 from voxline.engines.models.llama.graphs import PREFILL_BUCKETS, GraphedLlamaDecoder  # noqa: E402
 from voxline.engines.models.llama.model import LlamaModel  # noqa: E402
 from voxline.engines.models.sampling import sample  # noqa: E402
@@ -68,11 +80,59 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count(fn: Callable[[], object]) -> dict[str, object]:
-    """Python-level torch calls and aten ops of one call of ``fn``."""
+def count(fn: Callable[[], object], after: Callable[[], object] = lambda: None,
+          timed: bool = True, most: int = 400) -> dict[str, object]:
+    """Python-level torch calls and aten ops of one call of ``fn``, and (``timed``) its
+    mean host time alone and beside a thread spinning Python (``after`` runs between
+    calls, untimed). Time only host-bound work: an eager arm's time here is mostly its CPU
+    arithmetic, which a GPU would do instead."""
     with _Calls() as calls, _Ops() as ops:
         fn()
-    return {"torch_calls": calls.n, "aten_ops": sum(ops.ops.values())}
+    after()
+    if not timed:
+        return {"torch_calls": calls.n, "aten_ops": sum(ops.ops.values())}
+    alone = mean_ms(fn, after, most=most)
+    with busy_thread():
+        busy = mean_ms(fn, after, most=most)
+    return {"torch_calls": calls.n, "aten_ops": sum(ops.ops.values()),
+            "host_ms": round(alone, 3), "host_ms_beside_busy_thread": round(busy, 3)}
+
+
+def mean_ms(fn: Callable[[], object], after: Callable[[], object], budget_s: float = 0.5,
+            most: int = 400) -> float:
+    """Mean host ms of ``fn`` over as many calls as fit ``budget_s`` (at least 5): a wait
+    for the GIL comes at some calls and not others, so the mean is its cost."""
+    total, n = 0.0, 0
+    while n < 5 or (total < budget_s and n < most):
+        t0 = time.perf_counter()
+        fn()
+        total += time.perf_counter() - t0
+        n += 1
+        after()
+    return total / n * 1e3
+
+
+@contextmanager
+def busy_thread():
+    """Another thread spinning Python at the engine's GIL switch interval, as the engine's
+    other stages' threads are on a loaded server."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    stop = threading.Event()
+
+    def spin() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(previous)
 
 
 @contextmanager
@@ -109,7 +169,7 @@ def llm_prompt() -> dict[str, object]:
 
     graphed()  # make the bucket's step (and its output buffers) first
     with replay_as_one():
-        return {"eager": count(eager), "prefill graph": count(graphed)}
+        return {"eager": count(eager, timed=False), "prefill graph": count(graphed)}
 
 
 def llm_decode(rows: int = 64) -> dict[str, object]:
@@ -140,12 +200,9 @@ def llm_decode(rows: int = 64) -> dict[str, object]:
 
     picked()  # make the bucket's step (and its output buffers) first
     rewind()
-    out = {}
     with replay_as_one():
-        for name, fn in (("step, then sample", then_sample), ("picked in the graph", picked)):
-            out[name] = count(fn)
-            rewind()
-    return out
+        return {"step, then sample": count(then_sample, rewind),
+                "picked in the graph": count(picked, rewind)}
 
 
 def moonshine() -> dict[str, object]:
@@ -164,7 +221,7 @@ def moonshine() -> dict[str, object]:
         batch = clips[:n]
         asr.encoder.run(batch)
         with replay_as_one():
-            out[f"encode {n} clip(s)"] = {"eager": count(lambda b=batch: asr.encode_many(b)),
+            out[f"encode {n} clip(s)"] = {"eager": count(lambda b=batch: asr.encode_many(b), timed=False),
                                           "encoder graph": count(lambda b=batch: asr.encoder.run(b))}
     states, frames = asr.encode_many(clips)
     valid = asr._valid(frames, states.shape[1])
@@ -205,8 +262,8 @@ def tts_step(streams: int = 16) -> dict[str, object]:
             stage.step()
         with replay_as_one():
             stage.step()  # the steady step's buffers exist
-            counts = [count(stage.step) for _ in range(4)]
-    return {f"{streams} streams, steady steps": counts}
+            # (80 steps in all: every stream still speaking, min_frames above)
+            return {f"{streams} streams, a steady step": count(stage.step, most=40)}
 
 
 def sampling() -> dict[str, object]:
@@ -214,15 +271,19 @@ def sampling() -> dict[str, object]:
     gens = [torch.Generator().manual_seed(i) for i in range(64)]
     # every row seeded: each draws its own noise, as every row did before unseeded rows
     # drew theirs in one go
-    return {"64 unseeded rows at 0.8": count(lambda: sample(logits, [0.8] * 64, generators=[None] * 64)),
-            "64 seeded rows at 0.8": count(lambda: sample(logits, [0.8] * 64, generators=gens))}
+    # (not timed: on the CPU the softmax over 64 x 4096 is most of it)
+    return {"64 unseeded rows at 0.8": count(lambda: sample(logits, [0.8] * 64, generators=[None] * 64),
+                                             timed=False),
+            "64 seeded rows at 0.8": count(lambda: sample(logits, [0.8] * 64, generators=gens),
+                                           timed=False)}
 
 
 def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # speech.espeak
     report = {"llm prompt, 157 cached + 57 new, 16 layers": llm_prompt(),
               "llm decode step, 64 rows at 0.8": llm_decode(),
-              "moonshine": moonshine(), "sampling": sampling(), "qwen3-tts step": tts_step()}
+              "moonshine": moonshine(), "sampling": sampling(),
+              "qwen3-tts step": {**tts_step(16), **tts_step(64)}}
     print(json.dumps(report, indent=2))
     return 0
 

@@ -127,18 +127,23 @@ class GraphedCode2Wav:
         groups: dict[int, list[int]] = {}
         for i, c in enumerate(chunks):
             groups.setdefault(int(c.shape[-1]), []).append(i)
-        for t, idx in groups.items():
-            n = len(idx)
-            codes = torch.stack([chunks[i] for i in idx]).to(self.decoder.device)
-            b = bucket_for(n, self.batch_buckets)
-            ids = [slots[i] for i in idx]
-            if b is None or t not in self.frame_buckets:
-                wav = self._fn(torch.tensor(ids, device=codes.device), codes)["wav"]
-            else:
-                step = self.steps.get((b, t))
-                copy_in(step.inputs["slots"], torch.tensor(ids + [self.scratch] * (b - n)))
-                step.inputs["codes"][:n].copy_(codes)
-                wav = step()["wav"]
-            for row, i in enumerate(idx):
-                out[i] = wav[row]
+        for idx in groups.values():
+            wav = self.decode_batch([slots[i] for i in idx], torch.stack([chunks[i] for i in idx]))
+            for i, row in zip(idx, wav.unbind(0), strict=True):
+                out[i] = row
         return out  # type: ignore[return-value]
+
+    @torch.inference_mode()
+    def decode_batch(self, slots: Sequence[int], codes: Tensor) -> Tensor:
+        """Chunks of equal length ``codes [n, Q, T]`` of streams ``slots`` -> waveforms
+        ``[n, T * spf]``: one replay of the (n's bucket, T) graph, or the same function on
+        the exact shape past the buckets. Valid until the next call (graph output buffers)."""
+        n, t = len(slots), int(codes.shape[-1])
+        codes = codes.to(self.decoder.device)
+        b = bucket_for(n, self.batch_buckets)
+        if b is None or t not in self.frame_buckets:
+            return self._fn(torch.tensor(list(slots), device=codes.device), codes)["wav"]
+        step = self.steps.get((b, t))
+        copy_in(step.inputs["slots"], torch.tensor([*slots, *[self.scratch] * (b - n)]))
+        step.inputs["codes"][:n].copy_(codes)
+        return step()["wav"][:n]

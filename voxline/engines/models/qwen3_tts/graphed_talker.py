@@ -234,8 +234,9 @@ class GraphedTalkerGenerator(TalkerGenerator):
         texts: list[Tensor] = []
         if completing:
             frames, embeds = self._complete(completing)
-            for i, s in enumerate(completing):
-                results[id(s)] = record_frame(s, frames[i])
+            # rows as views in one call, not an index per stream (each call gives up the GIL)
+            for i, (s, frame) in enumerate(zip(completing, frames.unbind(0), strict=True)):
+                results[id(s)] = record_frame(s, frame)
                 if s.finished:
                     continue
                 if self.cache.lengths[s.slot] + 1 > self.cache.max_len:

@@ -25,7 +25,7 @@ Embedding calls are grouped as in the reference, so the prompt is bit-identical 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -96,6 +96,13 @@ class TalkerPrompt:
     trailing_text: Tensor
     pad_embed: Tensor
     eos_embed: Tensor | None = None  # set while more text may be appended
+    # trailing_text's rows as views, made when text arrives: a stream's step reads its
+    # frame's row from this list, not by indexing the tensor (a torch call per stream and
+    # step, each giving up the GIL the engine's other threads want)
+    text_rows: list[Tensor] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.text_rows = list(self.trailing_text.unbind(0))
 
     @property
     def text_open(self) -> bool:
@@ -103,11 +110,11 @@ class TalkerPrompt:
 
     def has_text_for(self, k: int) -> bool:
         """Frame ``k``'s text-side input is known (it exists, or the text has ended)."""
-        return k < self.trailing_text.shape[0] or not self.text_open
+        return k < len(self.text_rows) or not self.text_open
 
     def text_for_frame(self, k: int) -> Tensor:
-        if k < self.trailing_text.shape[0]:
-            return self.trailing_text[k]
+        if k < len(self.text_rows):
+            return self.text_rows[k]
         if self.text_open:
             raise RuntimeError(f"frame {k}'s text has not arrived (streaming text input)")
         return self.pad_embed
@@ -116,12 +123,15 @@ class TalkerPrompt:
         """Add ``embeds [n, D]`` (:meth:`Talker.embed_text` of the new ids) to the text."""
         if not self.text_open:
             raise RuntimeError("the prompt's text has ended")
-        self.trailing_text = torch.cat((self.trailing_text, embeds.to(self.trailing_text)))
+        new = embeds.to(self.trailing_text)
+        self.trailing_text = torch.cat((self.trailing_text, new))
+        self.text_rows.extend(new.unbind(0))
 
     def end_text(self) -> None:
         """No more text: ``tts_eos`` follows the last token, then ``tts_pad``."""
         if self.eos_embed is not None:
             self.trailing_text = torch.cat((self.trailing_text, self.eos_embed[None]))
+            self.text_rows.append(self.eos_embed)
             self.eos_embed = None
 
 

@@ -126,3 +126,30 @@ def test_on_cuda_an_urgent_stream_has_the_higher_priority(urgent_streams_restore
     urgent, normal = StageStream("cuda", urgent=True), StageStream("cuda")
     assert urgent.stream.priority == URGENT_PRIORITY and normal.stream.priority == 0
     assert urgent.run(torch.cuda.current_stream).priority == URGENT_PRIORITY
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_packed_inputs_fill_in_numpy_and_arrive_in_one_copy(device):
+    from voxline.kernels.cuda_graphs import PackedInputs, StaticStep
+
+    packed = PackedInputs({"ints": ((3, 2), torch.int64), "floats": ((1, 3), torch.float32),
+                           "flags": ((5,), torch.bool), "more": ((2,), torch.int64)}, device)
+    assert [at for at, _, _ in packed.spans.values()] == [0, 48, 64, 72]  # 8-byte aligned
+    raw, views = packed.host()
+    views["ints"][:] = [[1, 2], [3, 4], [5, -6]]
+    views["floats"][0] = [0.5, 1.5, -2.0]
+    views["flags"][[1, 3]] = True
+    views["more"][:] = [7, 1 << 40]
+    packed.send(raw)
+    raw[:] = 0  # the host buffer may be reused at once: the copy read a staging copy
+    t = packed.tensors
+    assert t["ints"].tolist() == [[1, 2], [3, 4], [5, -6]] and t["ints"].dtype == torch.int64
+    assert t["floats"].tolist() == [[0.5, 1.5, -2.0]]
+    assert t["flags"].tolist() == [False, True, False, True, False]
+    assert t["more"].tolist() == [7, 1 << 40]
+    assert all(v.device.type == device for v in t.values())
+    step = StaticStep(lambda x, ints, floats, flags, more: {"y": x + ints.sum()},
+                      {"x": torch.zeros(1, dtype=torch.int64, device=device)}, packed=packed)
+    assert set(step.inputs) == {"x", "ints", "floats", "flags", "more"} and step.packed is packed
+    assert step()["y"].tolist() == [9]

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Generic, TypeVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["BucketedSteps", "StageStream", "StaticStep", "bucket_for", "copy_in", "ladder_buckets",
-           "pow2_buckets", "set_urgent_streams", "stream_priority", "to_device"]
+__all__ = ["BucketedSteps", "PackedInputs", "StageStream", "StaticStep", "bucket_for", "copy_in",
+           "ladder_buckets", "pow2_buckets", "set_urgent_streams", "stream_priority", "to_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,12 +85,55 @@ def to_device(values: object, dtype: torch.dtype, device: torch.device | str) ->
     return host.pin_memory().to(device, non_blocking=True)
 
 
+class PackedInputs:
+    """A step's small inputs (settings, ids, positions) packed in one device buffer, so
+    one copy fills them all: the host writes them into numpy views of one byte buffer
+    (no torch call) and :meth:`send` copies it over (:func:`copy_in`: three torch calls,
+    each giving up the GIL the engine's other threads want, where a tensor per input
+    cost three each). ``layout`` names each input's ``(shape, dtype)``; :attr:`tensors`
+    are the device views a :class:`StaticStep` takes as inputs."""
+
+    def __init__(self, layout: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+                 device: torch.device | str) -> None:
+        self.spans: dict[str, tuple[int, tuple[int, ...], torch.dtype]] = {}
+        size = 0
+        for name, (shape, dtype) in layout.items():
+            size = -(-size // 8) * 8  # each input starts 8-byte aligned
+            self.spans[name] = (size, shape, dtype)
+            size += int(np.prod(shape)) * dtype.itemsize
+        self.nbytes = size
+        self.raw = torch.zeros(size, dtype=torch.uint8, device=device)
+        self.tensors = self._views(self.raw)
+
+    def _views(self, raw: Tensor) -> dict[str, Tensor]:
+        return {name: raw[at:at + int(np.prod(shape)) * dtype.itemsize].view(dtype).view(shape)
+                for name, (at, shape, dtype) in self.spans.items()}
+
+    def host(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """A zeroed host buffer and numpy views of its inputs, to fill and :meth:`send`."""
+        raw = np.zeros(self.nbytes, dtype=np.uint8)
+        views = {name: raw[at:at + int(np.prod(shape)) * dtype.itemsize].view(_NUMPY[dtype])
+                 .reshape(shape) for name, (at, shape, dtype) in self.spans.items()}
+        return raw, views
+
+    def send(self, raw: np.ndarray) -> None:
+        """Copy a filled host buffer into the device buffer (without waiting on a GPU)."""
+        copy_in(self.raw, torch.from_numpy(raw))
+
+
+_NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32,
+          torch.float64: np.float64, torch.bool: np.bool_, torch.uint8: np.uint8}
+
+
 class StaticStep:
     """``fn(**inputs)`` over static buffers; a CUDA-graph replay once captured."""
 
-    def __init__(self, fn: StepFn, inputs: dict[str, Tensor]) -> None:
+    def __init__(self, fn: StepFn, inputs: dict[str, Tensor],
+                 packed: PackedInputs | None = None) -> None:
+        """``packed``: some of the inputs in one buffer (its views join ``inputs``)."""
         self.fn = fn
-        self.inputs = inputs
+        self.inputs = {**inputs, **packed.tensors} if packed is not None else inputs
+        self.packed = packed
         self.outputs: dict[str, Tensor] = {}
         self.graph: torch.cuda.CUDAGraph | None = None
 

@@ -53,15 +53,23 @@ from __future__ import annotations
 
 import functools
 import secrets
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from voxline.engines.models.layers import fuse_decoder_modules
 from voxline.kernels.attention import attend, attend_matmul, attend_sum, position_mask
 from voxline.kernels.compiled import maybe_compile
-from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, copy_in, pow2_buckets
+from voxline.kernels.cuda_graphs import (
+    BucketedSteps,
+    PackedInputs,
+    StaticStep,
+    bucket_for,
+    copy_in,
+    pow2_buckets,
+)
 from voxline.kernels.decode_attention import attend_decode
 from voxline.kernels.decoder_step import attn_mlp, attn_out_mlp, attn_prep
 from voxline.kernels.qkv_decode_attention import (
@@ -102,6 +110,18 @@ DEFAULT_PREDICTOR_ATTENTION = "sdpa"
 # fits (the published 50 does): a top-k instead of a sort of 2048 logits per sub-step.
 # A frame with a larger (or no) top-k runs a separate full-sort step, made on first use.
 PREDICTOR_TOP_K_CAP = 64
+# Rows of (int64, float32) settings a step reads: a code-predictor frame's, and the first
+# code's (talker decode and prefill); each step's are one packed input (PackedInputs).
+FRAME_ROWS = (4, 2)
+FIRST_ROWS = (6, 3)
+SettingsFill = Callable[[Sequence[TalkerStream], dict[str, np.ndarray]], None]
+
+
+def send_settings(packed: PackedInputs, fill: SettingsFill, streams: Sequence[TalkerStream]) -> None:
+    """Fill a step's packed settings for ``streams`` on the host and copy them over."""
+    raw, views = packed.host()
+    fill(streams, views)
+    packed.send(raw)
 
 
 class GraphedTalkerGenerator(TalkerGenerator):
@@ -273,19 +293,18 @@ class GraphedTalkerGenerator(TalkerGenerator):
 
     # -- code predictor frame --------------------------------------------------------
 
-    def _frame_settings(self, streams: Sequence[TalkerStream], b: int) -> tuple[Tensor, Tensor]:
-        pad = b - len(streams)
-        ints = torch.tensor([
-            [s.pending for s in streams] + [0] * pad,  # type: ignore[misc]
-            [s.params.subtalker_top_k for s in streams] + [0] * pad,
-            [self._seeds[s.slot] for s in streams] + [0] * pad,
-            [s.frames * self._groups for s in streams] + [0] * pad,
-        ], dtype=torch.int64)
-        floats = torch.tensor([
-            [s.params.subtalker_temperature for s in streams] + [0.0] * pad,
-            [s.params.subtalker_top_p for s in streams] + [1.0] * pad,
-        ], dtype=torch.float32)
-        return ints, floats
+    def _frame_settings(self, streams: Sequence[TalkerStream], views: dict[str, np.ndarray]) -> None:
+        """Write a frame's settings (``ints [4, B]``, ``floats [2, B]``: host views of its
+        packed inputs) for ``streams``; rows past them stay padding."""
+        ints, floats = views["ints"], views["floats"]
+        n = len(streams)
+        ints[0, :n] = [s.pending for s in streams]
+        ints[1, :n] = [s.params.subtalker_top_k for s in streams]
+        ints[2, :n] = [self._seeds[s.slot] for s in streams]
+        ints[3, :n] = [s.frames * self._groups for s in streams]
+        floats[0, :n] = [s.params.subtalker_temperature for s in streams]
+        floats[1] = 1.0  # top-p of padding: off
+        floats[1, :n] = [s.params.subtalker_top_p for s in streams]
 
     def _top_k_cap(self, streams: Sequence[TalkerStream]) -> int:
         """The frame's ``max_top_k``: the cap when every sampled stream's top-k fits, else 0."""
@@ -341,10 +360,18 @@ class GraphedTalkerGenerator(TalkerGenerator):
     def _make_frame(self, key: tuple[int, int]) -> StaticStep:
         b, cap = key
         t = self.talker
-        ints, floats = self._frame_settings([], b)
         hidden = torch.zeros(b, t.config.hidden_size, dtype=t.dtype, device=t.device)
-        return StaticStep(functools.partial(self._frame_fn, max_top_k=cap),
-                          {"hidden": hidden, "ints": ints.to(t.device), "floats": floats.to(t.device)})
+        return StaticStep(functools.partial(self._frame_fn, max_top_k=cap), {"hidden": hidden},
+                          packed=self._settings(FRAME_ROWS, b, self._frame_settings, []))
+
+    def _settings(self, rows: tuple[int, int], b: int, fill: SettingsFill,
+                  streams: Sequence[TalkerStream]) -> PackedInputs:
+        """``rows`` (ints, floats) of settings for ``b`` rows in one device buffer, filled
+        for ``streams`` (padding after them)."""
+        packed = PackedInputs({"ints": ((rows[0], b), torch.int64),
+                               "floats": ((rows[1], b), torch.float32)}, self.talker.device)
+        send_settings(packed, fill, streams)
+        return packed
 
     def _complete(self, streams: Sequence[TalkerStream]) -> tuple[Tensor, Tensor]:
         """Frames ``[n, G]`` and their talker input embeddings ``[n, D]``."""
@@ -353,16 +380,16 @@ class GraphedTalkerGenerator(TalkerGenerator):
         b = bucket_for(n, self.batch_buckets)
         cap = self._top_k_cap(streams)
         if b is None:  # no bucket: the same function on the exact shape
-            ints, floats = self._frame_settings(streams, n)
-            out = self._frame_fn(hidden, ints.to(hidden.device), floats.to(hidden.device), cap)
+            settings = self._settings(FRAME_ROWS, n, self._frame_settings, streams).tensors
+            out = self._frame_fn(hidden, settings["ints"], settings["floats"], cap)
             return out["frames"], out["embeds"]
         step = self.frame_steps.get((b, cap))
-        ints, floats = self._frame_settings(streams, b)
         step.inputs["hidden"][:n].copy_(hidden)
-        copy_in(step.inputs["ints"], ints)
-        copy_in(step.inputs["floats"], floats)
+        send_settings(step.packed, self._frame_settings, streams)  # type: ignore[arg-type]
         out = step()
-        return out["frames"][:n].clone(), out["embeds"][:n].clone()
+        # frames are kept (pending for the codec): copied out of the buffer the next replay
+        # writes; embeds are only read before it (the caller's add makes a new tensor)
+        return out["frames"][:n].clone(), out["embeds"][:n]
 
     # -- talker prefill --------------------------------------------------------------
 
@@ -387,11 +414,10 @@ class GraphedTalkerGenerator(TalkerGenerator):
     def _make_prefill(self, key: tuple[int, int]) -> StaticStep:
         b, q = key
         t = self.talker
-        ints, floats = self._first_settings([], b)
         x = torch.zeros(b, q, t.config.hidden_size, dtype=t.dtype, device=t.device)
         last = torch.zeros(b, dtype=torch.int64, device=t.device)
-        return StaticStep(self._prefill_fn, {"x": x, "ints": ints.to(t.device),
-                                             "floats": floats.to(t.device), "last": last})
+        return StaticStep(self._prefill_fn, {"x": x, "last": last},
+                          packed=self._settings(FIRST_ROWS, b, self._first_settings, []))
 
     def _prefill(self, streams: Sequence[TalkerStream]) -> tuple[Tensor, Tensor]:
         """Prefill fresh streams' prompts; hidden ``[n, D]`` and first codes ``[n]``."""
@@ -404,16 +430,14 @@ class GraphedTalkerGenerator(TalkerGenerator):
         if b is None or q is None or q > cache.max_len or not fresh:
             hidden, logits = self.talker.forward_batch([s.slot for s in streams],
                                                        [s.prompt.embeds for s in streams])
-            ints, floats = self._first_settings(streams, n)
-            return hidden, self._pick(logits, ints.to(logits.device), floats.to(logits.device))
+            settings = self._settings(FIRST_ROWS, n, self._first_settings, streams).tensors
+            return hidden, self._pick(logits, settings["ints"], settings["floats"])
         step = self.prefill_steps.get((b, q))
-        ints, floats = self._first_settings(streams, b)
         x = step.inputs["x"]
         x.zero_()  # padded positions: finite and never attended to by real ones
         for i, s in enumerate(streams):
             x[i, : counts[i]].copy_(s.prompt.embeds)
-        copy_in(step.inputs["ints"], ints)
-        copy_in(step.inputs["floats"], floats)
+        send_settings(step.packed, self._first_settings, streams)  # type: ignore[arg-type]
         copy_in(step.inputs["last"], torch.tensor([c - 1 for c in counts] + [0] * (b - n)))
         out = step()
         for s, c in zip(streams, counts, strict=True):
@@ -423,23 +447,24 @@ class GraphedTalkerGenerator(TalkerGenerator):
 
     # -- talker decode ---------------------------------------------------------------
 
-    def _first_settings(self, streams: Sequence[TalkerStream], b: int) -> tuple[Tensor, Tensor]:
-        pad = b - len(streams)
+    def _first_settings(self, streams: Sequence[TalkerStream], views: dict[str, np.ndarray]) -> None:
+        """Write the first-code settings of a talker step (``ints [6, B]``, ``floats
+        [3, B]``: host views of its packed inputs) for ``streams``; padding after them
+        uses the scratch slot."""
+        ints, floats = views["ints"], views["floats"]
+        n = len(streams)
         lengths = self.cache.lengths
-        ints = torch.tensor([
-            [s.slot for s in streams] + [self.scratch] * pad,
-            [lengths[s.slot] for s in streams] + [0] * pad,
-            [s.params.top_k for s in streams] + [0] * pad,
-            [self._seeds[s.slot] for s in streams] + [0] * pad,
-            [len(s.history) * self._groups for s in streams] + [0] * pad,
-            [int(len(s.history) < s.params.min_frames) for s in streams] + [0] * pad,
-        ], dtype=torch.int64)
-        floats = torch.tensor([
-            [s.params.temperature for s in streams] + [0.0] * pad,
-            [s.params.top_p for s in streams] + [1.0] * pad,
-            [s.params.repetition_penalty for s in streams] + [1.0] * pad,
-        ], dtype=torch.float32)
-        return ints, floats
+        ints[0] = self.scratch
+        ints[0, :n] = [s.slot for s in streams]
+        ints[1, :n] = [lengths[s.slot] for s in streams]
+        ints[2, :n] = [s.params.top_k for s in streams]
+        ints[3, :n] = [self._seeds[s.slot] for s in streams]
+        ints[4, :n] = [len(s.history) * self._groups for s in streams]
+        ints[5, :n] = [int(len(s.history) < s.params.min_frames) for s in streams]
+        floats[1:] = 1.0  # top-p and repetition penalty of padding: off
+        floats[0, :n] = [s.params.temperature for s in streams]
+        floats[1, :n] = [s.params.top_p for s in streams]
+        floats[2, :n] = [s.params.repetition_penalty for s in streams]
 
     def _pick(self, logits: Tensor, ints: Tensor, floats: Tensor) -> Tensor:
         """First-code logit processing (as ``_pick_first``) and sampling, fixed shapes."""
@@ -496,10 +521,9 @@ class GraphedTalkerGenerator(TalkerGenerator):
     def _make_decode(self, key: tuple[int, int]) -> StaticStep:
         b, length = key
         t = self.talker
-        ints, floats = self._first_settings([], b)
         x = torch.zeros(b, t.config.hidden_size, dtype=t.dtype, device=t.device)
-        return StaticStep(self._decode_fn(length), {"x": x, "ints": ints.to(t.device),
-                                                    "floats": floats.to(t.device)})
+        return StaticStep(self._decode_fn(length), {"x": x},
+                          packed=self._settings(FIRST_ROWS, b, self._first_settings, []))
 
     def _decode(self, streams: Sequence[TalkerStream], x: Tensor) -> tuple[Tensor, Tensor]:
         """Feed one frame input per stream; returns hidden ``[n, D]`` and first codes ``[n]``."""
@@ -508,15 +532,13 @@ class GraphedTalkerGenerator(TalkerGenerator):
         b = bucket_for(n, self.batch_buckets)
         length = bucket_for(need, self.length_buckets)
         if b is None or length is None:
-            ints, floats = self._first_settings(streams, n)
-            out = self._decode_fn(need)(x, ints.to(x.device), floats.to(x.device))
+            settings = self._settings(FIRST_ROWS, n, self._first_settings, streams).tensors
+            out = self._decode_fn(need)(x, settings["ints"], settings["floats"])
             hidden, code = out["hidden"], out["code"]
         else:
             step = self.decode_steps.get((b, length))
-            ints, floats = self._first_settings(streams, b)
             step.inputs["x"][:n].copy_(x)
-            copy_in(step.inputs["ints"], ints)
-            copy_in(step.inputs["floats"], floats)
+            send_settings(step.packed, self._first_settings, streams)  # type: ignore[arg-type]
             out = step()
             hidden, code = out["hidden"][:n].clone(), out["code"][:n]
         for s in streams:

@@ -287,7 +287,7 @@ def test_each_row_is_picked_inside_the_step_at_its_temperature(device):
     # a replay draws new noise (on a GPU the graph advances the generator): the same
     # inputs at a high temperature do not pick the same four tokens twice
     step = dec.steps.get((4, 64))
-    step.inputs["ints"][3] = torch.full((4,), 50.0, dtype=torch.float64).view(torch.long)
+    step.inputs["temps"].fill_(50.0)
     first = step()["picks"].clone()
     assert not torch.equal(first, step()["picks"])
     assert torch.equal(pick_rows(logits[[0, 2]], torch.zeros(2, device=device)),

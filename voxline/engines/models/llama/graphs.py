@@ -4,8 +4,8 @@ A pure decode step (every stream feeds one token) on a GPU is all launch overhea
 small Llama: ~15 kernels a layer, each far shorter than its launch. Such a step replays a
 CUDA graph captured for a (batch, length) bucket: the smallest batch bucket >= the number
 of streams and the smallest length bucket >= the longest stream's length + 1. The graph
-reads static inputs (token id, cache slot, position and temperature per row, built in
-numpy and filled by one non-blocking host-to-device copy), writes each row's new K/V at its position, attends over
+reads static inputs (token id, cache slot, position and temperature per row, written in
+numpy and sent by one non-blocking host-to-device copy: :class:`PackedInputs`), writes each row's new K/V at its position, attends over
 the first ``length`` cache positions under a mask computed on the device from the
 positions (no host sync inside the step), and leaves float32 logits in a static buffer,
 with each row's token picked at its temperature (:func:`~voxline.engines.models.sampling.pick_rows`;
@@ -46,9 +46,9 @@ from torch import Tensor
 from voxline.engines.models.sampling import pick_rows
 from voxline.kernels.cuda_graphs import (
     BucketedSteps,
+    PackedInputs,
     StaticStep,
     bucket_for,
-    copy_in,
     pow2_buckets,
     to_device,
 )
@@ -83,12 +83,6 @@ def _decode_layer(layer: DecoderLayer, h: Tensor, cos: Tensor, sin: Tensor, ck: 
     out = attend_decode(q, ck, cv, mask, slot=slot, length=length)
     h = h + a.o_proj(out.transpose(1, 2).reshape(b, 1, -1))
     return h + layer.mlp(layer.post_attention_layernorm(h))
-
-
-def temperatures(bits: Tensor) -> Tensor:
-    """float32 temperatures from a row of the int64 inputs holding float64 bits: they
-    travel in the one host-to-device copy of a step's inputs (a view, no host read)."""
-    return bits.view(torch.float64).float()
 
 
 class GraphedLlamaDecoder:
@@ -171,8 +165,8 @@ class GraphedLlamaDecoder:
     def _fn(self, length: int):
         model, cache = self.model, self.cache
 
-        def fn(ints: Tensor) -> dict[str, Tensor]:
-            ids, slot, pos, temps = ints[0], ints[1], ints[2], temperatures(ints[3])
+        def fn(ints: Tensor, temps: Tensor) -> dict[str, Tensor]:
+            ids, slot, pos = ints[0], ints[1], ints[2]
             cos, sin = model._cos_sin(pos[:, None])  # [B, 1, 1, D]
             keys = torch.arange(length, device=ints.device)
             mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, length]
@@ -185,30 +179,31 @@ class GraphedLlamaDecoder:
 
         return fn
 
-    def _padding(self, b: int) -> np.ndarray:
-        """Inputs of ``b`` padding rows: token 0 at position 0 of the scratch slot, greedy
-        (row 3: each row's temperature, as the bits of a float64; see :func:`temperatures`)."""
-        ints = np.zeros((4, b), dtype=np.int64)
-        ints[1] = self.scratch
-        return ints
+    def _inputs(self, b: int) -> PackedInputs:
+        """A decode step's inputs, ``ints [3, b]`` (token, slot, position per row) and
+        ``temps [b]``, in one buffer; here ``b`` padding rows: token 0 at position 0 of
+        the scratch slot, greedy."""
+        packed = PackedInputs({"ints": ((3, b), torch.int64), "temps": ((b,), torch.float32)},
+                              self.model.device)
+        raw, views = packed.host()
+        views["ints"][1] = self.scratch
+        packed.send(raw)
+        return packed
 
     def _make(self, key: tuple[int, int]) -> StaticStep:
         b, length = key
-        return StaticStep(self._fn(length),
-                          {"ints": torch.from_numpy(self._padding(b)).to(self.model.device)})
+        return StaticStep(self._fn(length), {}, packed=self._inputs(b))
 
     def _prefill_fn(self, q: int, length: int):
         """One row of ``q`` queries attending over its slot's first ``length`` positions.
 
-        ``ints [5, q]``: token ids, positions, the slot each query's K/V is written to
-        (the scratch slot for padding), in row 3 the row's slot and its last real
-        query's index, and in row 4 the temperature its token is picked at (first
-        column, float64 bits)."""
+        ``ints [4, q]``: token ids, positions, the slot each query's K/V is written to
+        (the scratch slot for padding), and in row 3 the row's slot and its last real
+        query's index; ``temps [1]`` the temperature its token is picked at."""
         model, cache = self.model, self.cache
 
-        def fn(ints: Tensor) -> dict[str, Tensor]:
+        def fn(ints: Tensor, temps: Tensor) -> dict[str, Tensor]:
             ids, pos, write_slot = ints[0], ints[1], ints[2]
-            temps = temperatures(ints[4, :1])
             slot, last = ints[3, :1], ints[3, 1:2]
             cos, sin = model._cos_sin(pos[None, :])  # [1, 1, q, D]
             keys = torch.arange(length, device=ints.device)
@@ -224,17 +219,20 @@ class GraphedLlamaDecoder:
 
         return fn
 
-    def _prefill_padding(self, q: int) -> np.ndarray:
-        """Inputs of a row of padding only: token 0 at position 0 of the scratch slot."""
-        ints = np.zeros((5, q), dtype=np.int64)
-        ints[2] = self.scratch
-        ints[3, 0] = self.scratch
-        return ints
+    def _prefill_inputs(self, q: int) -> PackedInputs:
+        """A prefill step's inputs in one buffer; here a row of padding only: token 0 at
+        position 0 of the scratch slot, greedy."""
+        packed = PackedInputs({"ints": ((4, q), torch.int64), "temps": ((1,), torch.float32)},
+                              self.model.device)
+        raw, views = packed.host()
+        views["ints"][2] = self.scratch
+        views["ints"][3, 0] = self.scratch
+        packed.send(raw)
+        return packed
 
     def _make_prefill(self, key: tuple[int, int]) -> StaticStep:
         q, length = key
-        return StaticStep(self._prefill_fn(q, length),
-                          {"ints": torch.from_numpy(self._prefill_padding(q)).to(self.model.device)})
+        return StaticStep(self._prefill_fn(q, length), {}, packed=self._prefill_inputs(q))
 
     # -- stepping ---------------------------------------------------------------------
 
@@ -299,13 +297,15 @@ class GraphedLlamaDecoder:
             logits = self.model.forward_batch(slots, [[t] for t in tokens])
             return logits, pick_rows(logits, to_device(list(temps), torch.float32, logits.device))
         step = self.steps.get(key)
-        # built in numpy: torch calls here would each give up the GIL (host_ops.py)
-        ints = self._padding(key[0])
+        # written in numpy, sent in one copy: torch calls would each give up the GIL
+        raw, views = step.packed.host()  # type: ignore[union-attr]
+        ints = views["ints"]
         ints[0, :n] = tokens
+        ints[1] = self.scratch
         ints[1, :n] = slots
         ints[2, :n] = [cache.lengths[s] for s in slots]
-        ints[3, :n] = np.asarray(temps, dtype=np.float64).view(np.int64)
-        copy_in(step.inputs["ints"], torch.from_numpy(ints))
+        views["temps"][:n] = temps
+        step.packed.send(raw)  # type: ignore[union-attr]
         out = step()  # the buffers are the next replay's outputs: copied out
         logits, picks = out["logits"][:n].clone(), out["picks"][:n].clone()
         for slot in slots:
@@ -352,15 +352,17 @@ class GraphedLlamaDecoder:
             length = bucket_for(at + n, self.length_buckets)
             assert q is not None and length is not None  # chunks <= top; check_step: <= max_len
             step = self.prefills.get((q, length))
-            ints = self._prefill_padding(q)
+            raw, views = step.packed.host()  # type: ignore[union-attr]
+            ints = views["ints"]
             ints[0, :n] = chunk
             ints[1, :n] = np.arange(at, at + n)
             ints[1, n:] = at + n - 1  # padding repeats the last real query's position
+            ints[2] = self.scratch
             ints[2, :n] = slot
             ints[3, 0], ints[3, 1] = slot, n - 1
             last = start + top >= len(tokens)  # only the last chunk's pick is read
-            ints[4, :1] = np.asarray([temp if last else 0.0]).view(np.int64)
-            copy_in(step.inputs["ints"], torch.from_numpy(ints))
+            views["temps"][0] = temp if last else 0.0
+            step.packed.send(raw)  # type: ignore[union-attr]
             out = step()  # the buffers are the next replay's outputs: copied out
             logits, picks = out["logits"].clone(), out["picks"].clone()
             cache.lengths[slot] += n

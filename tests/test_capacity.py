@@ -230,16 +230,22 @@ def test_compile_cache_goes_to_the_voxline_cache_unless_set(monkeypatch, tmp_pat
 def test_model_threads_hand_the_gil_over_within_half_a_millisecond(monkeypatch):
     import sys
 
+    from voxline.config import Settings
     from voxline.engines import factory
 
-    monkeypatch.setattr(sys, "getswitchinterval", lambda: 0.005)  # CPython's default
-    set_to: list[float] = []
-    monkeypatch.setattr(sys, "setswitchinterval", set_to.append)
+    current = [0.005]  # CPython's default
+    monkeypatch.setattr(sys, "getswitchinterval", lambda: current[0])
+    monkeypatch.setattr(sys, "setswitchinterval", lambda s: current.__setitem__(0, s))
     factory.share_the_gil()
-    assert set_to == [factory.GIL_SWITCH_INTERVAL_S] and factory.GIL_SWITCH_INTERVAL_S <= 0.0005
-    monkeypatch.setattr(sys, "getswitchinterval", lambda: 0.0001)  # a shorter one is kept
-    factory.share_the_gil()
-    assert set_to == [factory.GIL_SWITCH_INTERVAL_S]
+    assert current == [factory.GIL_SWITCH_INTERVAL_S] and factory.GIL_SWITCH_INTERVAL_S <= 0.0005
+    assert Settings().gil_switch_us == factory.GIL_SWITCH_INTERVAL_S * 1e6  # the setting's default
+    factory.share_the_gil(0.0001)  # gil_switch_us=100
+    assert current == [0.0001]
+    # set on the CPU engine, where the interval is left alone, it is refused, naming it
+    with pytest.raises(ValueError, match="gil_switch_us=100 applies with a model on a GPU"):
+        factory.load_models(Settings(gil_switch_us=100))
+    with pytest.raises(ValueError, match="gil_switch_us"):
+        Settings(gil_switch_us=5)
 
 
 def test_attention_stays_off_cudnn_on_a_gpu_and_is_left_alone_without_one(monkeypatch):

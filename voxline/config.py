@@ -196,6 +196,14 @@ class Settings(BaseSettings):
                                                 "'auto' (on wherever the LLM's decode steps are "
                                                 "graphed) or 'off' (prompts run eagerly, "
                                                 "kernel by kernel)")
+    gil_switch_us: int = Field(default=500, ge=20, le=5000,
+                               description="with a model on a GPU: the engine process's GIL "
+                                           "switch interval in microseconds (its stages' "
+                                           "threads share the GIL; a thread back from a "
+                                           "torch call waits up to this long for it). "
+                                           "Smaller favours the model threads' many short "
+                                           "calls over the engine loop's Python; on the CPU "
+                                           "the engine keeps CPython's own (5000)")
     gpu_stream_priority: str = Field(default="auto", pattern=r"^(auto|off)$",
                                      description="on CUDA: the ASR's and the embedded LLM's "
                                                  "GPU work goes on high-priority streams, so "

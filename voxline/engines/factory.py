@@ -64,7 +64,8 @@ logger = logging.getLogger(__name__)
 # Llama-3.2-1B prompt step on an H200 took 9.2-9.3 s beside one thread spinning in Python
 # (16-19 ms alone); at 0.5 ms, 0.8-0.9 s (`benchmarks/bench_gpu_llm_cold.py`). On this
 # 2-core CPU the spoken-turn latency did not separate from its noise either way, so the
-# CPU engine keeps CPython's default.
+# CPU engine keeps CPython's default. The default of the `gil_switch_us` setting;
+# `benchmarks/gil_switch.py` runs the stages' host work side by side at other intervals.
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
@@ -74,10 +75,12 @@ def runs_on_gpu(settings: Settings) -> bool:
                                                settings.tts_device))
 
 
-def share_the_gil() -> None:
-    """Shorten the GIL's switch interval for the model threads (process-wide)."""
-    if sys.getswitchinterval() > GIL_SWITCH_INTERVAL_S:
-        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+def share_the_gil(interval_s: float = GIL_SWITCH_INTERVAL_S) -> None:
+    """Shorten the GIL's switch interval for the model threads (process-wide; the engine
+    runs alone in its process, so nothing else there wants CPython's 5 ms)."""
+    if sys.getswitchinterval() != interval_s:
+        sys.setswitchinterval(interval_s)
+        logger.info("GIL switch interval %.0f us (gil_switch_us)", interval_s * 1e6)
 
 
 def shape_free_attention() -> None:
@@ -123,8 +126,12 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     threads = model_threads(settings)
     torch.set_num_threads(threads)
     if runs_on_gpu(settings):
-        share_the_gil()
+        share_the_gil(settings.gil_switch_us / 1e6)
         shape_free_attention()
+    elif "gil_switch_us" in settings.model_fields_set:
+        raise ValueError(f"gil_switch_us={settings.gil_switch_us} applies with a model on a "
+                         "GPU (llm_device, asr_device or tts_device=cuda); the CPU engine "
+                         "keeps CPython's switch interval")
     set_stream_priority(settings)
     persistent_compile_cache(settings)
     t0 = time.perf_counter()

@@ -6,10 +6,10 @@ the (request, token) pairs confirmed.
 
 Split in the vLLM way so the scheduling logic is pure and testable without a model:
 `schedule()` builds a `StepPlan` (which slot feeds which tokens), the model runs the plan
-and samples (possibly on a worker thread while new inputs arrive), and
-`update(plan, result)` confirms the tokens. A request whose inputs changed while its step was in flight
-(its `epoch` moved) has that step's work discarded: the cache is rolled back to the
-confirmed tokens and the sampled token is dropped.
+and picks each sampling row's token (possibly on a worker thread while new inputs
+arrive), and `update(plan, result)` confirms the tokens. A request whose inputs changed
+while its step was in flight (its `epoch` moved) has that step's work discarded: the
+cache is rolled back to the confirmed tokens and the sampled token is dropped.
 
 A `paused` request (flow control: `Responses` holds a reply that is far enough ahead
 of its playout) sits out of the batch, keeping its slot, until it is unpaused.
@@ -357,9 +357,10 @@ class LLMStage:
         return shapes.describe()
 
     def execute(self, plan: StepPlan) -> StepResult:
-        """Run the model on the plan and sample each sampling entry's token (safe to call
-        from a worker thread). Sampling here, on the stage's stream, rather than in
-        `update`: the engine loop neither launches its kernels nor waits for them."""
+        """Run the model on the plan and pick each sampling entry's token (safe to call
+        from a worker thread). Picked here, on the stage's stream (inside the model's
+        graphs where it has them), not in `update`: the engine loop neither launches the
+        sampling nor waits for it."""
         return self._stream.run(self._forward_and_sample, plan)
 
     def _forward_and_sample(self, plan: StepPlan) -> StepResult:

@@ -152,7 +152,9 @@ class ChatLLM:
             return logits, self.sample(logits, temperatures, generators)
         seeded = [i for i, (t, g) in enumerate(zip(temperatures, generators, strict=True))
                   if g is not None and t > 0]
-        in_graph = [0.0 if i in seeded else t for i, t in enumerate(temperatures)]
+        in_graph = list(temperatures)
+        for i in seeded:  # greedy in the graph, their pick replaced below
+            in_graph[i] = 0.0
         logits, picks = self.decoder.forward_picked(slots, tokens, in_graph)
         out = picks.tolist()
         if seeded:

@@ -5,12 +5,12 @@ small Llama: ~15 kernels a layer, each far shorter than its launch. Such a step 
 CUDA graph captured for a (batch, length) bucket: the smallest batch bucket >= the number
 of streams and the smallest length bucket >= the longest stream's length + 1. The graph
 reads static inputs (token id, cache slot, position and temperature per row, written in
-numpy and sent by one non-blocking host-to-device copy: :class:`PackedInputs`), writes each row's new K/V at its position, attends over
-the first ``length`` cache positions under a mask computed on the device from the
-positions (no host sync inside the step), and leaves float32 logits in a static buffer,
-with each row's token picked at its temperature (:func:`~voxline.engines.models.sampling.pick_rows`;
-0 greedy) beside them, so the host reads one small tensor a step instead of launching the
-sampling itself.
+numpy and sent by one non-blocking host-to-device copy: :class:`PackedInputs`), writes
+each row's new K/V at its position, attends over the first ``length`` cache positions
+under a mask computed on the device from the positions (no host sync inside the step),
+and leaves float32 logits in a static buffer with each row's token beside them, picked at
+its temperature (:func:`~voxline.engines.models.sampling.pick_rows`; 0 greedy): the host
+reads one small tensor a step instead of launching the sampling itself.
 
 Padding rows (bucket rows past the batch) feed token 0 at position 0 of a scratch cache
 slot that no stream owns (the cache has one slot more than ``max_streams``), so they

@@ -244,6 +244,14 @@ def test_model_threads_hand_the_gil_over_within_half_a_millisecond(monkeypatch):
     # set on the CPU engine, where the interval is left alone, it is refused, naming it
     with pytest.raises(ValueError, match="gil_switch_us=100 applies with a model on a GPU"):
         factory.load_models(Settings(gil_switch_us=100))
+    # as an engine process gets them (every field in a dump): the default is no error
+    from voxline.config import settings_from_dump
+
+    dumped = settings_from_dump(Settings().model_dump(mode="json"))
+    assert "gil_switch_us" in dumped.model_fields_set
+    monkeypatch.setattr(factory, "set_stream_priority", lambda s: (_ for _ in ()).throw(RuntimeError("past")))
+    with pytest.raises(RuntimeError, match="past"):  # got past the check to the loading
+        factory.load_models(dumped)
     with pytest.raises(ValueError, match="gil_switch_us"):
         Settings(gil_switch_us=5)
 

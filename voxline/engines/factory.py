@@ -128,7 +128,8 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     if runs_on_gpu(settings):
         share_the_gil(settings.gil_switch_us / 1e6)
         shape_free_attention()
-    elif "gil_switch_us" in settings.model_fields_set:
+    elif settings.gil_switch_us != round(GIL_SWITCH_INTERVAL_S * 1e6):
+        # (by value: the engine process gets every setting in a dump, all of them "set")
         raise ValueError(f"gil_switch_us={settings.gil_switch_us} applies with a model on a "
                          "GPU (llm_device, asr_device or tts_device=cuda); the CPU engine "
                          "keeps CPython's switch interval")

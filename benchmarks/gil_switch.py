@@ -29,16 +29,10 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent),
                 str(Path(__file__).resolve().parents[1] / "tests")]
 
-from host_ops import replay_as_one  # noqa: E402
-from transformers import LlamaConfig  # noqa: E402
-
-from voxline.engines.models.llama.graphs import GraphedLlamaDecoder  # noqa: E402
-from voxline.engines.models.llama.model import LlamaModel  # noqa: E402
+from host_ops import decoding, replay_as_one  # noqa: E402
 
 
 def tts_unit(tmp: Path, streams: int = 64):
@@ -61,16 +55,7 @@ def tts_unit(tmp: Path, streams: int = 64):
 
 
 def llm_unit(rows: int = 64):
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=16,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
-                         max_position_embeddings=2048, tie_word_embeddings=True)
-    model = LlamaModel(config).eval()
-    model.allocate_cache(rows + 1, 256)
-    dec = GraphedLlamaDecoder(model, max_streams=rows)
-    slots = list(range(rows))
-    model.forward_batch(slots, [torch.randint(0, 512, (20,)).tolist() for _ in slots])
-    tokens = [[t] for t in torch.randint(0, 512, (rows,)).tolist()]
+    model, dec, slots, tokens = decoding(rows)
 
     def step() -> None:
         dec.forward_picked(slots, tokens, [0.8] * rows)[1].tolist()

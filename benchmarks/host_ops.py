@@ -172,10 +172,9 @@ def llm_prompt() -> dict[str, object]:
         return {"eager": count(eager, timed=False), "prefill graph": count(graphed)}
 
 
-def llm_decode(rows: int = 64) -> dict[str, object]:
-    """One graphed decode step of ``rows`` replies at temperature 0.8 and their tokens read
-    on the host: the step, then :func:`sample` over its logits (what the LLM stage did)
-    against the tokens picked inside the step's graph (``forward_picked``)."""
+def decoding(rows: int) -> tuple[LlamaModel, GraphedLlamaDecoder, list[int], list[list[int]]]:
+    """A narrow 16-layer Llama with a graphed decoder (eager twins here), ``rows`` slots
+    holding 20 tokens each, and a next token for each: a decode step's inputs."""
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=16,
                          num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
@@ -185,7 +184,14 @@ def llm_decode(rows: int = 64) -> dict[str, object]:
     dec = GraphedLlamaDecoder(model, max_streams=rows)
     slots = list(range(rows))
     model.forward_batch(slots, [torch.randint(0, 512, (20,)).tolist() for _ in slots])
-    tokens = [[t] for t in torch.randint(0, 512, (rows,)).tolist()]
+    return model, dec, slots, [[t] for t in torch.randint(0, 512, (rows,)).tolist()]
+
+
+def llm_decode(rows: int = 64) -> dict[str, object]:
+    """One graphed decode step of ``rows`` replies at temperature 0.8 and their tokens read
+    on the host: the step, then :func:`sample` over its logits (what the LLM stage did)
+    against the tokens picked inside the step's graph (``forward_picked``)."""
+    model, dec, slots, tokens = decoding(rows)
     temps = [0.8] * rows
 
     def then_sample() -> None:

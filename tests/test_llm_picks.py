@@ -21,8 +21,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
 
 def graphed_chat(device: str, monkeypatch: pytest.MonkeyPatch, max_slots: int = 3):
     """A tiny random Llama as a `ChatLLM` with graphed steps (their eager twins on the CPU)."""
-    from bench_gpu_serve import llm_tokenizer
-    from transformers import LlamaConfig
+    from test_warm_prefill_device import tiny_chat_config
 
     from voxline.engines.models.llama import chat, checkpoint
     from voxline.engines.models.llama.graphs import GraphedLlamaDecoder
@@ -31,11 +30,7 @@ def graphed_chat(device: str, monkeypatch: pytest.MonkeyPatch, max_slots: int = 
     if device == "cpu":  # the twins: the same steps, not captured
         monkeypatch.setattr(chat, "GraphedLlamaDecoder",
                             lambda model, **kw: GraphedLlamaDecoder(model, **{**kw, "capture": False}))
-    tokenizer = llm_tokenizer(400)
-    config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=400,
-                         max_position_embeddings=256, tie_word_embeddings=True,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    tokenizer, config = tiny_chat_config()
     torch.manual_seed(0)
     model = LlamaModel.from_state_dict(config, LlamaModel(config).state_dict(),
                                        dtype=torch.bfloat16 if device == "cuda" else torch.float32,

@@ -19,20 +19,27 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA"))]
 
 
-def chat_models(device: str, n: int) -> list:
-    """`n` chat models over the same tiny random Llama (bf16 and CUDA graphs on CUDA)."""
+def tiny_chat_config():
+    """`bench_gpu_serve`'s locally built tokenizer (400 entries) and a tiny Llama config
+    that matches it."""
     from bench_gpu_serve import llm_tokenizer
     from transformers import LlamaConfig
 
+    tokenizer = llm_tokenizer(400)
+    return tokenizer, LlamaConfig(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=400, max_position_embeddings=256,
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id)
+
+
+def chat_models(device: str, n: int) -> list:
+    """`n` chat models over the same tiny random Llama (bf16 and CUDA graphs on CUDA)."""
     from voxline.engines.models.llama import checkpoint
     from voxline.engines.models.llama.chat import ChatLLM
     from voxline.engines.models.llama.model import LlamaModel
 
-    tokenizer = llm_tokenizer(400)
-    config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=400,
-                         max_position_embeddings=256, tie_word_embeddings=True,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    tokenizer, config = tiny_chat_config()
     torch.manual_seed(0)
     state = LlamaModel(config).state_dict()
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

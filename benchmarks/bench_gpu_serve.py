@@ -335,8 +335,13 @@ def merge(out: Path, sweeps: str) -> None:
     merged: dict[str, dict] = {}
     for sweep in sweeps.split(";"):
         inp, _, levels = sweep.partition("=")
-        reports = [json.loads(f.read_text()) for c in levels.split(",")
-                   if (f := out / f"{inp}_c{c}.json").exists()]
+        names: list[str] = []  # as `serve_and_bench` names them: a level again is _runN
+        for c in levels.split(","):
+            base = f"{inp}_c{c}"
+            n = sum(1 for name in names if name == base or name.startswith(f"{base}_run")) + 1
+            names.append(base if n == 1 else f"{base}_run{n}")
+        reports = [json.loads(f.read_text()) for name in names
+                   if (f := out / f"{name}.json").exists()]
         if reports:
             lv = [level for rep in reports for level in rep["levels"]]
             merged[inp] = {**reports[0], "levels": lv, "sessions_held": sessions_held(lv)}
@@ -361,9 +366,10 @@ def level_summary(report: dict) -> dict[str, dict[str, float | int | None]]:
     """Per level of one input's merged report: p50/p95 speech_stopped -> first audio (ms),
     the turns that underran and the errors."""
     rows = {}
-    for level in report["levels"]:
+    for i, level in enumerate(report["levels"]):
         eos = level["metrics"].get("eos_to_first_audio_s") or {}
-        rows[level["label"]] = {
+        label = level["label"] if level["label"] not in rows else f"{level['label']} #{i + 1}"
+        rows[label] = {
             "p50_ms": round(eos["p50"] * 1000) if eos.get("p50") is not None else None,
             "p95_ms": round(eos["p95"] * 1000) if eos.get("p95") is not None else None,
             "underran": sum(1 for r in level["results"] if r.get("underruns")),

@@ -48,3 +48,18 @@ def test_the_arms_table_reads_each_arms_merged_report(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "a [as given] audio: c=64 84 / 239, 0/192; held 64" in printed
     assert "b [--gpu-stream-priority off] audio: c=64 84 / 239, 1/192, 1 errors; held 0" in printed
+
+
+def test_a_level_given_twice_is_merged_from_both_runs_and_shown_twice(tmp_path):
+    from bench_gpu_serve import level_summary, merge
+
+    report = json.loads((BENCH / "results" / "serve_h200_r12_c64_run1.json").read_text())
+    second = json.loads(json.dumps(report))
+    second["levels"][0]["results"][0]["underruns"] = 1
+    (tmp_path / "audio_c64.json").write_text(json.dumps(report))
+    (tmp_path / "audio_c64_run2.json").write_text(json.dumps(second))  # as run() names it
+    merge(tmp_path, "audio=64,64")
+    levels = json.loads((tmp_path / "serve.json").read_text())["audio"]["levels"]
+    assert [sum(bool(r.get("underruns")) for r in lv["results"]) for lv in levels] == [0, 1]
+    rows = level_summary({"levels": levels})
+    assert list(rows) == ["c=64", "c=64 #2"] and rows["c=64 #2"]["underran"] == 1

@@ -11,10 +11,7 @@ holds), captures it in one CUDA graph and times its replay, per configuration:
   (:data:`~voxline.kernels.gemv.LAUNCH`);
 - ``nN`` / ``kN`` / ``pN``: its tile (outputs, reduction columns per step) and the
   programs its K slices aim for (:func:`~voxline.kernels.gemv.configure`);
-- ``nopdl``: launched without programmatic dependent launch;
-- ``fp8``: the weights in float8 e4m3 with a scale per output row
-  (:func:`~voxline.kernels.gemv.quantize_fp8`; half the bytes to read). Its max diff
-  is the quantisation's, against the first configuration's bf16 weights.
+- ``nopdl``: launched without programmatic dependent launch.
 
 Chains: ``predictor`` (hidden 1024: QKV 1024->4096, output 2048->1024, gate/up
 1024->6144, down 3072->1024; 5 layers x 15 sub-steps, as a frame) and ``talker``
@@ -39,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from profile_gpu_tts import replay_ms  # noqa: E402
 from projection_knobs import knob_switch, set_knobs  # noqa: E402
 
-from voxline.kernels import fused_linear, gemv, pdl  # noqa: E402
+from voxline.kernels import fused_linear, pdl  # noqa: E402
 
 CHAINS = {  # hidden, attention width, QKV outputs, MLP width, layers, repeats of the layers
     "predictor": (1024, 2048, 4096, 3072, 5, 15),
@@ -49,17 +46,14 @@ CHAINS = {  # hidden, attention width, QKV outputs, MLP width, layers, repeats o
 
 def parse_config(text: str) -> dict:
     parts = text.split("/")
-    unknown = [p for p in parts if p not in FLAGS and knob_switch(p) is None]
+    unknown = [p for p in parts if p != "nopdl" and knob_switch(p) is None]
     if unknown:
-        raise SystemExit(f"--configs: unknown part {unknown[0]!r} in {text!r} (wN, sN, nN, kN, pN, nopdl, fp8)")
-    return {"switches": parts, "pdl": "nopdl" not in parts, "fp8": "fp8" in parts}
-
-
-FLAGS = ("nopdl", "fp8")
+        raise SystemExit(f"--configs: unknown part {unknown[0]!r} in {text!r} (wN, sN, nN, kN, pN, nopdl)")
+    return {"switches": parts, "pdl": "nopdl" not in parts}
 
 
 def apply(cfg: dict) -> None:
-    set_knobs([p for p in cfg["switches"] if p not in FLAGS])
+    set_knobs([p for p in cfg["switches"] if p != "nopdl"])
     pdl.set_enabled(cfg["pdl"])
 
 
@@ -78,10 +72,9 @@ def make_layers(name: str, rows: int, seed: int = 0, device: str = "cuda",
     return ws, rand(rows, hidden)
 
 
-def linear_chain(name: str, ws: list[tuple[torch.Tensor, ...]], x: torch.Tensor, fp8: bool = False):
+def linear_chain(name: str, ws: list[tuple[torch.Tensor, ...]], x: torch.Tensor):
     """The chain as ``linear_residual`` launches: (a function running it, launches, weight bytes read)."""
     _, attn, qkv, inter, layers, repeats = CHAINS[name]
-    pairs = [tuple(gemv.quantize_fp8(w) if fp8 else (w, None) for w in layer) for layer in ws]
     rows = x.shape[0]
     zero_qkv = torch.zeros(rows, qkv, dtype=x.dtype, device=x.device)
     zero_gu = torch.zeros(rows, 2 * inter, dtype=x.dtype, device=x.device)
@@ -89,24 +82,24 @@ def linear_chain(name: str, ws: list[tuple[torch.Tensor, ...]], x: torch.Tensor,
     def chain() -> torch.Tensor:
         h = x
         for _ in range(repeats):
-            for (w_qkv, s_qkv), (w_o, s_o), (w_gu, s_gu), (w_down, s_down) in pairs:
-                a = fused_linear.linear_residual(h, w_qkv, None, zero_qkv, s_qkv)
-                h = fused_linear.linear_residual(a[:, :attn], w_o, None, h, s_o)
-                u = fused_linear.linear_residual(h, w_gu, None, zero_gu, s_gu)
-                h = fused_linear.linear_residual(u[:, :inter], w_down, None, h, s_down)
+            for w_qkv, w_o, w_gu, w_down in ws:
+                a = fused_linear.linear_residual(h, w_qkv, None, zero_qkv)
+                h = fused_linear.linear_residual(a[:, :attn], w_o, None, h)
+                u = fused_linear.linear_residual(h, w_gu, None, zero_gu)
+                h = fused_linear.linear_residual(u[:, :inter], w_down, None, h)
         return h
 
-    weight_bytes = sum(w.numel() * w.element_size() for layer in pairs for w, _ in layer) * repeats
+    weight_bytes = sum(w.numel() * w.element_size() for layer in ws for w in layer) * repeats
     return chain, layers * repeats * 4, weight_bytes
 
 
-def build(name: str, rows: int, seed: int = 0, fp8: bool = False):
-    return linear_chain(name, *make_layers(name, rows, seed), fp8=fp8)
+def build(name: str, rows: int, seed: int = 0):
+    return linear_chain(name, *make_layers(name, rows, seed))
 
 
 def measure(name: str, rows: int, cfg: dict) -> tuple[dict, torch.Tensor]:
     apply(cfg)
-    chain, launches, weight_bytes = build(name, rows, fp8=cfg["fp8"])
+    chain, launches, weight_bytes = build(name, rows)
     chain()  # compiles this configuration's kernels outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

@@ -68,7 +68,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from projection_knobs import knob_switch, set_knobs  # noqa: E402
 
 TEXT = "A longer sentence about the lazy dog and the brown fox."
-SWITCHES = ("qkv", "talker", "linear", "topk", "pdl", "inductor", "fp8", "none")  # --arms, and the knobs (wN, sN, ...)
+SWITCHES = ("qkv", "talker", "linear", "topk", "pdl", "inductor", "none")  # --arms, and the knobs (wN, sN, ...)
 FRAME_S = 0.08
 
 
@@ -526,8 +526,7 @@ def main(argv: list[str] | None = None) -> int:
                     "attention block), talker (the talker's, voxline.kernels.qkv_decode_attention) and "
                     "linear (projections with their norm and epilogue, voxline.kernels.fused_linear), "
                     "topk (voxline.kernels.topk), pdl (programmatic dependent launch of those kernels, "
-                    "voxline.kernels.pdl), inductor (PDL for Inductor's kernels), fp8 (float8 layer weights, "
-                    "tts_weights=fp8) and the projections' knobs "
+                    "voxline.kernels.pdl), inductor (PDL for Inductor's kernels) and the projections' knobs "
                     "(wN warps, sN pipeline stages, nN/kN tile, pN the K slices' program target; "
                     "voxline.kernels.gemv.configure; shipped values when absent), "
                     "or none; e.g. qkv+talker,qkv+talker+linear; results keyed '<mode>/<arm>'")
@@ -633,8 +632,7 @@ def main(argv: list[str] | None = None) -> int:
                                  max_frames=args.frames, sampling=sampling, graphs=mode != "eager",
                                  capture_at_load=mode in ("graphs", "compiled"),
                                  compile=mode == "compiled", batch_buckets=buckets,
-                                 overlap_codec=not args.no_overlap and mode != "eager",
-                                 weights="fp8" if "fp8" in on else "bf16")
+                                 overlap_codec=not args.no_overlap and mode != "eager")
         if mode in ("fused", "twin"):  # fused: compiled norms/MLPs inside the graphs
             stage.generator = GraphedTalkerGenerator(model.talker, max_streams=max(conc),
                                                      max_len=args.max_len, fuse=mode == "fused",

@@ -358,21 +358,6 @@ def test_factory_builds_the_qwen3_stage_from_settings(model_dir):
         load_tts(load_settings(tts=f"qwen3:{model_dir}", tts_pdl="off"))
     with pytest.raises(ValueError, match="tts_pdl"):
         load_settings(tts_pdl="on")
-    with pytest.raises(ValueError, match="tts_weights=fp8 needs tts_device=cuda"):
-        load_tts(load_settings(tts=f"qwen3:{model_dir}", tts_weights="fp8"))
-    with pytest.raises(ValueError, match="tts_weights"):
-        load_settings(tts_weights="int4")
-
-
-def test_fp8_tts_weights_need_float8_on_the_gpu(monkeypatch):
-    from voxline.engines.factory import check_tts_weights
-
-    check_tts_weights("bf16", "cpu")  # nothing to check
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    with pytest.raises(ValueError, match=r"compute capability 8.9\+\); cuda:1 is 8.0"):
-        check_tts_weights("fp8", "cuda:1")
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    check_tts_weights("fp8", "cuda")
 
 
 def test_a_job_can_pick_another_preset_voice(model_dir):

@@ -170,13 +170,6 @@ class Settings(BaseSettings):
                                      "it finishes; faster steps on one stream): 'auto' (on where "
                                      "the GPU has it, Hopper and newer) or 'off' (for a GPU whose "
                                      "other stages' kernels run beside the speech steps)")
-    tts_weights: str = Field(default="bf16", pattern=r"^(bf16|fp8)$",
-                             description="Qwen3-TTS on CUDA: the weights its decode steps' layer "
-                                         "projections read: 'bf16' (the model's own) or 'fp8' "
-                                         "(float8 e4m3 copies with a scale per output row: half "
-                                         "the bytes a step reads, so faster steps, and slightly "
-                                         "different speech; needs float8 on the GPU, compute "
-                                         "capability 8.9+ such as Ada or Hopper)")
     llm: str = Field(default="embedded", pattern=r"^(embedded|openai:https?://.+)$",
                      json_schema_extra={"metavar": "embedded|openai:<server url>"},
                      description="reply model: 'embedded' (shipped SmolLM2, in the engine) or "

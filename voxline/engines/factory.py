@@ -278,19 +278,6 @@ def set_tts_pdl(mode: str, cuda: bool) -> None:
     logger.info("Qwen3-TTS: programmatic dependent launch off (tts_pdl=off)")
 
 
-def check_tts_weights(weights: str, device: str) -> None:
-    """Refuse ``tts_weights=fp8`` where its kernels cannot run: off CUDA (the CPU path has
-    no graphed steps) or on a GPU without float8 conversions (before compute capability 8.9)."""
-    if weights == "bf16":
-        return
-    if not device.startswith("cuda"):
-        raise ValueError(f"tts_weights={weights} needs tts_device=cuda (float8 decode-step kernels)")
-    major, minor = torch.cuda.get_device_capability(torch.device(device))
-    if (major, minor) < (8, 9):
-        raise ValueError(f"tts_weights={weights} needs a GPU with float8 (compute capability 8.9+); "
-                         f"{device} is {major}.{minor}")
-
-
 def load_tts(settings: Settings) -> SpeechModel:
     """The speech stage `settings.tts` names: Piper (shipped) or a Qwen3-TTS checkpoint."""
     if settings.tts.startswith("qwen3:"):
@@ -307,7 +294,6 @@ def load_tts(settings: Settings) -> SpeechModel:
         if buckets is None and cuda:
             buckets = ladder_buckets(settings.tts_max_streams)
         set_tts_pdl(settings.tts_pdl, cuda)
-        check_tts_weights(settings.tts_weights, settings.tts_device)
         stage = Qwen3SpeechModel(model_dir, device=settings.tts_device,
                                  dtype=torch.bfloat16 if cuda else torch.float32,
                                  speaker=settings.tts_speaker, language=settings.tts_language,
@@ -316,9 +302,9 @@ def load_tts(settings: Settings) -> SpeechModel:
                                  initial_chunk_frames=settings.tts_first_chunk_frames,
                                  chunk_frames=settings.tts_chunk_frames,
                                  ramp=ramp, schedule=schedule,
-                                 max_frames=settings.tts_max_frames, weights=settings.tts_weights)
-        logger.info("Qwen3-TTS %s (voice %s, %s weights) loaded on %s in %.2f s%s", model_dir, stage.speaker,
-                    settings.tts_weights, settings.tts_device, time.perf_counter() - t0,
+                                 max_frames=settings.tts_max_frames)
+        logger.info("Qwen3-TTS %s (voice %s) loaded on %s in %.2f s%s", model_dir, stage.speaker,
+                    settings.tts_device, time.perf_counter() - t0,
                     " -- RANDOM-WEIGHT TEST CHECKPOINT, not a voice" if stage.random_weights else "")
         return stage
     from voxline.engines.models.piper_tts import PiperTTS

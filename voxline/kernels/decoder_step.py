@@ -15,9 +15,7 @@ The operations and their order are those of the eager modules (``RMSNorm``,
 uncompiled these functions are bit-identical to them: the eager twin. The projections go through
 :func:`~voxline.kernels.gemv.small_linear`, which is ``F.linear`` except for a few
 bf16/fp16 rows on CUDA (decode steps), where one Triton launch reads the weight once
-(equal within bf16 rounding, not bit-identical). Each projection may instead take a
-float8 weight with its scale per output row (``*_s`` arguments,
-:func:`~voxline.kernels.gemv.quantize_fp8`); None is the weight in the activations' dtype.
+(equal within bf16 rounding, not bit-identical).
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ def concat_weights(*linears: torch.nn.Linear) -> tuple[Tensor, Tensor | None]:
 def attn_prep(
     x: Tensor, pos: Tensor, inv_freq: Tensor,
     ln_w: Tensor, eps: float, qkv_w: Tensor, qkv_b: Tensor | None, q_out: int, kv_out: int,
-    qn_w: Tensor | None, kn_w: Tensor | None, qk_eps: float, head_dim: int, qkv_s: Tensor | None = None,
+    qn_w: Tensor | None, kn_w: Tensor | None, qk_eps: float, head_dim: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``x [B, Q, hidden]`` at positions ``pos [B, Q]`` -> q ``[B, Hq, Q, D]``, k, v ``[B, Hkv, Q, D]``.
 
@@ -54,7 +52,7 @@ def attn_prep(
     ``qn_w``/``kn_w`` None: no per-head norm."""
     b, q_len, _ = x.shape
     h = rms_norm(x, ln_w, eps)
-    q, k, v = small_linear(h, qkv_w, qkv_b, qkv_s).split((q_out, kv_out, kv_out), dim=-1)
+    q, k, v = small_linear(h, qkv_w, qkv_b).split((q_out, kv_out, kv_out), dim=-1)
     q = q.reshape(b, q_len, -1, head_dim)
     k = k.reshape(b, q_len, -1, head_dim)
     if qn_w is not None:
@@ -73,7 +71,6 @@ def attn_mlp(
     x: Tensor, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None,
     o_w: Tensor, o_b: Tensor | None, ln_w: Tensor, eps: float,
     gate_up_w: Tensor, gate_up_b: Tensor | None, down_w: Tensor, down_b: Tensor | None,
-    o_s: Tensor | None = None, gate_up_s: Tensor | None = None, down_s: Tensor | None = None,
     attention: Callable[..., Tensor] = attend,
 ) -> Tensor:
     """Residual stream ``x [B, Q, hidden]`` after attention of ``q`` over ``keys``/``values``
@@ -81,27 +78,26 @@ def attn_mlp(
     projection weights stacked). ``attention``: :func:`~voxline.kernels.attention.attend`
     or one of its spelled-out equals for decode shapes."""
     out = attention(q, keys, values, mask)
-    return attn_out_mlp(x, out, o_w, o_b, ln_w, eps, gate_up_w, gate_up_b, down_w, down_b, o_s, gate_up_s, down_s)
+    return attn_out_mlp(x, out, o_w, o_b, ln_w, eps, gate_up_w, gate_up_b, down_w, down_b)
 
 
 def attn_out_mlp(
     x: Tensor, out: Tensor, o_w: Tensor, o_b: Tensor | None, ln_w: Tensor, eps: float,
     gate_up_w: Tensor, gate_up_b: Tensor | None, down_w: Tensor, down_b: Tensor | None,
-    o_s: Tensor | None = None, gate_up_s: Tensor | None = None, down_s: Tensor | None = None,
 ) -> Tensor:
     """The rest of :func:`attn_mlp` given the attention output ``out [B, Hq, Q, D]``.
 
     At decode rows on CUDA the output and down projections add their own split-K partials
     and the residual (:func:`~voxline.kernels.fused_linear.linear_residual`: one launch each)."""
     b, _, q_len, _ = out.shape
-    x = _add_linear(x, out.transpose(1, 2).reshape(b, q_len, -1), o_w, o_b, o_s)
+    x = _add_linear(x, out.transpose(1, 2).reshape(b, q_len, -1), o_w, o_b)
     h = rms_norm(x, ln_w, eps)
-    gate, up = small_linear(h, gate_up_w, gate_up_b, gate_up_s).chunk(2, dim=-1)
-    return _add_linear(x, silu_mul(gate, up), down_w, down_b, down_s)
+    gate, up = small_linear(h, gate_up_w, gate_up_b).chunk(2, dim=-1)
+    return _add_linear(x, silu_mul(gate, up), down_w, down_b)
 
 
-def _add_linear(resid: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor | None) -> Tensor:
-    """``resid + small_linear(x, weight, bias, scale)``: one launch where the fused kernel serves."""
+def _add_linear(resid: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``resid + small_linear(x, weight, bias)``: one launch where the fused kernel serves."""
     if fused_available(x, weight, resid):
-        return linear_residual(x, weight, bias, resid, scale)
-    return resid + small_linear(x, weight, bias, scale)
+        return linear_residual(x, weight, bias, resid)
+    return resid + small_linear(x, weight, bias)

@@ -72,13 +72,11 @@ def _counter(weight: Tensor) -> Tensor:
     return c
 
 
-def linear_residual(x: Tensor, weight: Tensor, bias: Tensor | None, resid: Tensor,
-                    scale: Tensor | None = None) -> Tensor:
-    """``resid + small_linear(x, weight, bias, scale)`` in one launch (``resid`` shaped like
-    the output). Only where :func:`fused_available` holds."""
+def linear_residual(x: Tensor, weight: Tensor, bias: Tensor | None, resid: Tensor) -> Tensor:
+    """``resid + small_linear(x, weight, bias)`` in one launch (``resid`` shaped like the
+    output). Only where :func:`fused_available` holds."""
     n, k = weight.shape
-    out = torch.ops.voxline.gemv_residual(x.reshape(-1, k), weight, bias, resid.reshape(-1, n), split_for(n, k),
-                                          scale)
+    out = torch.ops.voxline.gemv_residual(x.reshape(-1, k), weight, bias, resid.reshape(-1, n), split_for(n, k))
     return out.view(resid.shape)
 
 
@@ -97,17 +95,16 @@ if triton is not None:
 
     @triton.jit
     def _gemv_residual_kernel(
-        x_ptr, w_ptr, s_ptr, b_ptr, r_ptr, parts_ptr, cnt_ptr, out_ptr, M, N, sxm, swn,
+        x_ptr, w_ptr, b_ptr, r_ptr, parts_ptr, cnt_ptr, out_ptr, M, N, sxm, swn,
         K_SPLIT: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-        HAS_SCALE: tl.constexpr,
     ):
         """A program per (``BLOCK_N`` outputs, K slice) over all rows (at most ``BLOCK_M``),
         as :func:`~voxline.kernels.gemv._gemv_kernel`; the last slice's program finishes the tile."""
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
-        acc, rm, rn, row_ok, col_ok = gemv_tile(x_ptr, w_ptr, s_ptr, M, N, sxm, swn, K_SPLIT, BLOCK_M, BLOCK_N,
-                                                BLOCK_K, PDL, HAS_SCALE)
+        acc, rm, rn, row_ok, col_ok = gemv_tile(x_ptr, w_ptr, M, N, sxm, swn, K_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                PDL)
         tile_ok = row_ok[:, None] & col_ok[None, :]
         tile = rm[:, None] * N + rn[None, :]
         if SPLIT == 1:
@@ -126,10 +123,8 @@ if triton is not None:
 
 
 @torch.library.custom_op("voxline::gemv_residual", mutates_args=())
-def _gemv_residual(x: Tensor, weight: Tensor, bias: Tensor | None, resid: Tensor, split: int,
-                   scale: Tensor | None = None) -> Tensor:
-    """``resid [M, N] + x [M, K] @ weight.T (+ bias)``, rounded as the unfused bf16 add
-    (``scale``: float8 ``weight``'s per-row scale)."""
+def _gemv_residual(x: Tensor, weight: Tensor, bias: Tensor | None, resid: Tensor, split: int) -> Tensor:
+    """``resid [M, N] + x [M, K] @ weight.T (+ bias)``, rounded as the unfused bf16 add."""
     m, k = x.shape
     n = weight.shape[0]
     if m > MAX_ROWS:
@@ -143,15 +138,13 @@ def _gemv_residual(x: Tensor, weight: Tensor, bias: Tensor | None, resid: Tensor
     cnt = _counter(weight) if split > 1 else parts
     use_pdl = pdl.active(x)
     _gemv_residual_kernel[grid](
-        x, weight, scale if scale is not None else x, bias if bias is not None else x, resid, parts, cnt, out,
-        m, n, x.stride(0), weight.stride(0), K_SPLIT=k // split, SPLIT=split, HAS_BIAS=bias is not None,
-        BLOCK_M=BLOCK_M, BLOCK_N=gemv.BLOCK_N, BLOCK_K=gemv.BLOCK_K, PDL=use_pdl, HAS_SCALE=scale is not None,
-        launch_pdl=use_pdl,
+        x, weight, bias if bias is not None else x, resid, parts, cnt, out, m, n, x.stride(0), weight.stride(0),
+        K_SPLIT=k // split, SPLIT=split, HAS_BIAS=bias is not None,
+        BLOCK_M=BLOCK_M, BLOCK_N=gemv.BLOCK_N, BLOCK_K=gemv.BLOCK_K, PDL=use_pdl, launch_pdl=use_pdl,
         **gemv.launch_options(m))
     return out
 
 
 @_gemv_residual.register_fake
-def _(x: Tensor, weight: Tensor, bias: Tensor | None, resid: Tensor, split: int,
-      scale: Tensor | None = None) -> Tensor:
+def _(x: Tensor, weight: Tensor, bias: Tensor | None, resid: Tensor, split: int) -> Tensor:
     return x.new_empty((x.shape[0], weight.shape[0]))

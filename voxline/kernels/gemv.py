@@ -32,12 +32,10 @@ try:  # Triton ships with CUDA builds of PyTorch only.
 except ImportError:  # pragma: no cover - depends on the installed torch build
     triton = None
 
-__all__ = ["FP8", "LAUNCH", "MAX_ROWS", "WIDE_STAGES", "configure", "dequantize", "gemv_available", "launch_options",
-           "quantize_fp8", "set_enabled", "small_linear", "split_for"]
+__all__ = ["LAUNCH", "MAX_ROWS", "WIDE_STAGES", "configure", "gemv_available", "launch_options", "set_enabled",
+           "small_linear", "split_for"]
 
 MAX_ROWS = 64
-FP8 = torch.float8_e4m3fn  # weight-only: activations stay bf16/fp16, the kernel widens each tile
-FP8_MAX = 448.0  # e4m3's largest finite value
 BLOCK_M = 16
 BLOCK_N = 32
 BLOCK_K = 128
@@ -56,23 +54,8 @@ set_enabled = _switch.set  # benchmarks A/B the kernel
 def gemv_available(x: Tensor, weight: Tensor) -> bool:
     rows = x.numel() // max(1, x.shape[-1])
     return (_switch.on and triton is not None and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
-            and weight.dtype in (x.dtype, FP8) and rows <= MAX_ROWS and x.shape[-1] % BLOCK_K == 0
+            and weight.dtype == x.dtype and rows <= MAX_ROWS and x.shape[-1] % BLOCK_K == 0
             and weight.stride(-1) == 1)
-
-
-def quantize_fp8(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """``weight [N, K]`` as float8 e4m3 and a float32 scale per output row (its largest
-    magnitude maps to e4m3's largest value): ``weight ~= w8.float() * scale[:, None]``."""
-    w = weight.detach().float()
-    scale = (w.abs().amax(dim=-1) / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
-    return (w / scale[:, None]).to(FP8), scale
-
-
-def dequantize(weight: Tensor, scale: Tensor | None, dtype: torch.dtype) -> Tensor:
-    """A weight back in ``dtype`` (itself when it has no scale)."""
-    if scale is None:
-        return weight
-    return (weight.float() * scale[:, None]).to(dtype)
 
 
 def configure(**knobs: int) -> dict[str, int]:
@@ -106,15 +89,14 @@ def split_for(n: int, k: int) -> int:
     return split
 
 
-def small_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, scale: Tensor | None = None) -> Tensor:
+def small_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``; through the Triton kernel when
-    :func:`gemv_available` (float32 accumulation, one rounding to ``x.dtype`` as cuBLAS).
-    ``scale``: ``weight`` is float8 with a scale per output row (:func:`quantize_fp8`)."""
-    if not gemv_available(x, weight):  # (a float8 weight widened: prompts, the CPU)
-        return F.linear(x, dequantize(weight, scale, x.dtype), bias)
+    :func:`gemv_available` (float32 accumulation, one rounding to ``x.dtype`` as cuBLAS)."""
+    if not gemv_available(x, weight):
+        return F.linear(x, weight, bias)
     n, k = weight.shape
     rows = x.reshape(-1, k)
-    parts = torch.ops.voxline.gemv_partials(rows, weight, split_for(n, k), scale)
+    parts = torch.ops.voxline.gemv_partials(rows, weight, split_for(n, k))
     y = parts.sum(0) if parts.shape[0] > 1 else parts[0]
     if bias is not None:
         y = y + bias.float()
@@ -125,14 +107,13 @@ if triton is not None:
 
     @triton.jit
     def gemv_tile(
-        x_ptr, w_ptr, s_ptr, M, N, sxm, swn,
+        x_ptr, w_ptr, M, N, sxm, swn,
         K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        PDL: tl.constexpr = False, HAS_SCALE: tl.constexpr = False,
+        PDL: tl.constexpr = False,
     ):
         """This program's float32 tile of ``x [M, K] @ w[N, K].T`` over its K slice (program
         ids: output block, K slice, row block), with its rows, columns and their masks.
-        ``PDL``: launched with the attribute (:mod:`~voxline.kernels.pdl`). ``HAS_SCALE``:
-        ``w`` is float8, widened per tile (exactly) and its output rows scaled by ``s``."""
+        ``PDL``: launched with the attribute (:mod:`~voxline.kernels.pdl`)."""
         pid_n = tl.program_id(0)
         pid_s = tl.program_id(1)
         pid_m = tl.program_id(2)
@@ -148,28 +129,25 @@ if triton is not None:
         for kk in range(0, K_SPLIT, BLOCK_K):
             x = tl.load(x_base + kk + rk[None, :], mask=row_ok[:, None], other=0.0)
             w = tl.load(w_base + kk + rk[None, :], mask=col_ok[:, None], other=0.0)
-            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
-        if HAS_SCALE:  # linear in the tile, so scaled K slices still add up to the scaled sum
-            acc *= tl.load(s_ptr + rn, mask=col_ok, other=0.0)[None, :]
+            acc += tl.dot(x, tl.trans(w))
         return acc, rm, rn, row_ok, col_ok
 
     @triton.jit
     def _gemv_kernel(
-        x_ptr, w_ptr, s_ptr, out_ptr, M, N, sxm, swn,
+        x_ptr, w_ptr, out_ptr, M, N, sxm, swn,
         K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        PDL: tl.constexpr, HAS_SCALE: tl.constexpr,
+        PDL: tl.constexpr,
     ):
-        acc, rm, rn, row_ok, col_ok = gemv_tile(x_ptr, w_ptr, s_ptr, M, N, sxm, swn, K_SPLIT, BLOCK_M, BLOCK_N,
-                                                BLOCK_K, PDL, HAS_SCALE)
+        acc, rm, rn, row_ok, col_ok = gemv_tile(x_ptr, w_ptr, M, N, sxm, swn, K_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                PDL)
         out = out_ptr + (tl.program_id(1) * M + rm[:, None]) * N + rn[None, :]
         tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
 @torch.library.custom_op("voxline::gemv_partials", mutates_args=())
-def _gemv_partials(x: Tensor, weight: Tensor, split: int, scale: Tensor | None = None) -> Tensor:
+def _gemv_partials(x: Tensor, weight: Tensor, split: int) -> Tensor:
     """``[split, M, N]`` float32 partial products of ``x [M, K]`` and ``weight [N, K]``
-    over ``split`` equal slices of K (``scale``: float8 ``weight``'s per-row scale).
-    Opaque to ``torch.compile`` (one external call)."""
+    over ``split`` equal slices of K. Opaque to ``torch.compile`` (one external call)."""
     m, k = x.shape
     n = weight.shape[0]
     if x.stride(-1) != 1:
@@ -177,12 +155,12 @@ def _gemv_partials(x: Tensor, weight: Tensor, split: int, scale: Tensor | None =
     out = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, BLOCK_N), split, triton.cdiv(m, BLOCK_M))
     use_pdl = pdl.active(x)
-    _gemv_kernel[grid](x, weight, scale if scale is not None else x, out, m, n, x.stride(0), weight.stride(0),
+    _gemv_kernel[grid](x, weight, out, m, n, x.stride(0), weight.stride(0),
                        K_SPLIT=k // split, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PDL=use_pdl,
-                       HAS_SCALE=scale is not None, launch_pdl=use_pdl, **launch_options(m))
+                       launch_pdl=use_pdl, **launch_options(m))
     return out
 
 
 @_gemv_partials.register_fake
-def _(x: Tensor, weight: Tensor, split: int, scale: Tensor | None = None) -> Tensor:
+def _(x: Tensor, weight: Tensor, split: int) -> Tensor:
     return x.new_empty((split, x.shape[0], weight.shape[0]), dtype=torch.float32)

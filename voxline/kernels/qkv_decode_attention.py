@@ -55,7 +55,6 @@ def decode_fused_available(
     x: Tensor, pos: Tensor, slot: Tensor, k_cache: Tensor, v_cache: Tensor, length: int,
     mask: Tensor | None, ln_w: Tensor, eps: float, qkv_w: Tensor, qkv_b: Tensor | None,
     q_out: int, kv_out: int, qn_w: Tensor | None, kn_w: Tensor | None, qk_eps: float, head_dim: int,
-    qkv_s: Tensor | None = None,
 ) -> bool:
     """Whether :func:`qkv_decode_attention` serves these arguments: those of
     :func:`~voxline.kernels.decoder_step.attn_prep` (``x [B, Q, hidden]``, ``pos [B, Q]``),
@@ -92,13 +91,13 @@ def serves(
     return mask.dim() == 4 and tuple(mask.shape[1:]) == (1, q_len, length) and mask.shape[0] in (1, b)
 
 
-def qkv_partials(x: Tensor, ln_w: Tensor, eps: float, qkv_w: Tensor, qkv_s: Tensor | None = None) -> Tensor:
+def qkv_partials(x: Tensor, ln_w: Tensor, eps: float, qkv_w: Tensor) -> Tensor:
     """The input RMSNorm and the QKV projection of ``x [B, Q, hidden]`` as float32 split-K
     partials ``[split, B*Q, N]`` (:func:`~voxline.kernels.gemv.small_linear`'s), the
     kernel's input. Callers compile this (the norm is one fused kernel there)."""
     hidden = x.shape[-1]
     h = rms_norm(x, ln_w, eps).reshape(-1, hidden)
-    return torch.ops.voxline.gemv_partials(h, qkv_w, split_for(qkv_w.shape[0], hidden), qkv_s)
+    return torch.ops.voxline.gemv_partials(h, qkv_w, split_for(qkv_w.shape[0], hidden))
 
 
 def qkv_decode_attention(

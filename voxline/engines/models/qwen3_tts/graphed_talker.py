@@ -143,7 +143,6 @@ class GraphedTalkerGenerator(TalkerGenerator):
         predictor_attention: str | None = None,
         fuse_predictor: bool = True,
         predictor_top_k_cap: int = PREDICTOR_TOP_K_CAP,
-        weights: str = "bf16",
     ) -> None:
         """``batch_buckets`` default to powers of two up to ``max_streams``,
         ``length_buckets`` to powers of two from 64 up to ``max_len``, ``prefill_buckets``
@@ -159,9 +158,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
         key/value writes and the head) one compiled region instead of two per layer.
         ``predictor_top_k_cap``: the code predictor samples from a ``topk`` of this many ids
         when every stream's sub-talker top-k fits (0: always a full sort); frame steps are
-        keyed ``(batch, cap)``, ``cap`` 0 for the full sort. ``weights`` "fp8": the talker's
-        and the code predictor's layer projections read float8 copies of their weights
-        (:func:`~.talker_steps.layer_args`; lossy, half the bytes a step reads)."""
+        keyed ``(batch, cap)``, ``cap`` 0 for the full sort."""
         attention = DEFAULT_ATTENTION if attention is None else attention
         predictor_attention = DEFAULT_PREDICTOR_ATTENTION if predictor_attention is None else predictor_attention
         for name, value in (("attention", attention), ("predictor_attention", predictor_attention)):
@@ -197,10 +194,9 @@ class GraphedTalkerGenerator(TalkerGenerator):
         self._cp_attention = ATTENTION[predictor_attention]
         self.fuse_predictor = fuse_predictor
         self.predictor_top_k_cap = predictor_top_k_cap
-        self.weights = weights
-        self._talker_w = [layer_args(layer, weights) for layer in talker.model.layers]
+        self._talker_w = [layer_args(layer) for layer in talker.model.layers]
         cp = talker.code_predictor
-        self._cp_w = [layer_args(layer, weights) for layer in cp.model.layers]
+        self._cp_w = [layer_args(layer) for layer in cp.model.layers]
         # Each codebook's embedding table already through the predictor's input projection:
         # a pick's next input is one row lookup instead of a matmul per sub-step.
         with torch.no_grad():
@@ -502,8 +498,8 @@ class GraphedTalkerGenerator(TalkerGenerator):
             ck, cv = cache.k[i], cache.v[i]  # [S, Hkv, L, D]
             if self._attention is attend_decode and \
                     decode_fused_available(h, q_pos, slot, ck, cv, length, masks[window], *prep_w):
-                ln_w, eps, qkv_w, qkv_b, q_out, _, qn_w, kn_w, qk_eps, head_dim, qkv_s = prep_w
-                parts = self._qkv_parts(h, ln_w, eps, qkv_w, qkv_s)
+                ln_w, eps, qkv_w, qkv_b, q_out, _, qn_w, kn_w, qk_eps, head_dim = prep_w
+                parts = self._qkv_parts(h, ln_w, eps, qkv_w)
                 out = qkv_decode_attention(parts, q_pos, slot, t.rope.inv_freq, ck, cv, length, masks[window],
                                            qkv_b, q_out, qn_w, kn_w, qk_eps, head_dim)
                 h = self._out_mlp(h, out, *post_w)

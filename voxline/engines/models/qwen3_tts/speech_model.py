@@ -140,7 +140,6 @@ class Qwen3SpeechModel:
         overlap_codec: bool | None = None,
         schedule: StepPolicy = FIFO,
         clock: Callable[[], float] = time.monotonic,
-        weights: str = "bf16",
     ) -> None:
         """``model``: a loaded model (then ``tokenizer`` is required) or a checkpoint
         directory in the official layout (loaded on ``device``: talker in ``dtype``,
@@ -172,9 +171,6 @@ class Qwen3SpeechModel:
         ``schedule``: how steps treat arriving jobs (:mod:`.scheduling`; default ``FIFO``:
         every live stream every step, every free slot prefilled at once), judged by each
         job's playout buffer on ``clock`` (seconds, monotonic).
-        ``weights`` "fp8" (graphed generator only): the talker's and the code predictor's
-        layer projections read float8 copies of their weights with a scale per output row
-        (lossy; half the bytes a step reads; see :class:`GraphedTalkerGenerator`).
         """
         if initial_chunk_frames < 1 or chunk_frames < 1:
             raise ValueError("initial_chunk_frames and chunk_frames must be >= 1")
@@ -200,7 +196,7 @@ class Qwen3SpeechModel:
             graphs = self.model.talker.device.type == "cuda"
         self.generator, self.codec = self._make_generator(
             graphs, max_len=max_len, compile=compile, batch_buckets=batch_buckets,
-            capture_at_load=capture_at_load, codec_frames=(initial_chunk_frames, chunk_frames), weights=weights)
+            capture_at_load=capture_at_load, codec_frames=(initial_chunk_frames, chunk_frames))
         self.chunks = ChunkScheduler(self.decoder, self.codec, initial_chunk_frames=initial_chunk_frames,
                                      chunk_frames=chunk_frames, ramp=ramp, eos=self.generator.eos)
         on_cuda = self.decoder.device.type == "cuda"
@@ -236,14 +232,12 @@ class Qwen3SpeechModel:
 
     def _make_generator(
         self, graphs: bool, *, max_len: int, compile: bool | None, batch_buckets: Sequence[int] | None,
-        capture_at_load: bool, codec_frames: tuple[int, int], weights: str = "bf16",
+        capture_at_load: bool, codec_frames: tuple[int, int],
     ) -> tuple[TalkerGenerator, GraphedCode2Wav | None]:
         """The talker's frame generator and, when graphed, the graphed code2wav."""
         max_streams = self.max_streams
         if batch_buckets is not None and not graphs:
             raise ValueError("batch_buckets needs graphs=True (the plain generator has no buckets)")
-        if weights != "bf16" and not graphs:
-            raise ValueError(f"weights={weights!r} needs graphs=True (the plain generator reads the model's own)")
         if not graphs:
             return TalkerGenerator(self.model.talker, max_streams=max_streams, max_len=max_len), None
         if batch_buckets is not None and not all(1 <= b <= max_streams for b in batch_buckets):
@@ -256,7 +250,7 @@ class Qwen3SpeechModel:
                                       or 0 < sub.subtalker_top_k <= PREDICTOR_TOP_K_CAP) else 0
         graphed = GraphedTalkerGenerator(self.model.talker, max_streams=max_streams, max_len=max_len,
                                          compile=compile, batch_buckets=batch_buckets,
-                                         predictor_top_k_cap=cap, weights=weights)
+                                         predictor_top_k_cap=cap)
         initial_chunk_frames, chunk_frames = codec_frames
         codec = GraphedCode2Wav(self.decoder, max_streams=max_streams,
                                 max_frames=max(chunk_frames, initial_chunk_frames),

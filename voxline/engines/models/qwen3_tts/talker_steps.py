@@ -15,44 +15,33 @@ from torch import Tensor, nn
 from voxline.engines.models.layers import RMSNorm
 from voxline.kernels.decode_attention import attend_decode
 from voxline.kernels.decoder_step import attn_mlp, attn_out_mlp, attn_prep, concat_weights
-from voxline.kernels.gemv import quantize_fp8, small_linear
+from voxline.kernels.gemv import small_linear
 from voxline.kernels.layer_ops import rms_norm
 from voxline.kernels.qkv_attention import fused_available, qkv_attention
 from voxline.kernels.sampling import sample_rows
 
 from .layers import DecoderLayer
 
-__all__ = ["WEIGHTS", "gathered_attn_mlp", "layer_args", "predictor_head", "predictor_substep"]
-
-HEAD_DIM = 9  # its index in layer_args' first tuple
-WEIGHTS = ("bf16", "fp8")  # the layers' projection weights: the model's dtype, or float8 e4m3 + row scales
+__all__ = ["gathered_attn_mlp", "layer_args", "predictor_head", "predictor_substep"]
 
 
 def _bias(m: nn.Module) -> Tensor | None:
     return m.bias  # type: ignore[return-value]
 
 
-def layer_args(layer: DecoderLayer, weights: str = "bf16") -> tuple[tuple, tuple]:
+def layer_args(layer: DecoderLayer) -> tuple[tuple, tuple]:
     """A decoder layer's tensors and constants in :func:`attn_prep` / :func:`attn_mlp` order
-    (Q/K/V and gate/up weights concatenated once: a copy of those weights). ``weights``
-    "fp8": the four projections' weights as float8 copies, each with its scale per output
-    row (the ``*_s`` arguments; half the bytes a decode step reads), else the model's own."""
-    if weights not in WEIGHTS:
-        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+    (Q/K/V and gate/up weights concatenated once: a copy of those weights)."""
     a, mlp = layer.self_attn, layer.mlp
     qn = a.q_norm.weight if isinstance(a.q_norm, RMSNorm) else None
     kn = a.k_norm.weight if isinstance(a.k_norm, RMSNorm) else None
     qk_eps = a.q_norm.eps if isinstance(a.q_norm, RMSNorm) else 0.0
-    qkv_w, qkv_b = concat_weights(a.q_proj, a.k_proj, a.v_proj)
-    gate_up_w, gate_up_b = concat_weights(mlp.gate_proj, mlp.up_proj)
-    ws = [qkv_w, a.o_proj.weight, gate_up_w, mlp.down_proj.weight]
-    scales: list[Tensor | None] = [None] * 4
-    if weights == "fp8":
-        ws, scales = (list(t) for t in zip(*(quantize_fp8(w) for w in ws), strict=True))
-    prep = (layer.input_layernorm.weight, layer.input_layernorm.eps, ws[0], qkv_b,
-            a.q_proj.out_features, a.k_proj.out_features, qn, kn, qk_eps, a.head_dim, scales[0])
-    post = (ws[1], _bias(a.o_proj), layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps,
-            ws[2], gate_up_b, ws[3], _bias(mlp.down_proj), *scales[1:])
+    prep = (layer.input_layernorm.weight, layer.input_layernorm.eps,
+            *concat_weights(a.q_proj, a.k_proj, a.v_proj),
+            a.q_proj.out_features, a.k_proj.out_features, qn, kn, qk_eps, a.head_dim)
+    post = (a.o_proj.weight, _bias(a.o_proj),
+            layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps,
+            *concat_weights(mlp.gate_proj, mlp.up_proj), mlp.down_proj.weight, _bias(mlp.down_proj))
     return prep, post
 
 
@@ -93,7 +82,7 @@ def predictor_substep(
             new_k.append(k_buf)
             new_v.append(v_buf)
             b, q_len, _ = out.shape
-            heads = out.view(b, q_len, -1, prep_w[HEAD_DIM]).transpose(1, 2)  # [B, Hq, Q, D], no copy
+            heads = out.view(b, q_len, -1, prep_w[-1]).transpose(1, 2)  # [B, Hq, Q, D], no copy
             h = attn_out_mlp(h, heads, *post_w)
             continue
         q, k, v = attn_prep(h, pos, inv_freq, *prep_w)

@@ -254,6 +254,16 @@ def test_model_threads_hand_the_gil_over_within_half_a_millisecond(monkeypatch):
         factory.load_models(dumped)
     with pytest.raises(ValueError, match="gil_switch_us"):
         Settings(gil_switch_us=5)
+    # set explicitly, even to the default, the API process refuses it on the CPU, where it
+    # still knows which fields were set; unset, or with a model on a GPU, it passes
+    from voxline.errors import VoxlineError
+
+    with pytest.raises(VoxlineError, match="gil_switch_us=500 applies with a model on a GPU"):
+        factory.sized_for_device(Settings(gil_switch_us=500))
+    assert factory.sized_for_device(Settings()) == Settings()
+    monkeypatch.setattr(factory, "gpu_footprints", lambda s: ({}, {}))
+    gpu = Settings(gil_switch_us=100, llm_device="cuda")
+    assert factory.sized_for_device(gpu) is gpu
 
 
 def test_attention_stays_off_cudnn_on_a_gpu_and_is_left_alone_without_one(monkeypatch):

@@ -349,6 +349,11 @@ def sized_for_device(settings: Settings) -> Settings:
     what the engine holds; explicit means in ``settings.model_fields_set`` (a flag or an
     environment variable), so call it on Settings read from flags or the environment,
     not on a dump."""
+    if "gil_switch_us" in settings.model_fields_set and not runs_on_gpu(settings):
+        # The engine process sees a dump, so it can refuse only a non-default value.
+        raise VoxlineError(f"gil_switch_us={settings.gil_switch_us} applies with a model on a GPU "
+                           "(llm_device, asr_device or tts_device=cuda); the CPU engine keeps "
+                           "CPython's switch interval")
     footprints, params = gpu_footprints(settings)
     if not footprints:
         return settings

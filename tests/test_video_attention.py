@@ -38,6 +38,7 @@ def test_a_backend_diffusers_runs_here_is_applied_with_the_same_frames(checkpoin
 @pytest.mark.parametrize("name, message", [
     ("warp_drive", "is not a diffusers attention backend"),
     ("flash", "cannot run here"),  # flash-attn is not installed
+    ("_native_cudnn", "cannot run here"),  # known to diffusers, but no cuDNN on a CPU
 ])
 def test_a_backend_diffusers_cannot_run_is_refused_naming_the_setting(checkpoint, tmp_path,
                                                                       name, message):

@@ -105,3 +105,29 @@ def test_a_finished_render_refuses_another_chunk(pipe):
 def test_bad_specs_are_refused_naming_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         validate_spec(spec(**{field: value}))
+
+
+
+def test_decode_pieces_stream_the_chunk_a_latent_frame_at_a_time(pipe):
+    """A chunk's first piece is one frame (its first latent frame), then four a piece (the
+    second chunk's last piece cut to what the video keeps); joined, they are bitwise the
+    whole-chunk decode. The chunk counts as made (its latents in the history) at the call, so
+    the next chunk's denoise may run before its frames are decoded: the frames are the same."""
+    from voxline.engines.models.helios.driver import streams_frames
+
+    assert streams_frames(pipe.vae)
+    s = spec(num_frames=65)
+    whole = HeliosChunkDriver(pipe).begin(s)
+    want = [whole.next_chunk(), whole.next_chunk()]
+    driver = HeliosChunkDriver(pipe)
+    render = driver.begin(s)
+    driver.start_chunk(render)
+    first = driver.decode_pieces(render, driver.denoise_chunk(render))
+    assert render.chunks_done == 1
+    driver.start_chunk(render)  # the second chunk's denoise before the first one's decode
+    second = driver.decode_pieces(render, driver.denoise_chunk(render))
+    assert render.finished
+    got = [list(first), list(second)]
+    assert [[len(p) for p in pieces] for pieces in got] == [[1] + [4] * 8, [1] + [4] * 7 + [3]]
+    for pieces, chunk in zip(got, want, strict=True):
+        assert np.array_equal(to_uint8(np.concatenate(pieces)), chunk)

@@ -322,6 +322,7 @@ def load_video(settings: Settings) -> VideoModel | None:
         load_helios,
         parse_video_setting,
         set_attention_backend,
+        set_video_weights,
     )
     from voxline.engines.models.helios.step_cache import step_caches_for
 
@@ -332,6 +333,9 @@ def load_video(settings: Settings) -> VideoModel | None:
                        dtype=torch.bfloat16 if cuda else None, sampler=sampler)
     logger.info("Helios %s loaded in %.2f s", model_dir, time.perf_counter() - t0)
     set_attention_backend(pipe.transformer, settings.video_attention)
+    swapped = set_video_weights(pipe.transformer, settings.video_weights)
+    if swapped:
+        logger.info("video transformer: %d block projections in float8", swapped)
     caches = step_caches_for(pipe.transformer, model_dir, settings.cache,
                              settings.video_cache_backend, settings.video_cache_threshold)
     return driver_for(pipe, step_caches=caches, compile=settings.video_compile)

@@ -10,7 +10,12 @@ picks the one for the loaded pipeline): `begin(spec)` makes a `HeliosRender`
 package imports torch and diffusers; `import voxline` never does.
 """
 
-from .checkpoint import load_helios, parse_video_setting, set_attention_backend
+from .checkpoint import (
+    load_helios,
+    parse_video_setting,
+    set_attention_backend,
+    set_video_weights,
+)
 from .chunks import CHUNK_FRAMES, VideoSpec, chunk_count, output_frames, validate_spec
 from .driver import HeliosChunkDriver, HeliosRender
 from .prompt_cache import PromptCache, PromptKey
@@ -30,6 +35,7 @@ __all__ = [
     "output_frames",
     "parse_video_setting",
     "set_attention_backend",
+    "set_video_weights",
     "stage_steps",
     "validate_spec",
 ]

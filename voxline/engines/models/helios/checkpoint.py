@@ -72,7 +72,46 @@ def set_attention_backend(transformer: torch.nn.Module, name: str) -> None:
                          f"(one of: {', '.join(known)})")
     if name == "native":
         return  # diffusers' default: nothing to switch
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    active = _AttentionBackendRegistry._active_backend  # process-wide; diffusers sets it too
     try:
         transformer.set_attention_backend(name)
+        _probe_attention(transformer, name)
     except Exception as exc:  # diffusers checks the backend's package and version here
+        transformer.reset_attention_backend()  # the refused backend is not left in place
+        _AttentionBackendRegistry.set_active_backend(active)
         raise ValueError(f"video_attention={name!r} cannot run here: {exc}") from exc
+
+
+def _probe_attention(transformer: torch.nn.Module, name: str) -> None:
+    """One tiny attention call through backend `name` on the transformer's device and
+    dtype: a backend whose package loads but whose kernels cannot run on this device (cuDNN
+    attention on a CPU) fails here at start-up, not at the first chunk."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    param = next(transformer.parameters())
+    dtype = torch.bfloat16 if param.dtype == torch.float32 and param.is_cuda else param.dtype
+    q = torch.randn(1, 16, 2, 64, device=param.device, dtype=dtype)
+    with torch.no_grad():
+        dispatch_attention_fn(q, q, q, backend=name)
+
+
+VIDEO_WEIGHTS = ("bf16", "fp8")
+
+
+def set_video_weights(transformer: torch.nn.Module, name: str) -> int:
+    """Put `transformer`'s block projections in the number format `name` (`video_weights`):
+    bf16 keeps them; fp8 makes each block linear a float8 one (lossy, a CUDA GPU of compute
+    capability 8.9 or newer). A ValueError naming the setting when it cannot run; returns
+    how many layers changed."""
+    from voxline.kernels.float8_linear import float8_refusal, to_float8
+
+    if name not in VIDEO_WEIGHTS:
+        raise ValueError(f"video_weights={name!r} is not one of {', '.join(VIDEO_WEIGHTS)}")
+    if name == "bf16":
+        return 0
+    refusal = float8_refusal(next(transformer.parameters()).device)
+    if refusal is not None:
+        raise ValueError(f"video_weights=fp8: {refusal}")
+    return to_float8(transformer.blocks)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -157,12 +158,32 @@ class HeliosChunkDriver:
         return self._denoise_cached(render)
 
     def finish_chunk(self, render: HeliosRender, latents: torch.Tensor) -> np.ndarray:
-        """Decode the chunk's latents to frames and count it made."""
-        video = self._decode(render, latents)
-        frames = self.pipe.video_processor.postprocess_video(video, output_type="np")[0]
+        """Decode the chunk's latents to frames and count it made (`decode_pieces`, joined)."""
+        return np.concatenate(list(self.decode_pieces(render, latents)), axis=0)
+
+    def decode_pieces(self, render: HeliosRender, latents: torch.Tensor) -> Iterator[np.ndarray]:
+        """The chunk's frames as the VAE makes them: one piece per latent frame (1 frame,
+        then 4 each), so the first frame is out after one decoder call instead of nine.
+
+        The chunk's latents join the history and the chunk counts as made at the call, so
+        the next chunk's denoise may start before these frames are decoded (on another CUDA
+        stream). The VAE holds one decode's causal cache: consume one chunk's pieces before
+        asking for another's. The Wan VAE decodes latent frames one at a time; this makes
+        the same calls in the same order as `vae.decode`, so the joined pieces are bitwise
+        its frames (tested)."""
         keep = render.frame_counts[render.chunks_done]
+        current = self._append_history(render, latents)
         render.chunks_done += 1
-        return frames[:keep]
+        return self._frames(current, keep)
+
+    def _frames(self, current: torch.Tensor, keep: int) -> Iterator[np.ndarray]:
+        postprocess = self.pipe.video_processor.postprocess_video
+        sent = 0
+        for video in self._vae_pieces(current):
+            frames = postprocess(video, output_type="np")[0][:keep - sent]
+            sent += frames.shape[0]
+            if frames.shape[0]:
+                yield frames
 
     def _denoise_cached(self, render: HeliosRender) -> torch.Tensor:
         """`_denoise` under the request's step cache (or MagCache's calibration run)."""
@@ -272,15 +293,46 @@ class HeliosChunkDriver:
                                  encoder_hidden_states=negative, return_dict=False, **history)[0]
         return cond, uncond
 
-    def _decode(self, render: HeliosRender, latents: torch.Tensor) -> torch.Tensor:
-        """Append the chunk to the history (kept to the window) and decode it to video."""
+    def _append_history(self, render: HeliosRender, latents: torch.Tensor) -> torch.Tensor:
+        """Append the chunk to the history (kept to the window); the VAE's input for it."""
         assert render.history is not None
         history = torch.cat([render.history, latents], dim=2)
         render.history = history[:, :, -sum(HISTORY_SIZES):]
         vae = self.pipe.vae
         current = history[:, :, -LATENT_FRAMES_PER_CHUNK:].to(vae.dtype) / self.latents_std
-        current = current + self.latents_mean
-        return vae.decode(current, return_dict=False)[0]
+        return current + self.latents_mean
+
+    def _vae_pieces(self, current: torch.Tensor) -> Iterator[torch.Tensor]:
+        """`current` decoded a latent frame per piece where the VAE allows (else at once).
+        no_grad around each call, not the generator: a mode set inside would leak to the
+        caller between yields."""
+        vae = self.pipe.vae
+        if not streams_frames(vae):
+            with torch.no_grad():
+                video = vae.decode(current, return_dict=False)[0]
+            yield video
+            return
+        vae.clear_cache()  # AutoencoderKLWan._decode's loop, one latent frame per yield
+        try:
+            with torch.no_grad():
+                x = vae.post_quant_conv(current)
+            for i in range(x.shape[2]):
+                vae._conv_idx = [0]
+                with torch.no_grad():
+                    out = vae.decoder(x[:, :, i:i + 1], feat_cache=vae._feat_map,
+                                      feat_idx=vae._conv_idx, first_chunk=i == 0)
+                    out = torch.clamp(out, min=-1.0, max=1.0)
+                yield out
+        finally:
+            vae.clear_cache()
+
+
+def streams_frames(vae: torch.nn.Module) -> bool:
+    """Whether `vae` can decode a latent frame at a time as `decode_pieces` drives it: a Wan
+    VAE without tiling, patching or hooks (an offload hook runs only around `decode`)."""
+    return (type(vae).__name__ == "AutoencoderKLWan" and not getattr(vae, "use_tiling", False)
+            and getattr(vae.config, "patch_size", None) is None
+            and not hasattr(vae, "_hf_hook") and hasattr(vae, "_feat_map"))
 
 
 def compile_blocks(transformer: torch.nn.Module) -> None:

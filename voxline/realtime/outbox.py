@@ -24,21 +24,21 @@ from collections.abc import Awaitable, Callable
 from fastapi import WebSocket, WebSocketDisconnect
 
 from voxline.realtime.metrics import Metrics
+from voxline.realtime.session_host import CLOSE_POLICY, SessionEnd
+from voxline.sessions.runner import SessionEnded
 
 logger = logging.getLogger(__name__)
 
-CLOSE_POLICY = 1008
 CLOSE_FLUSH_S = 2.0  # how long queued events may take to leave before the close
 
 
-class SlowClient(Exception):
-    """The client stopped reading: more than the bound is waiting to be sent to it."""
+class SlowClient(SessionEnded):
+    """The client stopped reading: more than the bound is waiting to be sent to it. The
+    session ends with 1008 and this reason."""
 
     def __init__(self, pending: int, limit: int) -> None:
-        super().__init__(f"client is not reading: {pending // 1024} KiB of events unsent "
-                         f"(limit {limit // 1024} KiB)")
-        self.code = CLOSE_POLICY
-        self.reason = str(self)
+        super().__init__(CLOSE_POLICY, f"client is not reading: {pending // 1024} KiB of "
+                                       f"events unsent (limit {limit // 1024} KiB)")
 
 
 class Outbox:
@@ -107,8 +107,7 @@ class Outbox:
                 await self._task
 
 
-async def close_after(ws: WebSocket, outbox: Outbox, code: int, reason: str,
-                      metrics: Metrics) -> None:
+async def close_after(ws: WebSocket, outbox: Outbox, end: SessionEnd, metrics: Metrics) -> None:
     """Close once the queued events are out; a client that stopped reading (its outbox
     overflowed, or it will not take them within a few seconds) is dropped at once: no
     close frame can pass a full pipe, and its socket must not outlive the session."""
@@ -122,7 +121,7 @@ async def close_after(ws: WebSocket, outbox: Outbox, code: int, reason: str,
         return
     await outbox.stop()
     try:
-        await asyncio.wait_for(ws.close(code=code, reason=reason), CLOSE_FLUSH_S)
+        await asyncio.wait_for(ws.close(code=end.code, reason=end.reason), CLOSE_FLUSH_S)
     except TimeoutError:
         abort_connection(ws)
     except (RuntimeError, WebSocketDisconnect):

@@ -21,7 +21,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from voxline.engines.client import InProcessEngineClient
-from voxline.realtime.metrics import Metrics
+from voxline.realtime.ops.metrics import Metrics
 from voxline.realtime.session_host import (
     Refusal,
     SessionEnd,
@@ -366,7 +366,7 @@ async def test_an_offer_refused_after_admission_gives_its_slot_back():
 
 
 async def test_call_inbox_reads_client_events_ahead_of_queued_mic_frames():
-    from voxline.realtime.webrtc import CallInbox
+    from voxline.realtime.transports.webrtc import CallInbox
 
     inbox = CallInbox(events_limit=2, audio_limit=3)
     frames = [cmd.InputAudioAppend(audio=bytes([i])) for i in range(3)]

@@ -55,7 +55,7 @@ from voxline.sessions.settings import AudioFormat, SessionSettings
 
 if TYPE_CHECKING:
     from voxline.config import Settings
-    from voxline.realtime.metrics import Metrics
+    from voxline.realtime.ops.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ naming the call. Then, as on the WebSocket, a thin adapter around one session ac
 - events: the same JSON as `/v1/realtime` (GA) on the `oai-events` data channel, minus
   the audio deltas, which travel on the track;
 - video: when the offer has a video section, a response's video (the voxline extension)
-  plays on the call's video track (`realtime.video_track`) while its events go on the
+  plays on the call's video track (`transports.video_track`) while its events go on the
   data channel.
 
 `POST /v1/realtime/calls/{id}/hangup` ends a call, as does the peer closing, ICE failing,
@@ -42,18 +42,18 @@ from aiortc.mediastreams import MediaStreamError
 from fastapi import APIRouter, Request, Response
 
 from voxline.errors import ProtocolError
-from voxline.realtime.auth import Access, authenticate
-from voxline.realtime.client_secrets import error_response, settings_from_session
-from voxline.realtime.dialect import Dialect
-from voxline.realtime.ice import default_hosts, restrict_gathering, rtc_configuration
-from voxline.realtime.outbox import SlowClient
-from voxline.realtime.owned_ids import not_here_reason
+from voxline.realtime.auth.access import Access, authenticate, settings_from_session
+from voxline.realtime.http.voices import session_voice_check
+from voxline.realtime.openai.client_events import parse_command
+from voxline.realtime.openai.dialect import Dialect
+from voxline.realtime.openai.error_body import error_response
+from voxline.realtime.openai.server_events import render_json
+from voxline.realtime.ops.owned_ids import not_here_reason
 from voxline.realtime.session_host import Admission, Refusal, SessionEnd, SessionRefused
 from voxline.realtime.state import ServerState, get_state
-from voxline.realtime.video_track import GeneratedVideoTrack, add_video_track
-from voxline.realtime.voices import session_voice_check
-from voxline.realtime.wire_client import parse_command
-from voxline.realtime.wire_server import render_json
+from voxline.realtime.transports.ice import default_hosts, restrict_gathering, rtc_configuration
+from voxline.realtime.transports.outbox import SlowClient
+from voxline.realtime.transports.video_track import GeneratedVideoTrack, add_video_track
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
 from voxline.sessions.actor import MEDIA_FRAME_MS

@@ -51,7 +51,7 @@ from voxline.engines.models.qwen3_tts.reference import (
     normalize_reference,
 )
 from voxline.errors import AudioFormatError, EngineError
-from voxline.realtime.audio_http import (
+from voxline.realtime.http.audio_requests import (
     AudioAPIError,
     bad,
     check_request,
@@ -60,8 +60,8 @@ from voxline.realtime.audio_http import (
     stream_error,
     unavailable,
 )
+from voxline.realtime.http.voice_store import StoredVoice, VoiceExists, VoiceStore, VoiceStoreError
 from voxline.realtime.state import ServerState
-from voxline.realtime.voice_store import StoredVoice, VoiceExists, VoiceStore, VoiceStoreError
 
 __all__ = ["StoredVoice", "VoiceStore", "clone_error", "keep_engine_voices",
            "reference_from_request", "router", "session_voice_check", "voice_store"]

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import WebSocket, WebSocketDisconnect
 
-from voxline.realtime.metrics import Metrics
+from voxline.realtime.ops.metrics import Metrics
 from voxline.realtime.session_host import CLOSE_POLICY, SessionEnd
 from voxline.sessions.runner import SessionEnded
 

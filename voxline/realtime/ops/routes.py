@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from voxline.realtime.metrics import CONTENT_TYPE
+from voxline.realtime.ops.metrics import CONTENT_TYPE
 from voxline.realtime.session_host import SHUTDOWN_REASON
 from voxline.realtime.state import get_state
 from voxline.sessions.settings import DEFAULT_MODEL

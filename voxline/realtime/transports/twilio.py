@@ -24,8 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 from fastapi import APIRouter, Request, Response, WebSocket, WebSocketDisconnect
 
 from voxline.errors import ProtocolError
-from voxline.realtime import twilio_wire as tw
-from voxline.realtime.outbox import Outbox, close_after
+from voxline.realtime.http.voices import session_voice_check
+from voxline.realtime.openai.session_object import validate_session
 from voxline.realtime.session_host import (
     CLOSE_POLICY,
     Admission,
@@ -34,8 +34,8 @@ from voxline.realtime.session_host import (
     refusal_close,
 )
 from voxline.realtime.state import get_state
-from voxline.realtime.voices import session_voice_check
-from voxline.realtime.wire_session import validate_session
+from voxline.realtime.transports import twilio_wire as tw
+from voxline.realtime.transports.outbox import Outbox, close_after
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
 from voxline.sessions.settings import AudioFormat, SessionSettings, Transcription

@@ -11,10 +11,14 @@ from dataclasses import replace
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from voxline.errors import ProtocolError
-from voxline.realtime.auth import Access, authenticate, offered_subprotocols
-from voxline.realtime.client_secrets import error_response
-from voxline.realtime.dialect import detect_dialect
-from voxline.realtime.outbox import Outbox, close_after
+from voxline.realtime.auth.access import Access, authenticate, offered_subprotocols
+from voxline.realtime.http.video_recorder import SessionVideoRecorder
+from voxline.realtime.http.videos import video_store
+from voxline.realtime.http.voices import session_voice_check
+from voxline.realtime.openai.client_events import parse_command
+from voxline.realtime.openai.dialect import detect_dialect
+from voxline.realtime.openai.error_body import error_response
+from voxline.realtime.openai.server_events import render_json
 from voxline.realtime.session_host import (
     CLOSE_POLICY,
     SHUTDOWN_REASON,
@@ -24,11 +28,7 @@ from voxline.realtime.session_host import (
     refusal_close,
 )
 from voxline.realtime.state import get_state
-from voxline.realtime.video_recorder import SessionVideoRecorder
-from voxline.realtime.videos_api import video_store
-from voxline.realtime.voices import session_voice_check
-from voxline.realtime.wire_client import parse_command
-from voxline.realtime.wire_server import render_json
+from voxline.realtime.transports.outbox import Outbox, close_after
 from voxline.sessions.commands import ClientCommand
 from voxline.sessions.events import ServerEvent
 from voxline.sessions.settings import SessionSettings

@@ -41,6 +41,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from voxline.engines import protocol as p
 from voxline.engines.client import EngineClient
 from voxline.errors import ProtocolError
 from voxline.sessions import events as ev
@@ -52,6 +53,7 @@ from voxline.sessions.images import ImageLimits
 from voxline.sessions.playout_lead import PlayoutReports
 from voxline.sessions.runner import SessionEnded, SessionRunner
 from voxline.sessions.settings import AudioFormat, SessionSettings
+from voxline.sessions.voices import register_voice
 
 if TYPE_CHECKING:
     from voxline.config import Settings
@@ -222,6 +224,11 @@ class SessionHost:
         self._sessions.discard(admission)
         if not self._sessions and self._idle is not None:
             self._idle.set()
+
+    async def register_voice(self, reference: p.VoiceReference) -> None:
+        """Register (or, with empty audio, unregister) a named voice with the engine's
+        speech stage, as sessions do their engine work (`sessions.voices`)."""
+        await register_voice(self.engine, reference)
 
     # -- draining -------------------------------------------------------------------
 

@@ -11,6 +11,10 @@ own input echoed back (a `session.updated` carrying megabytes of instructions, b
 `max_event_bytes`); a client that reads normally takes it, however large, so it is never
 a backlog. Two of them waiting, or a backlog of ordinary events past the bound, is a
 client that stopped reading.
+
+Also the two ends of a hosted WebSocket session the WebSocket transports share:
+`admit_or_close` (the host's refusal as a close frame) and `close_after` (the session's
+end as one, once its events are out).
 """
 
 from __future__ import annotations
@@ -24,7 +28,14 @@ from collections.abc import Awaitable, Callable
 from fastapi import WebSocket, WebSocketDisconnect
 
 from voxline.realtime.ops.metrics import Metrics
-from voxline.realtime.session_host import CLOSE_POLICY, SessionEnd
+from voxline.realtime.session_host import (
+    CLOSE_POLICY,
+    Admission,
+    SessionEnd,
+    SessionHost,
+    SessionRefused,
+    refusal_close,
+)
 from voxline.sessions.runner import SessionEnded
 
 logger = logging.getLogger(__name__)
@@ -105,6 +116,17 @@ class Outbox:
             self._task.cancel()
             with contextlib.suppress(BaseException):
                 await self._task
+
+
+async def admit_or_close(ws: WebSocket, host: SessionHost) -> Admission | None:
+    """Admit a session on an accepted WebSocket, or close it with the refusal's code and
+    reason (1001 while draining, 1013 at capacity or while the engine starts) and None."""
+    try:
+        return host.admit()
+    except SessionRefused as refused:
+        end = refusal_close(refused)
+        await ws.close(code=end.code, reason=end.reason)
+        return None
 
 
 async def close_after(ws: WebSocket, outbox: Outbox, end: SessionEnd, metrics: Metrics) -> None:

@@ -30,12 +30,10 @@ from voxline.realtime.session_host import (
     CLOSE_POLICY,
     Admission,
     SessionEnd,
-    SessionRefused,
-    refusal_close,
 )
 from voxline.realtime.state import get_state
 from voxline.realtime.transports import twilio_wire as tw
-from voxline.realtime.transports.outbox import Outbox, close_after
+from voxline.realtime.transports.outbox import Outbox, admit_or_close, close_after
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
 from voxline.sessions.settings import AudioFormat, SessionSettings, Transcription
@@ -234,11 +232,8 @@ async def twilio_stream(ws: WebSocket) -> None:
         await ws.close(code=CLOSE_POLICY, reason="invalid X-Twilio-Signature")
         return
     await ws.accept()
-    try:
-        admission = state.host.admit()
-    except SessionRefused as refused:
-        end = refusal_close(refused)
-        await ws.close(code=end.code, reason=end.reason)
+    admission = await admit_or_close(ws, state.host)
+    if admission is None:
         return
     with admission:  # the slot is released however the call ends
         await _serve(ws, admission)

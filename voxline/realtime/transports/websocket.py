@@ -24,11 +24,9 @@ from voxline.realtime.session_host import (
     SHUTDOWN_REASON,
     Admission,
     SessionEnd,
-    SessionRefused,
-    refusal_close,
 )
 from voxline.realtime.state import get_state
-from voxline.realtime.transports.outbox import Outbox, close_after
+from voxline.realtime.transports.outbox import Outbox, admit_or_close, close_after
 from voxline.sessions.commands import ClientCommand
 from voxline.sessions.events import ServerEvent
 from voxline.sessions.settings import SessionSettings
@@ -77,11 +75,8 @@ async def realtime(ws: WebSocket) -> None:
                                                      code="server_shutting_down"))
         return
     await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
-    try:
-        admission = host.admit()
-    except SessionRefused as refused:
-        end = refusal_close(refused)
-        await ws.close(code=end.code, reason=end.reason)
+    admission = await admit_or_close(ws, host)
+    if admission is None:
         return
     with admission:  # the slot is released however the session ends
         await _serve(ws, admission, access)

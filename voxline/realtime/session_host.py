@@ -225,6 +225,8 @@ class SessionHost:
         if not self._sessions and self._idle is not None:
             self._idle.set()
 
+    # -- engine work beside the sessions ---------------------------------------------
+
     async def register_voice(self, reference: p.VoiceReference) -> None:
         """Register (or, with empty audio, unregister) a named voice with the engine's
         speech stage, as sessions do their engine work (`sessions.voices`)."""

@@ -20,8 +20,8 @@ from voxline.codecs.opus import decode_audio_file
 from voxline.config import Settings
 from voxline.engines.client import EngineClient, InProcessEngineClient
 from voxline.engines.factory import DEFAULT_CORE
-from voxline.realtime import transcription_api
 from voxline.realtime.app import create_app
+from voxline.realtime.http import transcription as transcription_api
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

@@ -37,7 +37,7 @@ from voxline.engines.loop import Inbox
 from voxline.engines.process import MultiprocessEngineClient
 from voxline.errors import EngineBusyError, EngineDeadError
 from voxline.realtime.app import create_app
-from voxline.realtime.outbox import Outbox, SlowClient
+from voxline.realtime.transports.outbox import Outbox, SlowClient
 
 STALL = b"stall"  # an InputAudioAppend with these bytes holds the engine loop until the gate opens
 SAMPLE = b"\0\0\0\0"

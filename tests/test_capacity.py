@@ -21,7 +21,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from voxline.engines import protocol as p
-from voxline.realtime.outbox import Outbox, SlowClient
+from voxline.realtime.transports.outbox import Outbox, SlowClient
 
 
 def _ws(base: str, path: str = "/v1/realtime") -> str:

@@ -13,8 +13,8 @@ from starlette.websockets import WebSocketDisconnect
 from voxline.config import load_settings
 from voxline.engines.client import InProcessEngineClient
 from voxline.realtime.app import create_app
-from voxline.realtime.auth import ClientSecret, ClientSecrets
-from voxline.realtime.signed_tokens import SigningKeys
+from voxline.realtime.auth.access import ClientSecret, ClientSecrets
+from voxline.realtime.auth.signed_tokens import SigningKeys
 
 ECHO = "echo_core:make_echo_core"
 KEY = {"Authorization": "Bearer s3cret"}

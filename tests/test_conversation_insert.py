@@ -13,7 +13,7 @@ from test_engine_core import has
 from voxline.engines import protocol as p
 from voxline.engines.core import EngineCore, Models
 from voxline.engines.speech_model import SentenceSpeechModel
-from voxline.realtime.wire_client import parse_command
+from voxline.realtime.openai.client_events import parse_command
 from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
 

@@ -14,9 +14,9 @@ from openai_types import strict_problems
 
 from voxline.engines import protocol as ep
 from voxline.errors import ProtocolError
-from voxline.realtime.dialect import Dialect
-from voxline.realtime.wire_client import parse_command
-from voxline.realtime.wire_server import render
+from voxline.realtime.openai.client_events import parse_command
+from voxline.realtime.openai.dialect import Dialect
+from voxline.realtime.openai.server_events import render
 from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
 from voxline.sessions.errors_vocabulary import VOCABULARY, Mistake, json_type_words

@@ -24,8 +24,10 @@ from voxline.engines import protocol as ep
 from voxline.engines.client import InProcessEngineClient
 from voxline.errors import ProtocolError
 from voxline.realtime.app import create_app
-from voxline.realtime.dialect import Dialect
-from voxline.realtime.twilio_wire import (
+from voxline.realtime.openai.client_events import CLIENT_EVENT_TYPES, parse_command
+from voxline.realtime.openai.dialect import Dialect
+from voxline.realtime.openai.server_events import render_json
+from voxline.realtime.transports.twilio_wire import (
     Connected,
     Dtmf,
     Mark,
@@ -35,8 +37,6 @@ from voxline.realtime.twilio_wire import (
     TwilioMessageError,
     parse_message,
 )
-from voxline.realtime.wire_client import CLIENT_EVENT_TYPES, parse_command
-from voxline.realtime.wire_server import render_json
 from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
 

@@ -18,7 +18,7 @@ from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS
 from voxline.engines import protocol as ep
 from voxline.engines.core import EngineCore, Models
 from voxline.engines.speech_model import SentenceSpeechModel
-from voxline.realtime.wire_client import parse_command
+from voxline.realtime.openai.client_events import parse_command
 from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
 from voxline.sessions.playout_lead import REPORT_EVERY_MS, PlayoutReports

@@ -14,9 +14,9 @@ import pytest
 from openai_types import strict_problems
 
 from voxline.engines import protocol as ep
-from voxline.realtime.dialect import Dialect
-from voxline.realtime.wire_client import parse_command
-from voxline.realtime.wire_server import render, wire_type
+from voxline.realtime.openai.client_events import parse_command
+from voxline.realtime.openai.dialect import Dialect
+from voxline.realtime.openai.server_events import render, wire_type
 from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
 from voxline.sessions.settings import SessionSettings

@@ -1,7 +1,7 @@
 """Ids that name their server (calls, videos): what a balancer routes by, and the reason a
 server gives for another server's id."""
 
-from voxline.realtime.owned_ids import id_owner, not_here_reason, owned_id
+from voxline.realtime.ops.owned_ids import id_owner, not_here_reason, owned_id
 
 
 def test_an_owned_id_names_its_server_and_is_unique():

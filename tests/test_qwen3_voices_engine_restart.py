@@ -86,7 +86,7 @@ def test_registered_voices_are_registered_again_after_an_engine_restart(tmp_path
     engine = MultiprocessEngineClient("test_qwen3_voice_clone_api:make_clone_core",
                                       {"model_dir": str(base_dir)})
     app = create_app(Settings(tts=f"qwen3:{base_dir}"), engine)
-    caplog.set_level(logging.INFO, logger="voxline.realtime.voices")
+    caplog.set_level(logging.INFO, logger="voxline.realtime.http.voices")
     with TestClient(app) as client:
         wait_for(lambda: client.get("/health").status_code == 200, "the engine")
         r = client.post("/v1/voices", data={"name": "keeper"},

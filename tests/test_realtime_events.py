@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from voxline.errors import ProtocolError
-from voxline.realtime.dialect import Dialect, detect_dialect
-from voxline.realtime.wire_client import (
+from voxline.realtime.openai.client_events import (
     ConversationItemCreate,
     ConversationItemDelete,
     ConversationItemRetrieve,
@@ -29,8 +28,9 @@ from voxline.realtime.wire_client import (
     SessionUpdate,
     parse_client_event,
 )
-from voxline.realtime.wire_server import render, render_json, wire_type
-from voxline.realtime.wire_session import render_session, settings_from_wire
+from voxline.realtime.openai.dialect import Dialect, detect_dialect
+from voxline.realtime.openai.server_events import render, render_json, wire_type
+from voxline.realtime.openai.session_object import render_session, settings_from_wire
 from voxline.sessions import events as mcp_ev
 from voxline.sessions.events import (
     SERVER_EVENT_CLASSES,

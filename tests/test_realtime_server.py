@@ -12,7 +12,6 @@ from starlette.websockets import WebSocketDisconnect
 from voxline.config import load_settings
 from voxline.engines.client import InProcessEngineClient
 from voxline.realtime.app import create_app
-from voxline.realtime.websocket import open_sessions
 
 ECHO = "echo_core:make_echo_core"
 
@@ -46,7 +45,7 @@ def _closed(client: TestClient, ws: Any) -> None:
     exit cancels a handler still cleaning up, which surfaced as a CancelledError there."""
     ws.close()
     deadline = time.monotonic() + 30
-    while open_sessions(client.app).count:
+    while not client.app.state.voxline.host.idle:
         assert time.monotonic() < deadline, "the server never finished the closed session"
         time.sleep(0.01)
 

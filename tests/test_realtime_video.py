@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from voxline.engines import protocol as ep
-from voxline.realtime.video_track import VIDEO_CLOCK, VideoPlayout
-from voxline.realtime.wire_client import parse_command
+from voxline.realtime.openai.client_events import parse_command
+from voxline.realtime.transports.video_track import VIDEO_CLOCK, VideoPlayout
 from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
 from voxline.sessions.settings import SessionSettings

@@ -17,9 +17,9 @@ from voxline.engines import protocol as p
 from voxline.engines.core import EngineCore, Models
 from voxline.engines.speech_model import SentenceSpeechModel
 from voxline.errors import ProtocolError
-from voxline.realtime.dialect import Dialect
-from voxline.realtime.wire_client import parse_command
-from voxline.realtime.wire_server import render
+from voxline.realtime.openai.client_events import parse_command
+from voxline.realtime.openai.dialect import Dialect
+from voxline.realtime.openai.server_events import render
 from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
 

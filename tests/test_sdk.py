@@ -14,9 +14,9 @@ from fakes import tone
 import voxline
 from voxline.codecs.g711 import float_to_ulaw, ulaw_to_float
 from voxline.errors import ProtocolError
-from voxline.realtime.dialect import Dialect
-from voxline.realtime.wire_peer import parse_server_event, render_command
-from voxline.realtime.wire_server import render
+from voxline.realtime.openai.dialect import Dialect
+from voxline.realtime.openai.peer import parse_server_event, render_command
+from voxline.realtime.openai.server_events import render
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
 
@@ -113,7 +113,7 @@ async def test_bad_options_and_tools_are_refused_at_the_call_site() -> None:
 
 
 def test_wire_peer_round_trips_commands_and_events() -> None:
-    from voxline.realtime.wire_client import parse_command
+    from voxline.realtime.openai.client_events import parse_command
     from voxline.sessions.items import ContentPart, MessageItem
 
     commands = [cmd.InputAudioAppend(audio=b"\x01\x02"), cmd.ItemTruncate(item_id="i", audio_end_ms=5),

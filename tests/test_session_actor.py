@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from voxline.engines import protocol as ep
-from voxline.realtime.wire_client import parse_command
+from voxline.realtime.openai.client_events import parse_command
 from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
 
@@ -335,7 +335,7 @@ def test_a_reply_far_ahead_of_playout_is_cut_with_an_error():
 
 
 def test_speculation_outcomes_become_metric_counters_and_nothing_on_the_wire():
-    from voxline.realtime.metrics import Metrics
+    from voxline.realtime.ops.metrics import Metrics
 
     actor = make_actor()
     actor.take_events()

@@ -21,17 +21,21 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from voxline.engines.client import InProcessEngineClient
+from voxline.realtime.ops.metrics import Metrics
 from voxline.realtime.session_host import (
     Refusal,
+    SessionEnd,
     SessionHost,
     SessionLimits,
     SessionRefused,
+    refusal_close,
     stream_id_for,
 )
 from voxline.sdk.engine import OUTBOX_LIMIT, LocalTransport
 from voxline.sdk.session import SessionError
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
+from voxline.sessions.runner import SessionEnded
 
 ECHO = "echo_core:make_echo_core"
 
@@ -56,10 +60,6 @@ def test_admission_holds_a_slot_at_once_and_refuses_past_the_limit():
     first.release()
     first.release()  # idempotent
     assert host.active == 1
-    with pytest.raises(SessionRefused) as refused:
-        host.admit(draining=True)
-    assert (refused.value.refusal, refused.value.reason) == (Refusal.SHUTTING_DOWN,
-                                                             "server is shutting down")
     third = host.admit()
     assert host.active == 2 and third.session_id != first.session_id
 
@@ -92,6 +92,180 @@ def test_an_engine_that_is_not_ready_refuses_with_its_reason():
 def test_stream_ids_name_their_session_and_differ():
     ids = {stream_id_for("sess_x") for _ in range(50)}
     assert len(ids) == 50 and all(i.startswith("sess_x-") and len(i) == 13 for i in ids)
+
+
+# ---------------------------------------------------------------------------- serve
+
+
+class FakeRunner:
+    """A runner as `SessionHost.serve` sees it: `run` reads the client's events until they
+    end (then raises `fails`, if set); a reply is in flight until `reply_done` is set."""
+
+    def __init__(self, fails: BaseException | None = None, replying: bool = False) -> None:
+        self.fails = fails
+        self.reply_done = asyncio.Event()
+        if not replying:
+            self.reply_done.set()
+        self.read: list[object] = []
+
+    async def run(self, incoming) -> None:
+        async for item in incoming:
+            self.read.append(item)
+        if self.fails is not None:
+            raise self.fails
+
+    async def wait_no_response(self) -> None:
+        await self.reply_done.wait()
+
+
+class Client:
+    """The client's events: `leave()` ends them; until then the session reads on."""
+
+    def __init__(self, *items: object) -> None:
+        self.queue: asyncio.Queue[object] = asyncio.Queue()
+        for item in items:
+            self.queue.put_nowait(item)
+
+    def leave(self) -> None:
+        self.queue.put_nowait(None)
+
+    async def events(self):
+        while (item := await self.queue.get()) is not None:
+            yield item
+
+
+class Peer:
+    """What a transport's hooks saw: the ends it was told and the host's state then."""
+
+    def __init__(self, host: SessionHost) -> None:
+        self.host = host
+        self.ends: list[SessionEnd] = []
+        self.at_close: list[tuple[int, bool]] = []  # (active, idle) when `close` ran
+        self.cleanups = 0
+
+    async def close(self, end: SessionEnd) -> None:
+        self.ends.append(end)
+        self.at_close.append((self.host.active, self.host.idle))
+
+    async def cleanup(self) -> None:
+        self.cleanups += 1
+
+
+def _host(**limits: object) -> tuple[SessionHost, Metrics]:
+    metrics = Metrics()
+    return SessionHost(ReadyEngine(), SessionLimits(**limits), metrics=metrics), metrics  # type: ignore[arg-type]
+
+
+async def test_serve_runs_a_session_to_its_end_and_releases_the_slot_before_the_close():
+    host, metrics = _host(max_sessions=1)
+    peer, client, runner = None, Client("a", "b"), FakeRunner()
+    with host.admit() as admission:
+        peer = Peer(host)
+        client.leave()
+        end = await host.serve(admission, runner, client.events(),  # type: ignore[arg-type]
+                               close=peer.close, cleanup=peer.cleanup)
+    assert end == SessionEnd(1000, "") and peer.ends == [end] and runner.read == ["a", "b"]
+    assert peer.at_close == [(0, False)]  # slot free at the close; still registered for a drain
+    assert peer.cleanups == 1 and host.active == 0 and host.idle
+    assert metrics.value("voxline_sessions_total") == 1.0
+    host.admit()  # the one slot is free again
+
+
+async def test_serve_ends_a_session_with_the_code_it_ended_with():
+    host, metrics = _host()
+    cases = [
+        (FakeRunner(SessionEnded(1008, "client is not reading")), None,
+         SessionEnd(1008, "client is not reading")),
+        (FakeRunner(RuntimeError("bug")), None, SessionEnd(1011, "internal server error")),
+        (FakeRunner(ConnectionResetError()), lambda exc: isinstance(exc, ConnectionResetError),
+         SessionEnd(1000, "")),  # the peer left mid-send: not a server error
+    ]
+    for runner, peer_gone, expected in cases:
+        peer, client = Peer(host), Client()
+        client.leave()
+        with host.admit() as admission:
+            end = await host.serve(admission, runner, client.events(),  # type: ignore[arg-type]
+                                   close=peer.close, peer_gone=peer_gone)
+        assert end == expected and peer.ends == [expected]
+    assert metrics.value("voxline_session_errors_total") == 1.0
+    assert metrics.value("voxline_sessions_total") == 3.0 and host.idle
+
+
+async def test_one_registry_counts_slots_and_waits_for_closes():
+    host, _ = _host(max_sessions=2)
+    closing = asyncio.Event()
+    client = Client()
+
+    async def slow_close(end: SessionEnd) -> None:
+        await closing.wait()  # e.g. a close frame still being flushed
+
+    admission = host.admit()
+    serving = asyncio.ensure_future(host.serve(admission, FakeRunner(), client.events(),  # type: ignore[arg-type]
+                                               close=slow_close))
+    await asyncio.sleep(0)
+    assert host.active == 1 and not host.idle
+    admission.release()  # the client left: its slot is free before the session wound down
+    assert host.active == 0 and not host.idle
+    client.leave()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not serving.done() and not host.idle  # closing: a drain still waits for it
+    closing.set()
+    assert await serving == SessionEnd()
+    assert host.idle
+
+
+async def test_cancelled_serve_cleans_up_without_a_close_and_unregisters():
+    host, _ = _host()
+    peer, client = Peer(host), Client()
+    with host.admit() as admission:
+        serving = asyncio.ensure_future(host.serve(admission, FakeRunner(), client.events(),  # type: ignore[arg-type]
+                                                   close=peer.close, cleanup=peer.cleanup))
+        await asyncio.sleep(0)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+    assert peer.cleanups == 1 and peer.ends == [] and host.active == 0 and host.idle
+
+
+async def test_a_drain_lets_the_reply_in_flight_finish_then_closes_1001():
+    host, metrics = _host()
+    peer, client, runner = Peer(host), Client(), FakeRunner(replying=True)
+    admission = host.admit()
+    serving = asyncio.ensure_future(host.serve(admission, runner, client.events(),  # type: ignore[arg-type]
+                                               close=peer.close))
+    await asyncio.sleep(0)
+    drain = asyncio.ensure_future(host.drain(grace=3600))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert host.draining and not serving.done() and not drain.done()  # the reply goes on
+    with pytest.raises(SessionRefused) as refused:
+        host.admit()
+    assert (refused.value.refusal, refused.value.reason) == (Refusal.SHUTTING_DOWN,
+                                                             "server is shutting down")
+    assert refusal_close(refused.value) == SessionEnd(1001, "server is shutting down")
+    assert metrics.value("voxline_sessions_refused_total") == 1.0
+    runner.reply_done.set()  # response.done is out: now the session ends
+    assert await serving == SessionEnd(1001, "server is shutting down")
+    await drain  # returns once the session closed
+    assert peer.ends == [SessionEnd(1001, "server is shutting down")] and host.idle
+
+
+async def test_a_drain_past_its_grace_closes_a_session_still_replying():
+    host, _ = _host()
+    peer, client, runner = Peer(host), Client(), FakeRunner(replying=True)
+    admission = host.admit()
+    serving = asyncio.ensure_future(host.serve(admission, runner, client.events(),  # type: ignore[arg-type]
+                                               close=peer.close))
+    await asyncio.sleep(0)
+    await host.drain(grace=0)
+    assert serving.done() and serving.result() == SessionEnd(1001, "server is shutting down")
+
+
+def test_refusals_at_the_limit_close_with_try_again():
+    host, _ = _host(max_sessions=0)
+    with pytest.raises(SessionRefused) as refused:
+        host.admit()
+    assert refusal_close(refused.value) == SessionEnd(1013, "server is at its limit of 0 sessions")
 
 
 # ---------------------------------------------------------------------------- the race
@@ -192,7 +366,7 @@ async def test_an_offer_refused_after_admission_gives_its_slot_back():
 
 
 async def test_call_inbox_reads_client_events_ahead_of_queued_mic_frames():
-    from voxline.realtime.webrtc import CallInbox
+    from voxline.realtime.transports.webrtc import CallInbox
 
     inbox = CallInbox(events_limit=2, audio_limit=3)
     frames = [cmd.InputAudioAppend(audio=bytes([i])) for i in range(3)]

@@ -19,7 +19,7 @@ import pytest
 
 from voxline.engines import protocol as ep
 from voxline.engines.video_frames import makeable
-from voxline.realtime.wire_client import parse_command
+from voxline.realtime.openai.client_events import parse_command
 from voxline.sessions import events as ev
 from voxline.sessions.actor import SessionActor
 from voxline.sessions.settings import SessionSettings, TurnDetection

@@ -19,13 +19,13 @@ from fakes import tone
 from twilio_peer import CALL_SID, STREAM_SID, twilio_call
 
 from voxline.engines.client import InProcessEngineClient
-from voxline.realtime import twilio_wire as tw
-from voxline.realtime.twilio import TwilioBridge
+from voxline.realtime.transports import twilio_wire as tw
+from voxline.realtime.transports.twilio import TwilioBridge
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
 
 RATE = 8000
-LOGGER = "voxline.realtime.twilio"
+LOGGER = "voxline.realtime.transports.twilio"
 
 
 # ------------------------------------------------------------------------ the wire

@@ -17,7 +17,7 @@ from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS  # noqa: E402
 from voxline.config import Settings  # noqa: E402
 from voxline.engines.client import InProcessEngineClient  # noqa: E402
 from voxline.realtime.app import create_app  # noqa: E402
-from voxline.realtime.videos_api import video_store  # noqa: E402
+from voxline.realtime.http.videos import video_store  # noqa: E402
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -302,7 +302,7 @@ async def test_retention_expires_finished_videos_and_their_files(client, app):
 async def test_shutdown_removes_the_videos_folder():
     from fastapi import FastAPI
 
-    from voxline.realtime.videos_api import close_videos
+    from voxline.realtime.http.videos import close_videos
 
     state = FastAPI().state
     store = video_store(state)
@@ -316,8 +316,8 @@ def test_a_server_that_renders_no_video_or_voice_makes_no_folder(tmp_path, monke
     """A killed server cannot clean up: so the folders are made on first use only."""
     import tempfile
 
-    from voxline.realtime.videos_api import VideoStore
-    from voxline.realtime.voice_store import VoiceStore
+    from voxline.realtime.http.videos import VideoStore
+    from voxline.realtime.http.voice_store import VoiceStore
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     videos, voices = VideoStore(), VoiceStore()

@@ -21,7 +21,7 @@ from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS
 from voxline.config import Settings
 from voxline.engines import protocol as p
 from voxline.realtime.app import create_app
-from voxline.realtime.videos_api import video_store
+from voxline.realtime.http.videos import video_store
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -1,4 +1,4 @@
-"""The voice store (realtime/voice_store.py) without any model: a directory that several
+"""The voice store (realtime/http/voice_store.py) without any model: a directory that several
 servers share, read fresh on every lookup, written atomically."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from voxline.realtime.voice_store import StoredVoice, VoiceExists, VoiceStore, VoiceStoreError
+from voxline.realtime.http.voice_store import StoredVoice, VoiceExists, VoiceStore, VoiceStoreError
 
 
 def _voice(name: str, created_at: int = 1, audio: bytes = b"\x00\x00\x80?" * 4) -> StoredVoice:

@@ -19,8 +19,8 @@ import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
-from voxline.realtime.ice import LOOPBACK, restrict_gathering
-from voxline.realtime.webrtc import FRAME_SAMPLES, MEDIA_RATE, mono_pcm16
+from voxline.realtime.transports.ice import LOOPBACK, restrict_gathering
+from voxline.realtime.transports.webrtc import FRAME_SAMPLES, MEDIA_RATE, mono_pcm16
 
 
 class Microphone(MediaStreamTrack):

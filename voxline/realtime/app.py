@@ -14,19 +14,11 @@ from fastapi import FastAPI
 from voxline.config import Settings
 from voxline.engines.client import EngineClient
 from voxline.logs import GC_PAUSES, LoopLag
-from voxline.realtime import (
-    client_secrets,
-    ops,
-    speech_api,
-    transcription_api,
-    twilio,
-    videos_api,
-    voices,
-    web,
-    webrtc,
-    websocket,
-)
+from voxline.realtime.auth import client_secrets
+from voxline.realtime.http import demo_page, speech, transcription, videos, voices
+from voxline.realtime.ops import routes as ops
 from voxline.realtime.state import ServerState
+from voxline.realtime.transports import twilio, webrtc, websocket
 from voxline.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -92,7 +84,7 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await webrtc.close_all_calls(app.state.voxline)
-            await videos_api.close_videos(app.state)  # their files' folder goes too
+            await videos.close_videos(app.state)  # their files' folder goes too
             if starting is not None:
                 logger.info("stopping engine ...")
                 starting.cancel()
@@ -102,14 +94,14 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
     app = FastAPI(title="voxline", version=__version__, lifespan=lifespan)
     app.state.voxline = ServerState(settings, engine)
 
-    app.include_router(speech_api.router)
-    app.include_router(videos_api.router)
+    app.include_router(speech.router)
+    app.include_router(videos.router)
     app.include_router(voices.router)
-    app.include_router(transcription_api.router)
+    app.include_router(transcription.router)
     app.include_router(ops.router)
     app.include_router(websocket.router)
     app.include_router(twilio.router)
     app.include_router(webrtc.router)
     app.include_router(client_secrets.router)
-    app.include_router(web.router)
+    app.include_router(demo_page.router)
     return app

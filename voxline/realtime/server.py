@@ -15,7 +15,7 @@ from voxline.config import settings_from_flags
 from voxline.engines.factory import make_engine, sized_for_device
 from voxline.logs import freeze_startup_objects
 from voxline.realtime.app import create_app
-from voxline.realtime.websocket import OpenSessions, open_sessions
+from voxline.realtime.session_host import SessionHost
 
 logger = logging.getLogger(__name__)
 
@@ -32,9 +32,9 @@ class DrainingServer(uvicorn.Server):
     re-raises the signal at exit.
     """
 
-    def __init__(self, config: uvicorn.Config, sessions: OpenSessions, grace: float) -> None:
+    def __init__(self, config: uvicorn.Config, host: SessionHost, grace: float) -> None:
         super().__init__(config)
-        self._sessions = sessions
+        self._host = host
         self._grace = grace
         self._drain: asyncio.Future[None] | None = None
 
@@ -48,7 +48,7 @@ class DrainingServer(uvicorn.Server):
 
     def _start_drain(self) -> None:
         if self._drain is None:
-            self._drain = asyncio.ensure_future(self._sessions.drain(self._grace))
+            self._drain = asyncio.ensure_future(self._host.drain(self._grace))
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if not self.force_exit:
@@ -71,7 +71,7 @@ def serve(args: argparse.Namespace) -> int:
                             ws_max_size=settings.max_event_bytes + 1024,
                             ws_per_message_deflate=settings.ws_compression,
                             timeout_graceful_shutdown=5)
-    server = DrainingServer(config, open_sessions(app), settings.shutdown_grace)
+    server = DrainingServer(config, app.state.voxline.host, settings.shutdown_grace)
     freeze_startup_objects(logger)  # imports and app: out of every later full collection
     server.run()
     return 0 if server.started else 1

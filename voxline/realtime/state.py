@@ -9,10 +9,10 @@ from typing import Any
 
 from voxline.config import Settings
 from voxline.engines.client import EngineClient
-from voxline.realtime.auth import ClientSecrets
-from voxline.realtime.metrics import Metrics
+from voxline.realtime.auth.access import ClientSecrets
+from voxline.realtime.auth.signed_tokens import SigningKeys
+from voxline.realtime.ops.metrics import Metrics
 from voxline.realtime.session_host import SessionHost, SessionLimits
-from voxline.realtime.signed_tokens import SigningKeys
 
 
 @dataclass

@@ -18,7 +18,10 @@ from voxline.config import Settings, load_settings
 from voxline.engines.client import EngineClient, InProcessEngineClient
 from voxline.engines.factory import make_engine, sized_for_device
 from voxline.realtime.session_host import (
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
     Admission,
+    SessionEnd,
     SessionHost,
     SessionLimits,
     SessionRefused,
@@ -32,7 +35,6 @@ from voxline.sessions.runner import SessionEnded, SessionRunner
 
 COMMAND_QUEUE_LIMIT = 1024  # commands the session has not taken yet (audio frames mostly)
 OUTBOX_LIMIT = 4096  # events the session wrote that its reader has not taken yet
-CLOSE_POLICY = 1008  # as the WebSocket closes on a client that stopped reading
 SESSION_SECONDS = 24 * 3600.0  # an embedded session's time limit (a server's is shorter)
 
 logger = logging.getLogger(__name__)
@@ -71,14 +73,14 @@ class LocalTransport(Transport):
                                          name="voxline-local-session")
 
     async def _run(self, admission: Admission, runner: SessionRunner) -> None:
+        async def ended(end: SessionEnd) -> None:  # the final error event (if any) is queued
+            if end.code != CLOSE_NORMAL:
+                self.end_reason = end.reason
+                logger.warning("session %s ended: %s", admission.session_id, end.reason)
+
         with admission:
-            admission.opened()
             try:
-                await runner.run(self._commands())
-            except SessionEnded as end:  # the final error event (if any) is in the outbox
-                if end.code != 1000:
-                    self.end_reason = end.reason
-                    logger.warning("session %s ended: %s", admission.session_id, end.reason)
+                await self._host.serve(admission, runner, self._commands(), close=ended)
             finally:
                 self._finished = True
                 with contextlib.suppress(asyncio.QueueFull):  # wakes a reader waiting on get

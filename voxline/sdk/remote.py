@@ -1,7 +1,7 @@
 """Sessions on a voxline server, over ``/v1/realtime`` (OpenAI GA JSON).
 
 ``voxline.connect(url)`` stands where ``voxline.Engine()`` stood: the same
-``session(...)`` and the same typed events (:mod:`voxline.realtime.wire_peer` maps the
+``session(...)`` and the same typed events (:mod:`voxline.realtime.openai.peer` maps the
 wire both ways), so a bot moves to a server by changing that one line.
 """
 
@@ -17,7 +17,7 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from voxline.errors import ProtocolError
-from voxline.realtime.wire_peer import parse_server_event, render_command
+from voxline.realtime.openai.peer import parse_server_event, render_command
 from voxline.sdk.session import SessionError, SessionFactory, Transport
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from voxline.errors import ProtocolError, VoxlineError
-from voxline.realtime.wire_session import beta_format, validate_session
+from voxline.realtime.openai.session_object import beta_format, validate_session
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
 from voxline.sessions.items import (

@@ -1,6 +1,6 @@
 """Client commands: what a client asks of its session, neutral of any wire.
 
-A transport parses its messages into these (``voxline.realtime.wire_client`` for OpenAI's
+A transport parses its messages into these (``voxline.realtime.openai.client_events`` for OpenAI's
 GA and beta JSON; an SDK or a telephony adapter builds them directly) and hands them to
 :meth:`voxline.sessions.actor.SessionActor.receive`. ``event_id`` is the client's id for
 the message, echoed in any error it causes. Commands are named after the OpenAI Realtime

@@ -2,7 +2,7 @@
 
 The session actor builds these (canonical content types, audio payloads already in the
 session's output format) and never thinks about wire dialects; a transport renders them
-(``voxline.realtime.wire_server`` for OpenAI's GA and beta shapes). Every event gets a
+(``voxline.realtime.openai.server_events`` for OpenAI's GA and beta shapes). Every event gets a
 fresh unique ``event_...`` id.
 """
 

@@ -77,7 +77,7 @@ class VideoResponses:
         self._actor = actor
         self.active: ActiveVideo | None = None
         # a server names itself in the ids (video_<server_id>_...) so a balancer can route
-        # /v1/videos/{id} to the server holding the MP4 (realtime/owned_ids.py)
+        # /v1/videos/{id} to the server holding the MP4 (realtime/ops/owned_ids.py)
         self.id_prefix = "video"
 
     def start(self, response: ActiveResponse | None, overrides: ResponseOverrides | None

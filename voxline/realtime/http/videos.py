@@ -43,11 +43,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
 from voxline.engines import protocol as p
-from voxline.realtime.audio_http import AudioAPIError, check_request, close_quietly, open_stream
-from voxline.realtime.owned_ids import not_here_reason, owned_id
+from voxline.realtime.http.audio_requests import (
+    AudioAPIError,
+    check_request,
+    close_quietly,
+    open_stream,
+)
+from voxline.realtime.http.video_files import LiveFile, Mp4Writer
+from voxline.realtime.http.video_requests import VideoRequest, parse_video_request, read_body
+from voxline.realtime.ops.owned_ids import not_here_reason, owned_id
 from voxline.realtime.state import ServerState, get_state
-from voxline.realtime.video_files import LiveFile, Mp4Writer
-from voxline.realtime.video_requests import VideoRequest, parse_video_request, read_body
 
 __all__ = ["Mp4Writer", "VideoRecord", "VideoRequest", "VideoStore", "router", "video_store"]
 

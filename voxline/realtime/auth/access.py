@@ -24,8 +24,8 @@ from typing import Any
 from starlette.requests import HTTPConnection
 
 from voxline.errors import ProtocolError
-from voxline.realtime.signed_tokens import SigningKeys, sign, verify
-from voxline.realtime.wire_client import parse_command
+from voxline.realtime.auth.signed_tokens import SigningKeys, sign, verify
+from voxline.realtime.openai.client_events import parse_command
 from voxline.sessions import commands as cmd
 from voxline.sessions.capabilities import MOONSHINE, TranscriptionSupport, check_supported
 from voxline.sessions.settings import SessionSettings

@@ -1,9 +1,9 @@
 """The client's side of the OpenAI GA wire, for voxline's own remote SDK.
 
 :func:`render_command` turns a neutral session command into the GA client event a server
-parses (:mod:`voxline.realtime.wire_client` is its inverse); :func:`parse_server_event`
+parses (:mod:`voxline.realtime.openai.client_events` is its inverse); :func:`parse_server_event`
 turns a GA server event back into the neutral :mod:`voxline.sessions.events` object that
-:mod:`voxline.realtime.wire_server` rendered it from, so a remote session yields the same
+:mod:`voxline.realtime.openai.server_events` rendered it from, so a remote session yields the same
 typed events as an in-process one. Only the GA dialect is spoken here.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from voxline.errors import ProtocolError
-from voxline.realtime.dialect import Dialect
-from voxline.realtime.wire_server import render_item, wire_type
+from voxline.realtime.openai.dialect import Dialect
+from voxline.realtime.openai.server_events import render_item, wire_type
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
 from voxline.sessions.items import (

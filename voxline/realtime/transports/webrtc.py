@@ -11,7 +11,7 @@ naming the call. Then, as on the WebSocket, a thin adapter around one session ac
 - events: the same JSON as `/v1/realtime` (GA) on the `oai-events` data channel, minus
   the audio deltas, which travel on the track;
 - video: when the offer has a video section, a response's video (the voxline extension)
-  plays on the call's video track (`realtime.video_track`) while its events go on the
+  plays on the call's video track (`transports.video_track`) while its events go on the
   data channel.
 
 `POST /v1/realtime/calls/{id}/hangup` ends a call, as does the peer closing, ICE failing,
@@ -42,23 +42,21 @@ from aiortc.mediastreams import MediaStreamError
 from fastapi import APIRouter, Request, Response
 
 from voxline.errors import ProtocolError
-from voxline.realtime.auth import Access, authenticate
-from voxline.realtime.client_secrets import error_response, settings_from_session
-from voxline.realtime.dialect import Dialect
-from voxline.realtime.ice import default_hosts, restrict_gathering, rtc_configuration
-from voxline.realtime.outbox import SlowClient
-from voxline.realtime.owned_ids import not_here_reason
-from voxline.realtime.session_host import Admission, Refusal, SessionRefused
+from voxline.realtime.auth.access import Access, authenticate, settings_from_session
+from voxline.realtime.http.voices import session_voice_check
+from voxline.realtime.openai.client_events import parse_command
+from voxline.realtime.openai.dialect import Dialect
+from voxline.realtime.openai.error_body import error_response
+from voxline.realtime.openai.server_events import render_json
+from voxline.realtime.ops.owned_ids import not_here_reason
+from voxline.realtime.session_host import Admission, Refusal, SessionEnd, SessionRefused
 from voxline.realtime.state import ServerState, get_state
-from voxline.realtime.video_track import GeneratedVideoTrack, add_video_track
-from voxline.realtime.voices import session_voice_check
-from voxline.realtime.websocket import OpenSessions, open_sessions
-from voxline.realtime.wire_client import parse_command
-from voxline.realtime.wire_server import render_json
+from voxline.realtime.transports.ice import default_hosts, restrict_gathering, rtc_configuration
+from voxline.realtime.transports.outbox import SlowClient
+from voxline.realtime.transports.video_track import GeneratedVideoTrack, add_video_track
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
 from voxline.sessions.actor import MEDIA_FRAME_MS
-from voxline.sessions.runner import SessionEnded
 from voxline.sessions.settings import AudioFormat, SessionSettings
 
 logger = logging.getLogger(__name__)
@@ -190,11 +188,10 @@ class Call:
     admission (its slot on the session host) until it closes."""
 
     def __init__(self, admission: Admission, pc: RTCPeerConnection, state: ServerState,
-                 settings: SessionSettings, sessions: OpenSessions | None = None,
+                 settings: SessionSettings,
                  voice_error: Callable[[str], str | None] | None = None) -> None:
         self.admission = admission  # the call takes it over in `start`; `close` releases it
         self.id = admission.session_id
-        self.sessions = sessions or OpenSessions()  # the app's, so a shutdown drains calls too
         self.pc = pc
         self.state = state
         self.track = PacedAudioTrack()
@@ -316,18 +313,14 @@ class Call:
             self.hangup()
 
     async def _run(self) -> None:
-        with self.sessions.track():
-            try:
-                await self.sessions.serve(self.runner, self._inbox.items())
-            except (SessionEnded, SlowClient) as end:
-                logger.info("call %s: session ended: %s", self.id, end.reason)
-            except Exception:
-                logger.exception("call %s failed", self.id)
-                self.state.metrics.inc("voxline_session_errors_total",
-                                       "sessions ended by a server error")
-            finally:
-                self._flush_pending()
-                await self.close()
+        await self.state.host.serve(self.admission, self.runner, self._inbox.items(),
+                                    close=self._end)
+
+    async def _end(self, end: SessionEnd) -> None:
+        if end.reason:
+            logger.info("call %s: session ended: %s", self.id, end.reason)
+        self._flush_pending()
+        await self.close()
 
     def hangup(self) -> None:
         """End the call: the session stops reading, then everything closes."""
@@ -425,20 +418,17 @@ async def create_call(request: Request) -> Response:
     if not isinstance(access, Access):
         state.host.count_refusal()
         return error_response(401, access, code="invalid_api_key")
-    sessions = open_sessions(request.app)
     try:  # the slot is held from before the first await: concurrent offers cannot pass the limit
         # the call id names this server (rtc_<server_id>_...): a balancer routes by it
-        admission = state.host.admit(prefix=f"rtc_{state.server_id}",
-                                     draining=sessions.draining)
+        admission = state.host.admit(prefix=f"rtc_{state.server_id}")
     except SessionRefused as refused:
         return error_response(503, refused.reason, code=REFUSAL_CODES[refused.refusal],
                               type="server_error")
     with admission:  # released on every way out, unless the answered call took it over
-        return await _answer_call(request, access, admission, sessions)
+        return await _answer_call(request, access, admission)
 
 
-async def _answer_call(request: Request, access: Access, admission: Admission,
-                       sessions: OpenSessions) -> Response:
+async def _answer_call(request: Request, access: Access, admission: Admission) -> Response:
     state = get_state(request)
     config = state.settings
     try:
@@ -454,7 +444,7 @@ async def _answer_call(request: Request, access: Access, admission: Admission,
 
     pc = RTCPeerConnection(rtc_configuration(config.ice_server_list(), config.turn_username,
                                              config.turn_credential))
-    call = Call(admission, pc, state, settings, sessions, session_voice_check(request.app.state))
+    call = Call(admission, pc, state, settings, session_voice_check(request.app.state))
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         pc.addTrack(call.track)

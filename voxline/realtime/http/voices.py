@@ -51,17 +51,16 @@ from voxline.engines.models.qwen3_tts.reference import (
     normalize_reference,
 )
 from voxline.errors import AudioFormatError, EngineError
-from voxline.realtime.audio_http import (
+from voxline.realtime.http.audio_requests import (
     AudioAPIError,
     bad,
     check_request,
-    close_quietly,
-    open_stream,
     stream_error,
     unavailable,
 )
+from voxline.realtime.http.voice_store import StoredVoice, VoiceExists, VoiceStore, VoiceStoreError
 from voxline.realtime.state import ServerState
-from voxline.realtime.voice_store import StoredVoice, VoiceExists, VoiceStore, VoiceStoreError
+from voxline.sessions.voices import VoiceNotRegistered
 
 __all__ = ["StoredVoice", "VoiceStore", "clone_error", "keep_engine_voices",
            "reference_from_request", "router", "session_voice_check", "voice_store"]
@@ -297,22 +296,14 @@ _OPENAI_VOICES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "n
 
 
 async def _tell_engine(state: ServerState, reference: p.VoiceReference) -> None:
-    """Register (or, with empty audio, unregister) a named reference in the speech stage."""
-    handle = await open_stream(state, "voice")
+    """Register (or, with empty audio, unregister) a named reference in the speech stage,
+    through the session host; engine failures as the voice API's errors."""
     try:
-        handle.send(p.RegisterVoice(handle.stream_id, reference))
-        while True:
-            out = await handle.next()
-            if isinstance(out, p.VoiceRegistered):
-                return
-            if isinstance(out, p.StreamError):
-                raise stream_error(out)
-            if isinstance(out, p.StreamClosed):
-                raise unavailable("the engine closed the stream before the voice was registered")
+        await state.host.register_voice(reference)
+    except VoiceNotRegistered as exc:
+        raise (unavailable(str(exc)) if exc.error is None else stream_error(exc.error)) from None
     except EngineError as exc:
         raise unavailable(f"the engine is not ready ({exc}); retry shortly") from exc
-    finally:
-        await close_quietly(handle)
 
 
 @router.post("/v1/voices", response_model=None)

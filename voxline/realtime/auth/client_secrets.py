@@ -1,7 +1,7 @@
 """`POST /v1/realtime/client_secrets`: short-lived tokens a browser can use instead of the
 server's API key, as OpenAI issues them (`ek_...`, an expiry, an optional session that
 the call or WebSocket opened with the token starts with). Tokens are signed, not stored
-(auth.ClientSecrets): any server with the same ``client_secret_keys`` accepts them."""
+(`auth.access.ClientSecrets`): any server with the same ``client_secret_keys`` accepts them."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from voxline.errors import ProtocolError
-from voxline.realtime.auth import authorized, settings_from_session
-from voxline.realtime.dialect import Dialect
+from voxline.realtime.auth.access import authorized, settings_from_session
+from voxline.realtime.openai.dialect import Dialect
+from voxline.realtime.openai.error_body import error_response
+from voxline.realtime.openai.server_events import render
 from voxline.realtime.state import get_state
-from voxline.realtime.wire_server import render
 from voxline.sessions import events as ev
 from voxline.sessions.settings import SessionSettings
 
@@ -23,14 +24,6 @@ router = APIRouter()
 
 DEFAULT_SECONDS = 600  # OpenAI's defaults and limits for expires_after.seconds
 MIN_SECONDS, MAX_SECONDS = 10, 7200
-
-
-def error_response(status: int, message: str, *, code: str | None = None,
-                   param: str | None = None, type: str = "invalid_request_error") -> JSONResponse:
-    """OpenAI's HTTP error shape; a 503 (busy, starting) says when to retry."""
-    headers = {"Retry-After": "1"} if status == 503 else None
-    return JSONResponse({"error": {"message": message, "type": type, "param": param,
-                                   "code": code}}, status_code=status, headers=headers)
 
 
 def render_session(settings: SessionSettings) -> dict[str, Any]:

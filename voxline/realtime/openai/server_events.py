@@ -3,7 +3,7 @@
 The session emits neutral events (:mod:`voxline.sessions.events`); :func:`render` gives
 the JSON object a GA or beta client expects. Every GA/beta difference on the way out
 goes through here: :data:`_WIRE_TYPES` (event type names), the ``render_*`` helpers
-(content part types, response objects) and :func:`~voxline.realtime.wire_session.render_session`.
+(content part types, response objects) and :func:`~voxline.realtime.openai.session_object.render_session`.
 ``render`` returns None where a dialect has no such event (beta has no
 ``conversation.item.done``); the transport then sends nothing.
 """
@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
-from voxline.realtime.dialect import Dialect
-from voxline.realtime.wire_session import beta_format_name, render_session
+from voxline.realtime.openai.dialect import Dialect
+from voxline.realtime.openai.session_object import beta_format_name, render_session
 from voxline.sessions import events as mcp_ev  # the MCP events (GA only)
 from voxline.sessions.events import (
     SERVER_EVENT_CLASSES,

@@ -30,7 +30,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from voxline.errors import ProtocolError
-from voxline.realtime.dialect import Dialect
+from voxline.realtime.openai.dialect import Dialect
 from voxline.sessions.errors_vocabulary import Mistake, client_error, json_type_words
 from voxline.sessions.items import StrictModel
 from voxline.sessions.settings import (

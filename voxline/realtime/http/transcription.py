@@ -35,7 +35,7 @@ from voxline.codecs.opus import decode_audio_file
 from voxline.engines import protocol as p
 from voxline.engines.input_audio import MIN_COMMIT_MS
 from voxline.errors import AudioFormatError, EngineError
-from voxline.realtime.audio_http import (
+from voxline.realtime.http.audio_requests import (
     AudioAPIError,
     bad,
     check_request,

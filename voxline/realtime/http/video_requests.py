@@ -20,7 +20,7 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from voxline.engines.video_frames import makeable, nearest_counts
-from voxline.realtime.audio_http import AudioAPIError, bad
+from voxline.realtime.http.audio_requests import AudioAPIError, bad
 
 SIZE_MULTIPLE = 16
 MAX_SIDE = 4096

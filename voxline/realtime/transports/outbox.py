@@ -11,6 +11,10 @@ own input echoed back (a `session.updated` carrying megabytes of instructions, b
 `max_event_bytes`); a client that reads normally takes it, however large, so it is never
 a backlog. Two of them waiting, or a backlog of ordinary events past the bound, is a
 client that stopped reading.
+
+Also the two ends of a hosted WebSocket session the WebSocket transports share:
+`admit_or_close` (the host's refusal as a close frame) and `close_after` (the session's
+end as one, once its events are out).
 """
 
 from __future__ import annotations
@@ -23,22 +27,29 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import WebSocket, WebSocketDisconnect
 
-from voxline.realtime.metrics import Metrics
+from voxline.realtime.ops.metrics import Metrics
+from voxline.realtime.session_host import (
+    CLOSE_POLICY,
+    Admission,
+    SessionEnd,
+    SessionHost,
+    SessionRefused,
+    refusal_close,
+)
+from voxline.sessions.runner import SessionEnded
 
 logger = logging.getLogger(__name__)
 
-CLOSE_POLICY = 1008
 CLOSE_FLUSH_S = 2.0  # how long queued events may take to leave before the close
 
 
-class SlowClient(Exception):
-    """The client stopped reading: more than the bound is waiting to be sent to it."""
+class SlowClient(SessionEnded):
+    """The client stopped reading: more than the bound is waiting to be sent to it. The
+    session ends with 1008 and this reason."""
 
     def __init__(self, pending: int, limit: int) -> None:
-        super().__init__(f"client is not reading: {pending // 1024} KiB of events unsent "
-                         f"(limit {limit // 1024} KiB)")
-        self.code = CLOSE_POLICY
-        self.reason = str(self)
+        super().__init__(CLOSE_POLICY, f"client is not reading: {pending // 1024} KiB of "
+                                       f"events unsent (limit {limit // 1024} KiB)")
 
 
 class Outbox:
@@ -107,8 +118,18 @@ class Outbox:
                 await self._task
 
 
-async def close_after(ws: WebSocket, outbox: Outbox, code: int, reason: str,
-                      metrics: Metrics) -> None:
+async def admit_or_close(ws: WebSocket, host: SessionHost) -> Admission | None:
+    """Admit a session on an accepted WebSocket, or close it with the refusal's code and
+    reason (1001 while draining, 1013 at capacity or while the engine starts) and None."""
+    try:
+        return host.admit()
+    except SessionRefused as refused:
+        end = refusal_close(refused)
+        await ws.close(code=end.code, reason=end.reason)
+        return None
+
+
+async def close_after(ws: WebSocket, outbox: Outbox, end: SessionEnd, metrics: Metrics) -> None:
     """Close once the queued events are out; a client that stopped reading (its outbox
     overflowed, or it will not take them within a few seconds) is dropped at once: no
     close frame can pass a full pipe, and its socket must not outlive the session."""
@@ -122,7 +143,7 @@ async def close_after(ws: WebSocket, outbox: Outbox, code: int, reason: str,
         return
     await outbox.stop()
     try:
-        await asyncio.wait_for(ws.close(code=code, reason=reason), CLOSE_FLUSH_S)
+        await asyncio.wait_for(ws.close(code=end.code, reason=end.reason), CLOSE_FLUSH_S)
     except TimeoutError:
         abort_connection(ws)
     except (RuntimeError, WebSocketDisconnect):

@@ -28,8 +28,8 @@ from pydantic_core import PydanticCustomError
 
 from voxline.codecs.pcm import b64decode_audio
 from voxline.errors import AudioFormatError, ProtocolError
-from voxline.realtime.dialect import Dialect
-from voxline.realtime.wire_session import (
+from voxline.realtime.openai.dialect import Dialect
+from voxline.realtime.openai.session_object import (
     AudioFormatWire,
     BetaFormatName,
     MaxTokens,

@@ -3,7 +3,7 @@
 Over ``/v1/realtime`` the frames of a response's video are not sent inline: the session's
 video events (`sessions.events.VideoStarted` / `VideoChunk` / `VideoDone`) go on the wire
 without pixels, and this recorder encodes the pixels into the server's `/v1/videos` store
-under the event's ``video_id`` (`videos_api.VideoStore`: the same retention, the same MP4
+under the event's ``video_id`` (`http.videos.VideoStore`: the same retention, the same MP4
 writer, `GET /v1/videos/{video_id}` and ``/content``). Encoding runs on a worker thread
 behind a bounded queue of chunks, so the session's writer never waits for it, except at
 the video's end: the ``response.output_video.done`` event goes out once the MP4 is
@@ -21,8 +21,8 @@ import time
 
 import numpy as np
 
-from voxline.realtime.audio_http import AudioAPIError
-from voxline.realtime.videos_api import Mp4Writer, VideoRecord, VideoRequest, VideoStore
+from voxline.realtime.http.audio_requests import AudioAPIError
+from voxline.realtime.http.videos import Mp4Writer, VideoRecord, VideoRequest, VideoStore
 from voxline.sessions import events as ev
 
 logger = logging.getLogger(__name__)

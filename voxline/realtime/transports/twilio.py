@@ -24,16 +24,18 @@ from urllib.parse import urlsplit, urlunsplit
 from fastapi import APIRouter, Request, Response, WebSocket, WebSocketDisconnect
 
 from voxline.errors import ProtocolError
-from voxline.realtime import twilio_wire as tw
-from voxline.realtime.outbox import Outbox, SlowClient, close_after
-from voxline.realtime.session_host import Admission, SessionRefused
+from voxline.realtime.http.voices import session_voice_check
+from voxline.realtime.openai.session_object import validate_session
+from voxline.realtime.session_host import (
+    CLOSE_POLICY,
+    Admission,
+    SessionEnd,
+)
 from voxline.realtime.state import get_state
-from voxline.realtime.voices import session_voice_check
-from voxline.realtime.websocket import OpenSessions, open_sessions, refusal_close
-from voxline.realtime.wire_session import validate_session
+from voxline.realtime.transports import twilio_wire as tw
+from voxline.realtime.transports.outbox import Outbox, admit_or_close, close_after
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
-from voxline.sessions.runner import SessionEnded
 from voxline.sessions.settings import AudioFormat, SessionSettings, Transcription
 
 logger = logging.getLogger(__name__)
@@ -42,7 +44,6 @@ router = APIRouter()
 STREAM_PATH = "/v1/telephony/twilio"
 FRAME_BYTES = 160  # 20 ms of 8 kHz μ-law, the frame Twilio sends and expects
 COMMAND_LIMIT = 1024  # caller frames the session has not taken yet (20 s of audio)
-CLOSE_POLICY = 1008
 
 PHONE_SETTINGS = SessionSettings(input_format=AudioFormat.of("ulaw"),
                                  output_format=AudioFormat.of("ulaw"),
@@ -225,30 +226,24 @@ async def _commands(inbox: asyncio.Queue[cmd.ClientCommand | None]) -> AsyncIter
 @router.websocket(STREAM_PATH)
 async def twilio_stream(ws: WebSocket) -> None:
     state = get_state(ws)
-    settings = state.settings
-    if not _signed(settings.twilio_auth_token, str(ws.url), ws.headers, [], ("wss", "ws")):
+    if not _signed(state.settings.twilio_auth_token, str(ws.url), ws.headers, [],
+                   ("wss", "ws")):
         state.host.count_refusal()
         await ws.close(code=CLOSE_POLICY, reason="invalid X-Twilio-Signature")
         return
     await ws.accept()
-    sessions = open_sessions(ws.app)
-    try:
-        admission = state.host.admit(draining=sessions.draining)
-    except SessionRefused as refused:
-        code, reason = refusal_close(refused)
-        await ws.close(code=code, reason=reason)
+    admission = await admit_or_close(ws, state.host)
+    if admission is None:
         return
     with admission:  # the slot is released however the call ends
-        await _serve(ws, admission, sessions)
+        await _serve(ws, admission)
 
 
-async def _serve(ws: WebSocket, admission: Admission, sessions: OpenSessions) -> None:
+async def _serve(ws: WebSocket, admission: Admission) -> None:
     state = get_state(ws)
-    settings = state.settings
-    session_id = admission.session_id
     bridge = TwilioBridge()
     inbox: asyncio.Queue[cmd.ClientCommand | None] = asyncio.Queue(COMMAND_LIMIT)
-    outbox = Outbox(ws.send_text, settings.send_buffer_kb * 1024)
+    outbox = Outbox(ws.send_text, state.settings.send_buffer_kb * 1024)
 
     async def send(event: ev.ServerEvent) -> None:
         out, commands = bridge.on_event(event)
@@ -257,30 +252,22 @@ async def _serve(ws: WebSocket, admission: Admission, sessions: OpenSessions) ->
         for command in commands:
             await inbox.put(command)  # one per barge-in
 
+    async def stop_reader() -> None:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+
+    async def close(end: SessionEnd) -> None:
+        await close_after(ws, outbox, end, state.metrics)
+
+    def hung_up(exc: Exception) -> bool:  # the caller hung up while a reply frame was sent
+        return isinstance(exc, WebSocketDisconnect) or reader.done()
+
     runner = admission.runner(send, settings=PHONE_SETTINGS, transport_reports_playout=True,
                               voice_error=session_voice_check(ws.app.state))
     reader = asyncio.create_task(_read_twilio(ws, bridge, inbox), name="twilio-reader")
-    admission.opened()
-    logger.info("twilio session %s opened", session_id)
-    with sessions.track():  # a drain waits for this call's close
-        code, reason = 1000, ""
-        outbox.start()
-        try:
-            await sessions.serve(runner, _commands(inbox))  # SIGTERM: the reply ends, then 1001
-        except (SessionEnded, SlowClient) as end:
-            code, reason = end.code, end.reason
-        except WebSocketDisconnect:
-            pass
-        except Exception:
-            if reader.done():  # the caller hung up while a reply frame was being sent
-                logger.info("%s: the socket closed mid-reply", bridge.ids)
-            else:
-                logger.exception("%s: twilio session %s failed", bridge.ids, session_id)
-                state.metrics.inc("voxline_session_errors_total", "sessions ended by a server error")
-                code, reason = 1011, "internal server error"
-        finally:
-            admission.release()  # before the close frame: a new call finds the slot free
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
-            logger.info("%s: twilio session %s closed", bridge.ids, session_id)
-        await close_after(ws, outbox, code, reason, state.metrics)
+    logger.info("twilio session %s opened", admission.session_id)
+    outbox.start()
+    # SIGTERM: the reply in flight ends, then 1001
+    await state.host.serve(admission, runner, _commands(inbox), close=close,
+                           cleanup=stop_reader, peer_gone=hung_up)
+    logger.info("%s: twilio session %s closed", bridge.ids, admission.session_id)

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from voxline.engines import protocol as p
 from voxline.engines.client import ENGINE_CLOSED, ENGINE_DEAD, StreamHandle
 from voxline.errors import EngineDeadError
-from voxline.realtime.auth import authorized
+from voxline.realtime.auth.access import authorized
 from voxline.realtime.state import ServerState, get_state
 
 logger = logging.getLogger(__name__)

@@ -5,10 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from voxline.realtime.metrics import CONTENT_TYPE
+from voxline.realtime.ops.metrics import CONTENT_TYPE
 from voxline.realtime.session_host import SHUTDOWN_REASON
 from voxline.realtime.state import get_state
-from voxline.realtime.websocket import open_sessions
 from voxline.sessions.settings import DEFAULT_MODEL
 
 router = APIRouter()
@@ -22,7 +21,7 @@ async def health(request: Request) -> JSONResponse:
             "sessions": state.sessions, "server_id": state.server_id}
     if not state.engine.ready:
         body["reason"] = status.get("last_error") or "engine is starting"
-    if open_sessions(request.app).draining:  # SIGTERM: take this server out of rotation
+    if state.host.draining:  # SIGTERM: take this server out of rotation
         body["status"], body["reason"] = "draining", SHUTDOWN_REASON
     return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 

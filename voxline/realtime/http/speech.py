@@ -61,7 +61,7 @@ from voxline.codecs.opus import FILE_FORMATS, StreamingFileEncoder
 from voxline.engines import protocol as p
 from voxline.engines.client import StreamHandle
 from voxline.errors import EngineError
-from voxline.realtime.audio_http import (
+from voxline.realtime.http.audio_requests import (
     AudioAPIError,
     bad,
     check_request,
@@ -70,8 +70,8 @@ from voxline.realtime.audio_http import (
     stream_error,
     unavailable,
 )
+from voxline.realtime.http.voices import reference_from_request
 from voxline.realtime.state import ServerState
-from voxline.realtime.voices import reference_from_request
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Credentials: API keys, signed client secrets and the route that issues them."""

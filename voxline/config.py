@@ -24,7 +24,9 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-def _default_cache() -> Path:
+def default_cache() -> Path:
+    """The `cache` setting's default; below the factory, the fallback of a caller that was
+    handed no cache directory (reads no environment variable)."""
     return Path.home() / ".cache" / "voxline"
 
 
@@ -33,7 +35,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="VOXLINE_", extra="ignore")
 
-    cache: Path = Field(default_factory=_default_cache,
+    cache: Path = Field(default_factory=default_cache,
                         description="directory of converted weights (the shipped GGUF as "
                                     "safetensors, converted once)")
     api_key: str | None = Field(default=None, description="require this key from clients "
@@ -310,6 +312,12 @@ class Settings(BaseSettings):
         if not 1024 <= low <= high <= 65535:
             raise ValueError(f"rtc_ports must be LOW-HIGH within 1024-65535, got {self.rtc_ports}")
         return low, high
+
+
+def setting_default(name: str) -> Any:
+    """The default of the `Settings` field `name`: the one place it is written, for code
+    below the factory that has a keyword of the same meaning (e.g. `EngineCore`'s)."""
+    return Settings.model_fields[name].get_default(call_default_factory=True)
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from voxline.config import Settings, setting_default
 from voxline.engines import protocol as p
 from voxline.engines.asr_stage import ASRModel, ASRStage, fail_each, route_each
 from voxline.engines.conversation import Conversation
@@ -64,7 +65,8 @@ logger = logging.getLogger(__name__)
 # A pause this long in a turn is transcribed and a reply started speculatively: long
 # enough that the gaps between words rarely reach it, short enough that transcript,
 # first clause and first audio are mostly ready when a 500 ms silence window closes.
-DEFAULT_SPECULATE_AFTER_MS = 160.0
+# (Its home is the `speculate_after_ms` setting.)
+DEFAULT_SPECULATE_AFTER_MS: float = setting_default("speculate_after_ms")
 # How often a busy engine logs each stage's share of the wall clock (`StageTable.load_report`):
 # the first place to look when sessions wait, e.g. which stage a GPU server saturates.
 LOAD_REPORT_S = 10.0
@@ -99,7 +101,8 @@ class EngineCore:
 
     def __init__(self, models: Models, wake: Callable[[], None], max_streams: int = 64,
                  max_input_backlog_ms: float = MAX_BACKLOG_MS,
-                 max_utterance_ms: float = MAX_UTTERANCE_MS, max_responses: int = 8,
+                 max_utterance_ms: float = MAX_UTTERANCE_MS,
+                 max_responses: int = setting_default("max_responses"),
                  speculate_after_ms: float = DEFAULT_SPECULATE_AFTER_MS,
                  generation_lead_ms: float | None = None, warm_prefill: bool = False,
                  early_pause_transcript: bool = True, llm_step_tokens: int = STEP_TOKENS) -> None:
@@ -165,6 +168,17 @@ class EngineCore:
             *eot_rows,
             *video_rows,
         ])
+
+    @classmethod
+    def from_settings(cls, models: Models, wake: Callable[[], None], settings: Settings, *,
+                      max_streams: int) -> EngineCore:
+        """The core the `settings` describe: the one place their engine fields are read."""
+        return cls(models, wake, max_streams=max_streams, max_responses=settings.max_responses,
+                   speculate_after_ms=settings.speculate_after_ms,
+                   warm_prefill=settings.warm_prefill,
+                   early_pause_transcript=settings.early_pause_transcript,
+                   generation_lead_ms=settings.generation_lead_s * 1000 or None,
+                   llm_step_tokens=settings.llm_step_tokens)
 
     @property
     def streams(self) -> Mapping[str, StreamState]:

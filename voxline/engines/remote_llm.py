@@ -217,16 +217,6 @@ def _append_message(out: list[dict[str, Any]], role: str, text: str) -> None:
     out[-1].setdefault("tool_calls", []).append(call)
 
 
-def function_call_text(call_id: str, name: str, arguments: str) -> str:
-    """A `function_call` conversation message's text (see `protocol.AddItem`)."""
-    return json.dumps({"call_id": call_id, "name": name, "arguments": arguments})
-
-
-def function_output_text(call_id: str, output: str) -> str:
-    """A `function_call_output` conversation message's text."""
-    return json.dumps({"call_id": call_id, "output": output})
-
-
 # ------------------------------------------------------------------------------ stage
 
 

@@ -52,7 +52,7 @@ from voxline.engines.llm_stage import (
     Slot,
     StepPlan,
 )
-from voxline.engines.remote_llm import RemoteLLMStage, RemotePlan, function_call_text
+from voxline.engines.remote_llm import RemoteLLMStage, RemotePlan
 from voxline.engines.speech_model import SpeechOut
 from voxline.engines.stage import StreamId
 from voxline.engines.streams import StreamState
@@ -644,7 +644,7 @@ class Responses:
         for index, call in enumerate(req.calls):
             item_id = call_item_id(response.item_id, index)
             if status == p.ResponseStatus.COMPLETED:  # a cut-off call is no call
-                stream.conversation.add(item_id, "function_call", function_call_text(
+                stream.conversation.add(item_id, "function_call", p.function_call_text(
                     call.call_id, call.name, call.arguments))
             self._emit(p.FunctionCallDone(stream.external_id, response.response_id, item_id,
                                           index, call.call_id, call.name, call.arguments,

@@ -32,7 +32,7 @@ from voxline.engines.model_memory import LLM_POSITIONS, TTS_POSITIONS
 from voxline.engines.remote_llm import RemoteChat, RemoteLLMConfig, parse_llm_spec
 from voxline.engines.sizing import check_llm_placement, runs_on_gpu
 from voxline.engines.speech_model import SentenceSpeechModel, SpeechModel
-from voxline.engines.video_stage import VideoModel
+from voxline.engines.stage_registry import STAGES
 from voxline.kernels.cuda_graphs import ladder_buckets, set_urgent_streams, stream_priority
 
 logger = logging.getLogger(__name__)
@@ -91,10 +91,9 @@ def persistent_compile_cache(settings: Settings) -> str:
 
 def load_models(settings: Settings | None = None, *, llm_path: str | None = None,
                 max_slots: int = 8, max_len: int = LLM_POSITIONS) -> Models:
-    """Load VAD, ASR, LLM, TTS and the end-of-turn model (shipped weights unless `llm_path`
-    names a checkpoint)."""
+    """Load VAD, ASR, LLM and TTS (shipped weights unless `llm_path` names a checkpoint),
+    and the model of each registered stage its settings turn on (`stage_registry.STAGES`)."""
     from voxline.engines.models.silero_vad import SileroVAD
-    from voxline.engines.models.smart_turn import SmartTurn
 
     settings = settings or load_settings()
     threads = model_threads(settings)
@@ -112,12 +111,11 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     t0 = time.perf_counter()
     vad = SileroVAD.load(threads=1)
     asr = load_asr(settings, threads)
-    end_of_turn = SmartTurn.load(threads=1)  # semantic VAD's ear; ~9 MB in pipecat-ai's wheel
     llm = load_reply_model(settings, llm_path, max_slots, max_len)
     tts = load_tts(settings)
-    video = load_video(settings)
+    stages = {reg.name: model for reg in STAGES if (model := reg.load(settings)) is not None}
     logger.info("all models loaded in %.2f s", time.perf_counter() - t0)
-    models = Models(vad=vad, asr=asr, llm=llm, tts=tts, video=video, end_of_turn=end_of_turn)
+    models = Models(vad=vad, asr=asr, llm=llm, tts=tts, stages=stages)
     warm_up(models)
     return models
 
@@ -131,8 +129,9 @@ def warm_up(models: Models) -> None:
     t0 = time.perf_counter()
     models.vad.process(np.zeros((1, 512), np.float32), [models.vad.new_state()])
     models.asr.transcribe((np.random.default_rng(0).standard_normal(16000) * 0.01).astype(np.float32))
-    if models.end_of_turn is not None:
-        models.end_of_turn.probability(np.zeros(16000, np.float32))
+    for reg in STAGES:
+        if reg.name in models.stages:
+            reg.warm_up(models.stages[reg.name])
     slot = models.llm.alloc_slot() if not isinstance(models.llm, RemoteChat) else None
     if slot is not None:
         models.llm.forward([slot], [models.llm.render_message("user", "Hello.")])
@@ -283,31 +282,6 @@ def load_tts(settings: Settings) -> SpeechModel:
     from voxline.engines.models.piper_tts import PiperTTS
 
     return SentenceSpeechModel(PiperTTS.load(threads=1))
-
-
-def load_video(settings: Settings) -> VideoModel | None:
-    """The video model `settings.video` names (a Helios checkpoint, plain or pyramid), or
-    None when unset."""
-    if not settings.video:
-        return None
-    from voxline.engines.models.helios import (
-        driver_for,
-        load_helios,
-        parse_video_setting,
-        set_attention_backend,
-    )
-    from voxline.engines.models.helios.step_cache import step_caches_for
-
-    sampler, model_dir = parse_video_setting(settings.video)
-    cuda = torch.cuda.is_available()
-    t0 = time.perf_counter()
-    pipe = load_helios(model_dir, device="cuda" if cuda else "cpu",
-                       dtype=torch.bfloat16 if cuda else None, sampler=sampler)
-    logger.info("Helios %s loaded in %.2f s", model_dir, time.perf_counter() - t0)
-    set_attention_backend(pipe.transformer, settings.video_attention)
-    caches = step_caches_for(pipe.transformer, model_dir, settings.cache,
-                             settings.video_cache_backend, settings.video_cache_threshold)
-    return driver_for(pipe, step_caches=caches, compile=settings.video_compile)
 
 
 # Engine streams beside the sessions': /v1/audio/speech, transcription, voice and video

@@ -27,6 +27,7 @@ from voxline.engines.capacity import (
 )
 from voxline.engines.checkpoints import llm_config
 from voxline.engines.model_memory import bf16_weights_footprint, llm_footprint, qwen3_tts_footprint
+from voxline.engines.stage_registry import STAGES
 from voxline.errors import VoxlineError
 
 logger = logging.getLogger(__name__)
@@ -129,9 +130,10 @@ def gpu_footprints(settings: Settings) -> tuple[dict[str, Footprint], dict[str, 
     elif settings.asr_device.startswith("cuda"):
         add("asr_device", settings.asr_device,
             Footprint(weights=MOONSHINE_GPU_BYTES, parts=("ASR",)))
-    if on and settings.video:  # Helios loads on the default GPU whenever there is one
-        add("video", "cuda", bf16_weights_footprint(Path(settings.video.partition(":")[2]),
-                                                    "video"))
+    for reg in STAGES:
+        placed = reg.footprint(settings, bool(on))
+        if placed is not None:
+            add(reg.name, *placed)
     return on, params
 
 

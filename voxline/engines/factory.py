@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from voxline.config import Settings, load_settings, settings_from_dump
+from voxline.config import AutoOff, Settings, TTSBackend, load_settings, settings_from_dump
 from voxline.engines.asr_stage import ASRModel
 from voxline.engines.core import EngineCore, Models
 from voxline.engines.llm_stage import ChatModel
@@ -149,11 +149,11 @@ def set_stream_priority(settings: Settings) -> None:
                      (("asr_device", settings.asr_device),
                       ("llm_device", "remote" if settings.remote_llm else settings.llm_device))
                      if device.startswith("cuda")]
-    if settings.gpu_stream_priority == "off" and not urgent_on_gpu:
+    if settings.gpu_stream_priority == AutoOff.OFF and not urgent_on_gpu:
         raise ValueError(f"gpu_stream_priority=off applies to the ASR and the embedded LLM on "
                          f"CUDA; with asr_device={settings.asr_device} and llm={settings.llm} "
                          f"on llm_device={settings.llm_device} neither runs there")
-    set_urgent_streams(settings.gpu_stream_priority == "auto")
+    set_urgent_streams(settings.gpu_stream_priority == AutoOff.AUTO)
     if urgent_on_gpu:
         logger.info("CUDA stream priority of the ASR and the LLM (%s): %d, speech steps %d",
                     ", ".join(urgent_on_gpu), stream_priority(urgent=True),
@@ -163,7 +163,7 @@ def set_stream_priority(settings: Settings) -> None:
 def load_reply_model(settings: Settings, llm_path: str | None, max_slots: int,
                      max_len: int) -> ChatModel:
     """The embedded SmolLM2 (or `llm_path`), or a remote server when `settings.llm` says so."""
-    if settings.llm_prefill_graphs == "off" and (settings.remote_llm
+    if settings.llm_prefill_graphs == AutoOff.OFF and (settings.remote_llm
                                                  or not settings.llm_device.startswith("cuda")):
         raise ValueError(f"llm_prefill_graphs=off applies to the embedded LLM on CUDA; with "
                          f"llm={settings.llm} and llm_device={settings.llm_device} no prompt "
@@ -181,7 +181,7 @@ def load_reply_model(settings: Settings, llm_path: str | None, max_slots: int,
     path = llm_path or settings.llm_checkpoint
     return ChatLLM(load_llm(path, settings.llm_dtype, device=device, cache=settings.cache),
                    max_slots=max_slots, max_len=max_len,
-                   prefill_graphs=settings.llm_prefill_graphs == "auto")
+                   prefill_graphs=settings.llm_prefill_graphs == AutoOff.AUTO)
 
 
 def llm_device(settings: Settings) -> str:
@@ -234,12 +234,12 @@ def load_asr(settings: Settings, threads: int) -> ASRModel:
     return WhisperASR.load(checkpoint, settings.asr_device, max_batch=settings.max_sessions)
 
 
-def set_tts_pdl(mode: str, cuda: bool) -> None:
+def set_tts_pdl(mode: AutoOff, cuda: bool) -> None:
     """Apply ``tts_pdl`` before the speech steps compile and capture: 'off' turns
     programmatic dependent launch off for this package's kernels and Inductor's (both are
     process-wide: the engine process's other compiled regions follow); 'auto' leaves the
     default (on where :func:`voxline.kernels.pdl.supported`)."""
-    if mode == "auto":
+    if mode == AutoOff.AUTO:
         return
     if not cuda:
         raise ValueError(f"tts_pdl={mode} needs tts_device=cuda (a CUDA launch attribute)")
@@ -252,11 +252,12 @@ def set_tts_pdl(mode: str, cuda: bool) -> None:
 
 def load_tts(settings: Settings) -> SpeechModel:
     """The speech stage `settings.tts` names: Piper (shipped) or a Qwen3-TTS checkpoint."""
-    if settings.tts.startswith("qwen3:"):
+    backend = settings.tts_backend
+    if backend.kind is TTSBackend.QWEN3:
         from voxline.engines.models.qwen3_tts.scheduling import SCHEDULES
         from voxline.engines.models.qwen3_tts.speech_model import Qwen3SpeechModel
 
-        model_dir = settings.tts.removeprefix("qwen3:")
+        model_dir = backend.target
         ramp, schedule = SCHEDULES[settings.tts_schedule]
         t0 = time.perf_counter()
         cuda = settings.tts_device.startswith("cuda")

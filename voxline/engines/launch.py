@@ -10,7 +10,7 @@ never loads one.
 
 from __future__ import annotations
 
-from voxline.config import Settings
+from voxline.config import EngineKind, Settings
 from voxline.engines.client import EngineClient, InProcessEngineClient
 from voxline.engines.sizing import sized_for_device
 from voxline.errors import VoxlineError
@@ -27,7 +27,7 @@ def make_engine(settings: Settings) -> EngineClient:
         raise VoxlineError(f"--llm {settings.llm} needs --llm-model (the model name the server "
                            "serves; its /v1/models lists them)")
     options = {"settings": settings.model_dump(mode="json")}
-    if settings.engine == "inprocess":
+    if settings.engine == EngineKind.INPROCESS:
         return InProcessEngineClient(DEFAULT_CORE, options)
     from voxline.engines.process import MultiprocessEngineClient
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from voxline.config import Settings
+from voxline.config import LLMDtype, Settings, TTSBackend
 from voxline.engines.capacity import (
     CAPACITY_FIELDS,
     DeviceBudget,
@@ -100,7 +100,7 @@ def check_llm_placement(settings: Settings) -> None:
     if settings.remote_llm:
         raise ValueError(f"llm_device={device} applies to the embedded LLM; the reply model "
                          f"is remote (llm={settings.llm})")
-    if settings.llm_dtype == "int8":
+    if settings.llm_dtype == LLMDtype.INT8:
         raise ValueError(f"llm_dtype=int8 runs on the CPU only; with llm_device={device} use "
                          "llm_dtype=bfloat16 (or float32)")
 
@@ -121,8 +121,9 @@ def gpu_footprints(settings: Settings) -> tuple[dict[str, Footprint], dict[str, 
         footprint, params["llm"] = llm_footprint(llm_config(settings.llm_checkpoint,
                                                             settings.cache), settings.llm_dtype)
         add("llm_device", settings.llm_device, footprint)
-    if settings.tts.startswith("qwen3:") and settings.tts_device.startswith("cuda"):
-        footprint, params["tts"] = qwen3_tts_footprint(Path(settings.tts.removeprefix("qwen3:")))
+    tts = settings.tts_backend
+    if tts.kind is TTSBackend.QWEN3 and settings.tts_device.startswith("cuda"):
+        footprint, params["tts"] = qwen3_tts_footprint(Path(tts.target))
         add("tts_device", settings.tts_device, footprint)
     checkpoint = settings.whisper_checkpoint
     if checkpoint is not None and settings.asr_device.startswith("cuda"):

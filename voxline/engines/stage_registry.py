@@ -159,9 +159,10 @@ def _attach_video(ctx: StageContext, model: VideoModel | None) -> StagePart:
 
 
 def _video_footprint(settings: Settings, gpu_in_use: bool) -> tuple[str, Footprint] | None:
-    if not (gpu_in_use and settings.video):  # Helios loads on the default GPU if there is one
+    video = settings.video_backend
+    if not gpu_in_use or video is None:  # Helios loads on the default GPU if there is one
         return None
-    return "cuda", bf16_weights_footprint(Path(settings.video.partition(":")[2]), "video")
+    return "cuda", bf16_weights_footprint(Path(video.target), "video")
 
 
 STAGES: tuple[StageRegistration, ...] = (

@@ -24,7 +24,14 @@ from typing import Any
 
 import torch
 
-from voxline.config import AutoOff, Settings, TTSBackend, load_settings, settings_from_dump
+from voxline.config import (
+    AutoOff,
+    Settings,
+    TTSBackend,
+    load_settings,
+    setting_default,
+    settings_from_dump,
+)
 from voxline.engines.asr_stage import ASRModel
 from voxline.engines.core import EngineCore, Models
 from voxline.engines.llm_stage import ChatModel
@@ -44,9 +51,9 @@ logger = logging.getLogger(__name__)
 # Llama-3.2-1B prompt step on an H200 took 9.2-9.3 s beside one thread spinning in Python
 # (16-19 ms alone); at 0.5 ms, 0.8-0.9 s (`benchmarks/bench_gpu_llm_cold.py`). On this
 # 2-core CPU the spoken-turn latency did not separate from its noise either way, so the
-# CPU engine keeps CPython's default. The default of the `gil_switch_us` setting;
+# CPU engine keeps CPython's default. Read from the `gil_switch_us` setting's default (its home);
 # `benchmarks/gil_switch.py` runs the stages' host work side by side at other intervals.
-GIL_SWITCH_INTERVAL_S = 0.0005
+GIL_SWITCH_INTERVAL_S: float = setting_default("gil_switch_us") / 1e6
 
 
 def share_the_gil(interval_s: float = GIL_SWITCH_INTERVAL_S) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from voxline.config import setting_default
 from voxline.engines import protocol as ep
 from voxline.errors import AudioFormatError, ProtocolError
 from voxline.sessions import capabilities
@@ -74,8 +75,8 @@ class SessionActor:
     session_id: str
     stream_id: str
     settings: SessionSettings = field(default_factory=SessionSettings)
-    lead_ms: float = 200.0
-    max_event_bytes: int = 15 * 1024 * 1024
+    lead_ms: float = setting_default("output_lead_ms")
+    max_event_bytes: int = setting_default("max_event_bytes")
     media_format: AudioFormat | None = None  # audio on media tracks (see the module doc)
     # The transport learns what the listener heard (e.g. Twilio's mark echoes) and sends
     # TruncateItem itself; the actor then never truncates from its own playout clock.

@@ -53,12 +53,33 @@ def test_sessions_import_no_engine_implementation_module(path: Path) -> None:
         f"{path.name} imports engine modules {sorted(modules - SESSIONS_MAY_IMPORT)}")
 
 
+def _private_actor_calls(path: Path) -> list[str]:
+    """``actor._x`` / ``self.actor._x`` / ``self._actor._x`` reached from a helper module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")):
+            continue
+        owner = node.value
+        named = (owner.id if isinstance(owner, ast.Name)
+                 else owner.attr if isinstance(owner, ast.Attribute) else "")
+        if named in ("actor", "_actor", "a", "host"):
+            found.append(f"{path.name}:{node.lineno} {named}.{node.attr}")
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(p for p in SESSIONS.glob("*.py") if p.name != "actor.py"),
+                         ids=lambda p: p.name)
+def test_helpers_use_the_actors_public_face_only(path: Path) -> None:
+    assert _private_actor_calls(path) == []
+
+
 def test_the_sessions_scan_sees_the_imports_it_looks_for(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text("from voxline.engines.remote_llm import x\nimport voxline.engines.models.llama\n"
-                      "from voxline.engines import protocol as ep\n")
+                      "from voxline.engines import protocol as ep\nself.actor._emit(1)\n")
     assert {"voxline.engines.remote_llm", "voxline.engines.models.llama",
             "voxline.engines.protocol"} <= imported_modules(sample)
+    assert _private_actor_calls(sample) == ["sample.py:4 actor._emit"]
 
 
 SIZE_ON_CPU = """

@@ -27,14 +27,14 @@ class ReplyPrompts:
         self.book = book
 
     def new_run(self, stream: StreamState, cfg: p.ResponseConfig, response_id: str,
-                 item_id: str) -> ResponseRun | None:
+                item_id: str) -> ResponseRun | None:
         """A response generating from the conversation as it stands (None: no free slot)."""
         llm = self.model
         if stream.slot is None:
             index = llm.alloc_slot()
             if index is None:
                 self.book.error(stream, "response: no free LLM slot (engine at capacity), try "
-                            "again later", p.ErrorCode.CAPACITY)
+                                "again later", p.ErrorCode.CAPACITY)
                 return None
             stream.slot = Slot(index)
         conversation = stream.conversation
@@ -54,8 +54,8 @@ class ReplyPrompts:
         tool_choice = stream.config.tool_choice if cfg.tool_choice is None else cfg.tool_choice
         if tools and not getattr(llm, "supports_tools", False):
             self.book.error(stream, "response: tools need a reply model that can call functions "
-                        "(a remote OpenAI-compatible server); the embedded model has none",
-                        p.ErrorCode.INVALID_VALUE)
+                            "(a remote OpenAI-compatible server); the embedded model has none",
+                            p.ErrorCode.INVALID_VALUE)
             return None
         request = GenerationRequest(
             request_id=f"{stream.internal_id}/{stream.responses}",

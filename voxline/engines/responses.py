@@ -131,7 +131,7 @@ class Responses:
         active = self.book.runs.get(sid) or self.book.deferred.get(sid)
         if active is not None:
             self.book.error(stream, "response: the conversation already has an active "
-                        f"response {active.response_id!r}", p.ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE)
+                            f"response {active.response_id!r}", p.ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE)
             return
         if stream.pending_finals > 0:
             self.book.deferred[sid] = msg
@@ -166,7 +166,7 @@ class Responses:
         self.speculations.discard(stream)
         if sid in self.book.runs or sid in self.book.deferred:
             self.book.error(stream, "speak: the stream already has an active response",
-                        p.ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE)
+                            p.ErrorCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE)
             return
         cfg = p.ResponseConfig(seed=msg.seed, voice=msg.voice, reference=msg.reference)
         run = ResponseRun(msg.response_id, "", cfg, None, new_chunker(self.tts.streams_text), msg.speed,
@@ -245,8 +245,8 @@ class Responses:
                 self.book.error(stream, error or req.error or "", p.ErrorCode.LLM_BACKEND_ERROR, response)
             else:
                 self.book.error(stream, "the conversation no longer fits the model's context "
-                            "window; delete items or start a new session",
-                            p.ErrorCode.CONTEXT_LENGTH_EXCEEDED, response)
+                                "window; delete items or start a new session",
+                                p.ErrorCode.CONTEXT_LENGTH_EXCEEDED, response)
         if response.config.audio:
             response.tts_queue.extend(response.chunker.flush())
         self.finish_if_done(stream)

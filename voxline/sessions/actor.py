@@ -159,7 +159,7 @@ class SessionActor:
     def expire(self, max_seconds: float) -> None:
         """The session hit its time limit; the transport closes it after this event."""
         self.send_error(f"session reached its maximum duration of {max_seconds:.0f} s",
-                    code="session_expired")
+                        code="session_expired")
 
     def protocol_error(self, exc: ProtocolError) -> None:
         """A client message that failed to parse (transport-level)."""
@@ -638,7 +638,7 @@ class SessionActor:
                 self.emit(ev.InputTranscriptionDelta(item_id=out.item_id, delta=rest))
             seconds = self.turn_ms.pop(out.item_id, 0.0) / 1000
             self.emit(ev.InputTranscriptionCompleted(item_id=out.item_id, transcript=out.text,
-                                                      audio_seconds=seconds))
+                                                     audio_seconds=seconds))
         self.emit(ev.ItemDone(item=record.item, previous_item_id=self.previous_item(out.item_id)))
 
     def _current(self, response_id: str) -> ActiveResponse | None:
@@ -652,7 +652,7 @@ class SessionActor:
         r.transcript += out.text
         if r.audio:
             self.emit(ev.AudioTranscriptDelta(response_id=r.response.id, item_id=r.item_id,
-                                               delta=out.text))
+                                              delta=out.text))
         else:
             self.emit(ev.TextDelta(response_id=r.response.id, item_id=r.item_id, delta=out.text))
 
@@ -667,7 +667,7 @@ class SessionActor:
         except OutputBufferFull as exc:
             # a reply far longer than anyone listens to: cut it as if it hit its limit
             self.send_error(f"the response's audio ran too far ahead of playout: {exc}; the "
-                        "response was cut", code="output_buffer_full", type="server_error")
+                            "response was cut", code="output_buffer_full", type="server_error")
             self._cancel(now, it.StatusReason.MAX_OUTPUT_TOKENS, interrupt=False)
 
     def _engine_response_done(self, out: ep.ResponseFinished, now: float) -> None:
@@ -691,7 +691,7 @@ class SessionActor:
         record.item = record.item.model_copy(update={"content": [
             it.ContentPart(type="output_audio", transcript=out.text)]})
         self.emit(ev.ItemTruncated(item_id=out.item_id, content_index=0,
-                                    audio_end_ms=out.audio_end_ms))
+                                   audio_end_ms=out.audio_end_ms))
 
     def _engine_error(self, out: ep.StreamError) -> None:
         if out.fatal:
@@ -699,7 +699,7 @@ class SessionActor:
             self.emit(ev.ErrorEvent(error=self.closed))
             return
         self.send_error(out.message, code=out.code, param=out.param, type="server_error"
-                    if ep.ErrorCode(out.code).server_side else "invalid_request_error")
+                        if ep.ErrorCode(out.code).server_side else "invalid_request_error")
 
     # ---------------------------------------------------------------------- the clock
 
@@ -723,7 +723,7 @@ class SessionActor:
                 record.audio_ms += frame.ms
                 record.sent_ms += frame.ms
             self.emit(ev.AudioDelta(response_id=r.response.id, item_id=r.item_id,
-                                     delta=frame.payload))
+                                    delta=frame.payload))
         r = self.response
         self.commands.extend(self.playout.report(self.stream_id, r, self.pacer, now))
         if (r is not None and r.engine_done is not None and not self.pacer.pending(r.response.id)

@@ -29,7 +29,7 @@ def output_call_item(host: ActorView, r: ActiveResponse, item_id: str,
         host.add_record(ItemRecord(item))
         r.calls.append(item_id)
         host.emit(ev.OutputItemAdded(response_id=r.response.id, output_index=len(r.calls),
-                                      item=item))
+                                     item=item))
         host.emit(ev.ItemAdded(item=item, previous_item_id=previous))
     return host.items[item_id], r.calls.index(item_id) + 1
 

@@ -125,7 +125,7 @@ class McpTools:
             a.emit(ev.McpListToolsFailed(item_id=out.item_id))
             a.emit(ev.ItemDone(item=record.item, previous_item_id=a.previous_item(out.item_id)))
             a.send_error(f"session.update: listing the tools of MCP server {label!r} failed: "
-                     f"{out.error}", code="mcp_list_tools_failed", type="server_error")
+                         f"{out.error}", code="mcp_list_tools_failed", type="server_error")
             return
         server = self.servers.get(label)
         tools = [t for t in out.tools if server is None or server.allows(t)]
@@ -156,7 +156,7 @@ class McpTools:
         record.item = record.item.model_copy(
             update={"arguments": record.item.arguments + out.delta})  # type: ignore[union-attr]
         self.actor.emit(ev.McpCallArgumentsDelta(response_id=r.response.id,
-                                                  item_id=out.item_id, output_index=index,
+                                                 item_id=out.item_id, output_index=index,
                                                   delta=out.delta))
 
     def call_done(self, r: ActiveResponse, out: ep.FunctionCallDone) -> None:
@@ -179,7 +179,7 @@ class McpTools:
         record, index = self._call_record(r, out, server)
         record.item = record.item.model_copy(update={"arguments": out.arguments})
         a.emit(ev.McpCallArgumentsDone(response_id=r.response.id, item_id=out.item_id,
-                                        output_index=index, arguments=out.arguments))
+                                       output_index=index, arguments=out.arguments))
         if not out.completed:  # cut off by a cancel: never run
             self._finish(out.item_id, McpCallDone(out.item_id, error={
                 "type": "tool_execution_error", "message": "the response was cancelled before "

@@ -52,7 +52,7 @@ def main() -> int:
     import voxline.realtime.server  # noqa: F401  (what the API process imports)
     from voxline.config import load_settings
     from voxline.engines.client import InProcessEngineClient  # noqa: F401
-    from voxline.engines.factory import make_engine
+    from voxline.engines.launch import make_engine
     from voxline.realtime.app import create_app
 
     settings = load_settings()

@@ -34,7 +34,7 @@ from voxline.codecs.resample import resample  # noqa: E402
 from voxline.codecs.wav import read_wav  # noqa: E402
 from voxline.engines import protocol as p  # noqa: E402
 from voxline.engines.client import EngineClient, InProcessEngineClient  # noqa: E402
-from voxline.engines.factory import DEFAULT_CORE  # noqa: E402
+from voxline.engines.launch import DEFAULT_CORE  # noqa: E402
 
 CHUNK = p.INPUT_RATE * 20 // 1000
 QUESTIONS = [

@@ -12,7 +12,7 @@ import httpx
 import uvicorn
 
 from voxline.config import load_settings
-from voxline.engines.factory import make_engine
+from voxline.engines.launch import make_engine
 from voxline.realtime.app import create_app
 
 

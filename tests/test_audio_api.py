@@ -19,7 +19,7 @@ from voxline.codecs import pcm16_to_float, read_wav, wav_bytes
 from voxline.codecs.opus import decode_audio_file
 from voxline.config import Settings
 from voxline.engines.client import EngineClient, InProcessEngineClient
-from voxline.engines.factory import DEFAULT_CORE
+from voxline.engines.launch import DEFAULT_CORE
 from voxline.realtime.app import create_app
 from voxline.realtime.http import transcription as transcription_api
 

@@ -207,7 +207,8 @@ def test_engine_streams_follow_max_sessions(monkeypatch):
 
     seen: dict = {}
     monkeypatch.setattr(factory, "load_models", lambda *a, **k: None)
-    monkeypatch.setattr(factory, "EngineCore", lambda models, wake, **kw: seen.update(kw))
+    monkeypatch.setattr(factory.EngineCore, "from_settings",
+                        lambda models, wake, settings, **kw: seen.update(kw))
     for sessions in (8, 100):
         factory.make_engine_core(lambda: None, {"max_sessions": sessions})
         assert seen["max_streams"] == sessions + factory.REQUEST_STREAMS
@@ -231,7 +232,7 @@ def test_model_threads_hand_the_gil_over_within_half_a_millisecond(monkeypatch):
     import sys
 
     from voxline.config import Settings
-    from voxline.engines import factory
+    from voxline.engines import factory, sizing
 
     current = [0.005]  # CPython's default
     monkeypatch.setattr(sys, "getswitchinterval", lambda: current[0])
@@ -259,11 +260,11 @@ def test_model_threads_hand_the_gil_over_within_half_a_millisecond(monkeypatch):
     from voxline.errors import VoxlineError
 
     with pytest.raises(VoxlineError, match="gil_switch_us=500 applies with a model on a GPU"):
-        factory.sized_for_device(Settings(gil_switch_us=500))
-    assert factory.sized_for_device(Settings()) == Settings()
-    monkeypatch.setattr(factory, "gpu_footprints", lambda s: ({}, {}))
+        sizing.sized_for_device(Settings(gil_switch_us=500))
+    assert sizing.sized_for_device(Settings()) == Settings()
+    monkeypatch.setattr(sizing, "gpu_footprints", lambda s: ({}, {}))
     gpu = Settings(gil_switch_us=100, llm_device="cuda")
-    assert factory.sized_for_device(gpu) is gpu
+    assert sizing.sized_for_device(gpu) is gpu
 
 
 def test_attention_stays_off_cudnn_on_a_gpu_and_is_left_alone_without_one(monkeypatch):
@@ -283,7 +284,7 @@ def test_attention_stays_off_cudnn_on_a_gpu_and_is_left_alone_without_one(monkey
 
 def test_the_gpu_process_settings_apply_only_when_a_model_is_on_a_gpu():
     from voxline.config import load_settings
-    from voxline.engines.factory import runs_on_gpu
+    from voxline.engines.sizing import runs_on_gpu
 
     assert not runs_on_gpu(load_settings())
     assert runs_on_gpu(load_settings(tts_device="cuda:1"))

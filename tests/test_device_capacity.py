@@ -1,4 +1,4 @@
-"""Capacity from the device (voxline.engines.capacity, model_memory, factory.sized_for_device):
+"""Capacity from the device (voxline.engines.capacity, model_memory, sizing.sized_for_device):
 the pure plan on fake memory numbers, the footprints against the real allocations of tiny
 models, and the start-up path with torch.cuda replaced by a fake H200. No GPU is used."""
 
@@ -16,7 +16,7 @@ from qwen_ref.harness import TINY_CODEC, TINY_MODEL
 
 from voxline.cli import build_parser
 from voxline.config import Settings, settings_from_flags
-from voxline.engines import factory
+from voxline.engines import sizing
 from voxline.engines.capacity import (
     ENGINE_CONTEXT_BYTES,
     GIB,
@@ -277,7 +277,7 @@ def test_on_the_cpu_nothing_is_probed_or_changed(monkeypatch, checkpoints):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: pytest.fail("probed on the CPU"))
     tts, llm = checkpoints
     settings = _serve_settings("--tts", f"qwen3:{tts}", "--llm-checkpoint", str(llm))
-    assert factory.sized_for_device(settings) is settings
+    assert sizing.sized_for_device(settings) is settings
     assert (settings.max_sessions, settings.max_responses, settings.tts_max_streams) == (8, 8, 8)
 
 
@@ -285,11 +285,11 @@ def test_on_a_gpu_unset_fields_are_sized_and_logged(monkeypatch, checkpoints, ca
     tts, llm = checkpoints
     total = 143771 * MIB
     gpu = FakeCuda(monkeypatch, free=total - 600 * MIB, total=total, name="Tiny GPU")
-    monkeypatch.setattr(factory, "load_table", lambda: load_table(Path("/nonexistent")))
+    monkeypatch.setattr(sizing, "load_table", lambda: load_table(Path("/nonexistent")))
     settings = _serve_settings("--device", "cuda", "--tts", f"qwen3:{tts}",
                                "--llm-checkpoint", str(llm), "--max-responses", "6")
-    with caplog.at_level(logging.INFO, logger="voxline.engines.factory"):
-        sized = factory.sized_for_device(settings)
+    with caplog.at_level(logging.INFO, logger="voxline.engines.sizing"):
+        sized = sizing.sized_for_device(settings)
     assert gpu.probes == 1
     # tiny models fit thousands; an unmeasured GPU gets the default cap of 8 sessions
     assert (sized.max_sessions, sized.max_responses, sized.tts_max_streams) == (8, 6, 6)
@@ -310,9 +310,9 @@ def test_a_measured_gpu_gets_its_row_and_environment_values_count_as_set(
     table.write_text(json.dumps({"rows": [{"gpu": "NVIDIA H200", "sessions": 40,
                                            "tts_params": 10**9, "llm_params": 10**9,
                                            "asr_device": "cuda"}]}))
-    monkeypatch.setattr(factory, "load_table", lambda: load_table(table))
+    monkeypatch.setattr(sizing, "load_table", lambda: load_table(table))
     monkeypatch.setenv("VOXLINE_TTS_MAX_STREAMS", "12")
-    sized = factory.sized_for_device(_serve_settings(
+    sized = sizing.sized_for_device(_serve_settings(
         "--device", "cuda", "--tts", f"qwen3:{tts}", "--llm-checkpoint", str(llm)))
     assert (sized.max_sessions, sized.max_responses, sized.tts_max_streams) == (40, 40, 12)
 
@@ -323,12 +323,12 @@ def test_explicit_settings_that_do_not_fit_stop_the_start(monkeypatch, checkpoin
     settings = _serve_settings("--device", "cuda", "--asr-device", "cpu", "--tts", f"qwen3:{tts}",
                                "--llm-checkpoint", str(llm), "--tts-max-streams", "4000")
     with pytest.raises(VoxlineError, match=r"^tts_max_streams=4000 does not fit cuda:0"):
-        factory.sized_for_device(settings)
+        sizing.sized_for_device(settings)
     buckets = _serve_settings("--device", "cuda", "--asr-device", "cpu", "--tts", f"qwen3:{tts}",
                               "--llm-checkpoint", str(llm), "--max-sessions", "2",
                               "--tts-batch-buckets", "1,4")
     with pytest.raises(VoxlineError, match=r"tts_batch_buckets must lie in 1..tts_max_streams \(2\)"):
-        factory.sized_for_device(buckets)
+        sizing.sized_for_device(buckets)
 
 
 def test_a_gpu_that_is_not_there_is_named(monkeypatch, checkpoints):
@@ -336,7 +336,7 @@ def test_a_gpu_that_is_not_there_is_named(monkeypatch, checkpoints):
     FakeCuda(monkeypatch, free=GIB, total=GIB)
     settings = _serve_settings("--tts", f"qwen3:{tts}", "--tts-device", "cuda:1")
     with pytest.raises(VoxlineError, match=r"tts_device=cuda:1, but this machine has 1 CUDA GPU"):
-        factory.sized_for_device(settings)
+        sizing.sized_for_device(settings)
 
 
 @settings(max_examples=200, deadline=None)
@@ -377,7 +377,7 @@ def test_the_benchmark_records_its_row_where_start_up_finds_it(monkeypatch, chec
                                       "--asr-device", "cuda"])
     assert record.main() == 0
     FakeCuda(monkeypatch, free=100 * GIB, total=141 * GIB, name="Tiny GPU")
-    monkeypatch.setattr(factory, "load_table", lambda: load_table(table))
-    sized = factory.sized_for_device(_serve_settings(
+    monkeypatch.setattr(sizing, "load_table", lambda: load_table(table))
+    sized = sizing.sized_for_device(_serve_settings(
         "--device", "cuda", "--tts", f"qwen3:{tts}", "--llm-checkpoint", str(llm)))
     assert sized.max_sessions == 24

@@ -267,10 +267,11 @@ def test_the_early_pause_transcript_setting_reaches_the_engine(monkeypatch):
 
     seen: dict = {}
     monkeypatch.setattr(factory, "load_models", lambda *a, **k: None)
-    monkeypatch.setattr(factory, "EngineCore", lambda models, wake, **kw: seen.update(kw))
+    monkeypatch.setattr(factory.EngineCore, "from_settings",
+                        lambda models, wake, settings, **kw: seen.update(settings=settings))
     for value in (False, True):
         factory.make_engine_core(lambda: None, {"early_pause_transcript": value})
-        assert seen["early_pause_transcript"] is value
+        assert seen["settings"].early_pause_transcript is value
 
 
 def test_a_speculated_turn_logs_its_milestones_in_order(caplog):

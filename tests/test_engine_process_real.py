@@ -10,7 +10,7 @@ import pytest
 from conftest import TIME_FACTOR
 
 from voxline.engines import protocol as p
-from voxline.engines.factory import DEFAULT_CORE
+from voxline.engines.launch import DEFAULT_CORE
 from voxline.engines.process import MultiprocessEngineClient
 
 pytestmark = pytest.mark.slow

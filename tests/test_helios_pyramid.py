@@ -100,7 +100,7 @@ def test_interleaved_pyramid_requests_each_equal_their_own_call(pipes):
 def test_the_video_setting_picks_the_pyramid_driver_from_the_checkpoint(checkpoints, pipes,
                                                                         tmp_path):
     from voxline.config import Settings
-    from voxline.engines.factory import load_video
+    from voxline.engines.stage_registry import load_video
 
     model = load_video(Settings(video=f"helios:{checkpoints['distilled']}", cache=tmp_path))
     assert isinstance(model, HeliosPyramidDriver) and model.distilled
@@ -116,7 +116,7 @@ def test_the_video_setting_picks_the_pyramid_driver_from_the_checkpoint(checkpoi
 
 def test_helios_pyramid_forces_the_pyramid_sampler_on_a_plain_checkpoint(tmp_path):
     from voxline.config import Settings
-    from voxline.engines.factory import load_video
+    from voxline.engines.stage_registry import load_video
 
     plain = save_tiny_helios(tmp_path / "plain")
     assert type(load_video(Settings(video=f"helios:{plain}", cache=tmp_path))) is \
@@ -166,7 +166,7 @@ def test_stage_steps_split_evenly_from_the_first_stage():
 def test_video_compile_compiles_the_blocks_and_refuses_first_block_cache(checkpoints,
                                                                          tmp_path):
     from voxline.config import Settings
-    from voxline.engines.factory import load_video
+    from voxline.engines.stage_registry import load_video
 
     model = load_video(Settings(video=f"helios:{checkpoints['distilled']}", cache=tmp_path,
                                 video_compile=True))  # a fresh pipeline: compiling mutates it
@@ -194,7 +194,7 @@ def test_a_compiled_chunk_is_close_to_the_eager_one(checkpoints):
 def test_a_request_naming_no_steps_or_guidance_runs_the_checkpoints_recommended(pipes,
                                                                                 tmp_path):
     from voxline.config import Settings
-    from voxline.engines.factory import load_video
+    from voxline.engines.stage_registry import load_video
 
     plain = load_video(Settings(video=f"helios:{save_tiny_helios(tmp_path / 'plain')}",
                                 cache=tmp_path))

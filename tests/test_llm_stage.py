@@ -187,9 +187,10 @@ def test_the_step_token_setting_reaches_the_llm_stage(monkeypatch):
     assert make_fake_core(lambda: None).llm.token_budget == STEP_TOKENS == Settings().llm_step_tokens
     seen: dict = {}
     monkeypatch.setattr(factory, "load_models", lambda *a, **k: None)
-    monkeypatch.setattr(factory, "EngineCore", lambda models, wake, **kw: seen.update(kw))
+    monkeypatch.setattr(factory.EngineCore, "from_settings",
+                        lambda models, wake, settings, **kw: seen.update(settings=settings))
     factory.make_engine_core(lambda: None, {"llm_step_tokens": 96})
-    assert seen["llm_step_tokens"] == 96
+    assert seen["settings"].llm_step_tokens == 96
     real = core.EngineCore(make_fake_core(lambda: None).models, lambda: None, llm_step_tokens=96)
     assert real.llm.token_budget == 96
     assert real.table["llm"].kind is plan_kind  # its load line times plans with prompts apart

@@ -13,7 +13,7 @@ from speech import espeak
 
 from voxline.config import Settings
 from voxline.engines.asr_stage import ASRJob, ASRStage, BatchASRModel
-from voxline.engines.factory import gpu_footprints, load_asr
+from voxline.engines.factory import load_asr
 from voxline.engines.models import moonshine_torch
 from voxline.engines.models.moonshine_asr import BOS_ID, EOS_ID, MoonshineASR, token_budget
 from voxline.engines.models.moonshine_decoder import StaticDecoder
@@ -24,6 +24,7 @@ from voxline.engines.models.moonshine_torch import (
     shipped_state_dict,
 )
 from voxline.engines.models.whisper_asr import TranscriptionOptions
+from voxline.engines.sizing import gpu_footprints
 
 DEFAULT = TranscriptionOptions()
 

@@ -26,12 +26,11 @@ from voxline.engines import protocol as p
 from voxline.engines.client import InProcessEngineClient
 from voxline.engines.conversation import Conversation
 from voxline.engines.core import EngineCore, Models
+from voxline.engines.protocol import function_call_text, function_output_text
 from voxline.engines.remote_llm import (
     RemoteChat,
     RemoteLLMConfig,
     chat_messages,
-    function_call_text,
-    function_output_text,
 )
 from voxline.engines.speech_model import SentenceSpeechModel
 from voxline.realtime.app import create_app

@@ -168,7 +168,7 @@ class TurnHarness(CoreDriver):
         model = BrokenTurnModel if broken else FixedTurnModel
         self.model = model(probability) if probability is not None else None
         models = Models(EnergyVAD(), FixedASR(asr_text), CountingLM(), SentenceSpeechModel(ToneTTS()),
-                        end_of_turn=self.model)
+                        stages={"end_of_turn": self.model})
         self.core = EngineCore(models, self.woke.set, speculate_after_ms=0)
 
 

@@ -154,7 +154,7 @@ def test_the_engine_gets_the_settings_the_server_chose(monkeypatch):
 
 def test_make_engine_hands_the_whole_settings_to_the_core():
     from voxline.engines.client import InProcessEngineClient
-    from voxline.engines.factory import DEFAULT_CORE, make_engine
+    from voxline.engines.launch import DEFAULT_CORE, make_engine
     from voxline.engines.process import MultiprocessEngineClient
 
     chosen = Settings(engine="inprocess", tts_max_streams=3)
@@ -171,7 +171,7 @@ SERVER_MODULES = ("fastapi", "uvicorn", "starlette", "aiortc")
 @pytest.mark.parametrize("code", [
     "import voxline; voxline.Engine",
     "from voxline.sdk import Engine; Engine(Settings())",
-    "from voxline.engines.factory import make_engine; make_engine(Settings())",
+    "from voxline.engines.launch import make_engine; make_engine(Settings())",
 ])
 def test_the_embedded_sdk_never_imports_the_http_server(code):
     probe = (f"import json, sys\nfrom voxline.config import Settings\n{code}\n"

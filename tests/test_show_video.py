@@ -294,7 +294,7 @@ def make_remote_video_core(wake, url: str):
     chat = RemoteChat(RemoteLLMConfig(url, "fake-model", api_key="sk-test", timeout=5.0,
                                       retries=1, retry_backoff=0.05))
     return EngineCore(Models(EnergyVAD(), FixedASR(), chat,  # type: ignore[arg-type]
-                             SentenceSpeechModel(ToneTTS()), video=RequestSizedVideoModel()),
+                             SentenceSpeechModel(ToneTTS()), stages={"video": RequestSizedVideoModel()}),
                       wake)
 
 

@@ -29,13 +29,13 @@ def make_video_core(wake, video_dir: str):
     import torch
 
     from voxline.engines.core import EngineCore, Models
-    from voxline.engines.factory import load_video
     from voxline.engines.speech_model import SentenceSpeechModel
+    from voxline.engines.stage_registry import load_video
 
     torch.set_num_threads(1)  # tiny tensors: threads only contend on a shared machine
     video = load_video(Settings(video=f"helios:{video_dir}"))
     return EngineCore(Models(EnergyVAD(), FixedASR(), CountingLM(),
-                             SentenceSpeechModel(ToneTTS()), video=video), wake)
+                             SentenceSpeechModel(ToneTTS()), stages={"video": video}), wake)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

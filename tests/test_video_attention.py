@@ -10,7 +10,7 @@ from tiny_helios import TINY_MAX_SEQUENCE_LENGTH, save_tiny_helios
 
 from voxline.config import Settings
 from voxline.engines import protocol as p
-from voxline.engines.factory import load_video
+from voxline.engines.stage_registry import load_video
 
 
 def first_chunk(model) -> np.ndarray:

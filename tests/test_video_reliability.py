@@ -55,7 +55,7 @@ def make_slow_video_core(wake):
     from voxline.engines.speech_model import SentenceSpeechModel
 
     return EngineCore(Models(EnergyVAD(), FixedASR(), CountingLM(),
-                             SentenceSpeechModel(ToneTTS()), video=SlowVideoModel()), wake)
+                             SentenceSpeechModel(ToneTTS()), stages={"video": SlowVideoModel()}), wake)
 
 
 def make_oom_video_core(wake, video_dir: str):
@@ -65,7 +65,7 @@ def make_oom_video_core(wake, video_dir: str):
     from test_video_api import make_video_core
 
     core = make_video_core(wake, video_dir)
-    transformer = core.videos.stage.model.pipe.transformer
+    transformer = core.parts["video"].owner.stage.model.pipe.transformer
 
     def out_of_memory(_module, _args, kwargs):
         if kwargs["hidden_states"].shape[-1] * 8 == OOM_WIDTH:

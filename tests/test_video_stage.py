@@ -49,7 +49,7 @@ class Harness(CoreDriver):
     def __init__(self, video=None) -> None:
         super().__init__()
         models = Models(EnergyVAD(), FixedASR(), CountingLM(), SentenceSpeechModel(ToneTTS()),
-                        video=video)
+                        stages={"video": video})
         self.core = EngineCore(models, self.woke.set)
         self.steps: list[list[p.EngineOutput]] = []
 
@@ -178,8 +178,8 @@ def test_helios_through_the_video_setting_streams_chunks_equal_to_a_plain_call(h
     from diffusers import HeliosPipeline
 
     from voxline.config import Settings
-    from voxline.engines.factory import load_video
     from voxline.engines.models.helios.driver import to_uint8
+    from voxline.engines.stage_registry import load_video
 
     h = Harness(load_video(Settings(video=f"helios:{helios_dir}")))
     msg = p.CreateVideo("s1", "v", "dance monkey", width=16, height=16, num_frames=65,

@@ -13,18 +13,84 @@ themselves (`model_dump(mode="json")`), not a list of chosen fields.
 from __future__ import annotations
 
 import argparse
+import enum
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Generic, Literal, TypeVar, get_args, get_origin
 
 from pydantic import Field, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# ------------------------------------------------------------------- backend choices
+# A choice among backends is an enum, compared by identity where it is branched on; a
+# value's text is its flag and environment spelling. A backend that takes a target (a
+# checkpoint directory, a server URL) is written ``kind:target`` in one field and read
+# through its `Settings` accessor as a `BackendChoice`.
 
-def _default_cache() -> Path:
+
+class EngineKind(enum.StrEnum):
+    PROCESS = "process"  # a supervised child process
+    INPROCESS = "inprocess"  # a thread of this process
+
+
+class LLMDtype(enum.StrEnum):
+    INT8 = "int8"
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+
+class AutoOff(enum.StrEnum):
+    AUTO = "auto"
+    OFF = "off"
+
+
+class TTSSchedule(enum.StrEnum):
+    PLAYOUT = "playout"
+    FIFO = "fifo"
+
+
+class ASRBackend(enum.StrEnum):
+    MOONSHINE = "moonshine"  # shipped
+    WHISPER = "whisper"  # whisper:<checkpoint dir>
+
+
+class TTSBackend(enum.StrEnum):
+    PIPER = "piper"  # shipped
+    QWEN3 = "qwen3"  # qwen3:<checkpoint dir>
+
+
+class LLMBackend(enum.StrEnum):
+    EMBEDDED = "embedded"  # shipped SmolLM2 or llm_checkpoint, in the engine
+    OPENAI = "openai"  # openai:<server url>
+
+
+class VideoBackend(enum.StrEnum):
+    HELIOS = "helios"  # helios:<checkpoint dir>
+    HELIOS_PYRAMID = "helios-pyramid"  # helios-pyramid:<checkpoint dir>
+
+
+BackendT = TypeVar("BackendT", bound=enum.StrEnum)
+
+
+@dataclass(frozen=True)
+class BackendChoice(Generic[BackendT]):
+    """A backend field's value read: its kind, and its target ("" when it takes none)."""
+
+    kind: BackendT
+    target: str = ""
+
+    @classmethod
+    def parse(cls, value: str, kinds: type[BackendT]) -> BackendChoice[BackendT]:
+        kind, _, target = value.partition(":")
+        return cls(kinds(kind), target)
+
+
+def default_cache() -> Path:
+    """The `cache` setting's default; below the factory, the fallback of a caller that was
+    handed no cache directory (reads no environment variable)."""
     return Path.home() / ".cache" / "voxline"
 
 
@@ -33,13 +99,13 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="VOXLINE_", extra="ignore")
 
-    cache: Path = Field(default_factory=_default_cache,
+    cache: Path = Field(default_factory=default_cache,
                         description="directory of converted weights (the shipped GGUF as "
                                     "safetensors, converted once)")
     api_key: str | None = Field(default=None, description="require this key from clients "
                                 "(Authorization: Bearer, or the browser subprotocol "
                                 "openai-insecure-api-key.<key>)")
-    llm_dtype: str = Field(default="int8", pattern="^(int8|float32|bfloat16)$",
+    llm_dtype: LLMDtype = Field(default=LLMDtype.INT8,
                            description="weights of the embedded LLM: int8 (decode steps read "
                                        "int8 weights, about 2x faster than float32 on a CPU; "
                                        "prefill, attention and the cache stay float32; CPU "
@@ -106,7 +172,7 @@ class Settings(BaseSettings):
                                      "so a long answer never overflows and a barge-in "
                                      "discards at most this (0: off, generate as fast as "
                                      "possible; a reply 300 s ahead is then cut)")
-    engine: str = Field(default="process", pattern="^(process|inprocess)$",
+    engine: EngineKind = Field(default=EngineKind.PROCESS,
                         description="run the engine in a supervised child process or a thread")
     asr: str = Field(default="moonshine", pattern=r"^(moonshine|whisper:.+)$",
                      json_schema_extra={"metavar": "moonshine|whisper:<checkpoint dir>"},
@@ -157,14 +223,14 @@ class Settings(BaseSettings):
                                                "(empty: 1, 4, 16, ... up to tts_max_streams; "
                                                "each bucket's compiled code predictor takes "
                                                "~20 s to start on an H200)")
-    tts_schedule: str = Field(default="playout", pattern=r"^(playout|fifo)$",
+    tts_schedule: TTSSchedule = Field(default=TTSSchedule.PLAYOUT,
                               description="Qwen3-TTS steps under arriving replies: 'playout' (chunks "
                                           "ramp up from the first; a reply short of unplayed audio "
                                           "gets its frames decoded at once; one far ahead waits a "
                                           "step rather than push the batch into a bigger CUDA-graph "
                                           "bucket; a new reply's first frame is made in its prefill "
                                           "step) or 'fifo' (every reply every step, fixed chunks)")
-    tts_pdl: str = Field(default="auto", pattern=r"^(auto|off)$",
+    tts_pdl: AutoOff = Field(default=AutoOff.AUTO,
                          description="Qwen3-TTS on CUDA: programmatic dependent launch of its "
                                      "step kernels (each placed on the GPU while the one before "
                                      "it finishes; faster steps on one stream): 'auto' (on where "
@@ -189,7 +255,7 @@ class Settings(BaseSettings):
                                              "prompt goes on in the next steps). Fewer: replies "
                                              "already running wait less behind a new prompt, "
                                              "whose first token comes later")
-    llm_prefill_graphs: str = Field(default="auto", pattern=r"^(auto|off)$",
+    llm_prefill_graphs: AutoOff = Field(default=AutoOff.AUTO,
                                     description="embedded LLM on CUDA: prompts replayed from "
                                                 "CUDA graphs, one per query-length bucket "
                                                 "(16-256 tokens, longer ones in chunks): "
@@ -204,7 +270,7 @@ class Settings(BaseSettings):
                                            "Smaller favours the model threads' many short "
                                            "calls over the engine loop's Python; on the CPU "
                                            "the engine keeps CPython's own (5000)")
-    gpu_stream_priority: str = Field(default="auto", pattern=r"^(auto|off)$",
+    gpu_stream_priority: AutoOff = Field(default=AutoOff.AUTO,
                                      description="on CUDA: the ASR's and the embedded LLM's "
                                                  "GPU work goes on high-priority streams, so "
                                                  "the GPU starts their kernels' blocks ahead of "
@@ -283,14 +349,32 @@ class Settings(BaseSettings):
                                        "(empty: any free port)")
 
     @property
+    def asr_backend(self) -> BackendChoice[ASRBackend]:
+        return BackendChoice.parse(self.asr, ASRBackend)
+
+    @property
+    def tts_backend(self) -> BackendChoice[TTSBackend]:
+        return BackendChoice.parse(self.tts, TTSBackend)
+
+    @property
+    def llm_backend(self) -> BackendChoice[LLMBackend]:
+        return BackendChoice.parse(self.llm, LLMBackend)
+
+    @property
+    def video_backend(self) -> BackendChoice[VideoBackend] | None:
+        """The video model's backend and checkpoint (None: no video model)."""
+        return BackendChoice.parse(self.video, VideoBackend) if self.video else None
+
+    @property
     def remote_llm(self) -> bool:
         """The reply model runs on a remote server (which can call tools)."""
-        return self.llm != "embedded"
+        return self.llm_backend.kind is LLMBackend.OPENAI
 
     @property
     def whisper_checkpoint(self) -> str | None:
         """The Whisper checkpoint directory ``asr`` names (None: the shipped Moonshine)."""
-        return self.asr.removeprefix("whisper:") if self.asr.startswith("whisper:") else None
+        backend = self.asr_backend
+        return backend.target if backend.kind is ASRBackend.WHISPER else None
 
     def ice_host_list(self) -> list[str]:
         return [h.strip() for h in self.ice_hosts.split(",") if h.strip()]
@@ -315,6 +399,12 @@ class Settings(BaseSettings):
         if not 1024 <= low <= high <= 65535:
             raise ValueError(f"rtc_ports must be LOW-HIGH within 1024-65535, got {self.rtc_ports}")
         return low, high
+
+
+def setting_default(name: str) -> Any:
+    """The default of the `Settings` field `name`: the one place it is written, for code
+    below the factory that has a keyword of the same meaning (e.g. `EngineCore`'s)."""
+    return Settings.model_fields[name].get_default(call_default_factory=True)
 
 
 def load_settings(**overrides: object) -> Settings:
@@ -410,9 +500,11 @@ def _extra(info: FieldInfo, key: str) -> Any:
 
 
 def field_choices(name: str) -> list[str] | None:
-    """The values a field allows, when it is a ``Literal`` of strings or its pattern a plain
+    """The values a field allows, when it is an enum, a ``Literal`` of strings or its pattern a plain
     ``^(a|b|c)$`` alternation (None: free text, validated by `field_parser`)."""
     info = Settings.model_fields[name]
+    if isinstance(info.annotation, type) and issubclass(info.annotation, enum.Enum):
+        return [str(member.value) for member in info.annotation]
     if get_origin(info.annotation) is Literal and all(
             isinstance(v, str) for v in get_args(info.annotation)):
         return list(get_args(info.annotation))

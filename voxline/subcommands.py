@@ -126,7 +126,7 @@ async def converse_turn(client: object, audio16k: np.ndarray, *, stream_id: str 
 
 async def _converse(args: argparse.Namespace) -> int:
     from voxline.engines.client import InProcessEngineClient
-    from voxline.engines.factory import DEFAULT_CORE
+    from voxline.engines.launch import DEFAULT_CORE
 
     audio, rate = read_wav(args.input)
     audio16k = resample(audio, rate, p.INPUT_RATE)

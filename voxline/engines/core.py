@@ -5,7 +5,7 @@ Stages (`voxline.engines.stage` says what schedule/execute/update mean for each)
 
     input audio -> VAD -> turns (`InputAudio`) -> ASR -> conversation      (`Turns`)
     CreateResponse -> LLM -> text chunker -> TTS -> audio out           (`Responses`)
-    CreateVideo -> video (one chunk per step, when loaded) -> frames out  (`Videos`)
+    CreateVideo -> video (one chunk per step, when loaded) -> frames out  (registered)
 
 Every stage is one row of the stage table (`voxline.engines.stage_table`): its stage,
 the `StageWorker` that runs its model (VAD inline, one batched call per round; ASR, LLM
@@ -16,16 +16,16 @@ update -> route path. Only the loop thread touches state. A TTS segment starts a
 as the text chunker closes it (async chunk): the first clause is spoken while the LLM
 writes the rest.
 
-Adding a stage (a video renderer, a GPU ASR) takes one new module and one table row:
+Adding a stage takes its module and one registration (`stage_registry.STAGES`):
 - the module holds the stage (`has_work`/`schedule`/`execute`/`update` over its own
   queue) and the routing of its outcomes to their owners by internal stream id, plus a
-  `fail` that tells the owners of a failed plan (see `turns` and `Responses.route_*`);
-- the row in `_stage_table` names it and gives it a worker (a thread name, or None to
-  run inline) and those callbacks, at its place in the table (plans land, then start, in
-  table order); a stage whose model is optional gets its row only when it is loaded.
-Its model arrives on `Models` (an optional field for an optional stage), and a new
-kind of input gets its own `protocol` message and one `_dispatch` case; nothing else
-in the core changes: `has_work`, `step` and `close` already cover every row.
+  `fail` that tells the owners of a failed plan (see `video_stage.Videos`);
+- the registration loads its model from `Settings` (in the engine process), attaches it
+  (its table rows, after the pipeline's; the engine inputs it handles; what a closed
+  stream drops), gives its GPU footprint to capacity sizing, and warms it up. The core
+  loops over the registrations: `Models.stages` holds their models by name, `_dispatch`
+  hands their inputs over before its own cases, and `has_work`, `step` and `close`
+  already cover every row. A new kind of input still gets its `protocol` message.
 
 Routing is by internal stream id: an outcome whose stream has closed (or whose response
 was cancelled or replaced) is dropped, so a stale chunk is never sent, and outputs
@@ -36,26 +36,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from voxline.config import Settings, setting_default
 from voxline.engines import protocol as p
 from voxline.engines.asr_stage import ASRModel, ASRStage, fail_each, route_each
 from voxline.engines.conversation import Conversation
-from voxline.engines.end_of_turn_stage import EndOfTurnModel, EndOfTurnStage
 from voxline.engines.input_audio import MAX_UTTERANCE_MS, InputAudio
 from voxline.engines.llm_stage import STEP_TOKENS, ChatModel, LLMStage, plan_kind
 from voxline.engines.remote_llm import RemoteChat, RemoteLLMStage
 from voxline.engines.responses import Responses
 from voxline.engines.speech_model import SpeechModel
 from voxline.engines.stage import RequestRefused, StageWorker
+from voxline.engines.stage_registry import STAGES, InputHandler, StageContext, StagePart
 from voxline.engines.stage_table import StageSlot, StageTable
 from voxline.engines.streams import StreamRegistry, StreamState
 from voxline.engines.tts_stage import TTSStage
 from voxline.engines.turns import Turns
 from voxline.engines.vad_stage import MAX_BACKLOG_MS, ROUNDS_PER_STEP, VADModel, VADStage
-from voxline.engines.video_stage import VideoModel, Videos, VideoStage
 from voxline.engines.warm_prefill import WarmPrefills
 from voxline.logs import GC_PAUSES
 
@@ -64,7 +65,8 @@ logger = logging.getLogger(__name__)
 # A pause this long in a turn is transcribed and a reply started speculatively: long
 # enough that the gaps between words rarely reach it, short enough that transcript,
 # first clause and first audio are mostly ready when a 500 ms silence window closes.
-DEFAULT_SPECULATE_AFTER_MS = 160.0
+# (Its home is the `speculate_after_ms` setting.)
+DEFAULT_SPECULATE_AFTER_MS: float = setting_default("speculate_after_ms")
 # How often a busy engine logs each stage's share of the wall clock (`StageTable.load_report`):
 # the first place to look when sessions wait, e.g. which stage a GPU server saturates.
 LOAD_REPORT_S = 10.0
@@ -72,12 +74,15 @@ LOAD_REPORT_S = 10.0
 
 @dataclass
 class Models:
+    """The conversation pipeline's models, and the registered stages' by name
+    (`stage_registry.STAGES`; a missing one is off: no video model refuses videos, no
+    end-of-turn model leaves semantic VAD to the words)."""
+
     vad: VADModel
     asr: ASRModel
     llm: ChatModel
     tts: SpeechModel
-    video: VideoModel | None = None  # the `video` setting's model; None: videos refused
-    end_of_turn: EndOfTurnModel | None = None  # None: semantic VAD judges the words alone
+    stages: dict[str, Any] = field(default_factory=dict)
 
 
 class EngineCore:
@@ -99,7 +104,8 @@ class EngineCore:
 
     def __init__(self, models: Models, wake: Callable[[], None], max_streams: int = 64,
                  max_input_backlog_ms: float = MAX_BACKLOG_MS,
-                 max_utterance_ms: float = MAX_UTTERANCE_MS, max_responses: int = 8,
+                 max_utterance_ms: float = MAX_UTTERANCE_MS,
+                 max_responses: int = setting_default("max_responses"),
                  speculate_after_ms: float = DEFAULT_SPECULATE_AFTER_MS,
                  generation_lead_ms: float | None = None, warm_prefill: bool = False,
                  early_pause_transcript: bool = True, llm_step_tokens: int = STEP_TOKENS) -> None:
@@ -117,16 +123,17 @@ class EngineCore:
         self._outputs: list[p.EngineOutput] = []
         self.responses = Responses(models.llm, self.llm, self.tts, self._outputs.append,
                                    self.registry.live, lead_ms=generation_lead_ms)
-        self.videos = Videos(VideoStage(models.video) if models.video is not None else None,
-                             self._outputs.append, self.registry.live)
         self.warm = (WarmPrefills(models.llm, self.llm, self.responses, max_responses)
                      if warm_prefill and isinstance(self.llm, LLMStage) else None)
         self.responses.warm = self.warm
-        self.end_of_turn = (EndOfTurnStage(models.end_of_turn)
-                            if models.end_of_turn is not None else None)
         self.turns = Turns(self.registry, self.vad, self.asr, self.responses,
                            self._outputs.append, speculate_after_ms, max_responses,
-                           self.end_of_turn, self.warm, early_pause_transcript)
+                           warm=self.warm, early_pause=early_pause_transcript)
+        context = StageContext(wake, self._outputs.append, self.registry.live, self.turns)
+        self.parts: dict[str, StagePart] = {
+            reg.name: reg.attach(context, models.stages.get(reg.name)) for reg in STAGES}
+        self._handlers: dict[type[p.EngineInput], InputHandler] = {
+            kind: handle for part in self.parts.values() for kind, handle in part.handlers.items()}
         # `_release_closed` reads the LLM's running plan: KV slots a step in flight writes
         self._llm_worker = StageWorker(self.llm, wake, "voxline-llm")
         self.table = self._stage_table(wake)
@@ -144,14 +151,6 @@ class EngineCore:
         else:
             llm_row.note = llm.load_note
             llm_row.kind = plan_kind
-        eot = self.end_of_turn
-        eot_rows = [] if eot is None else [
-            StageSlot("end_of_turn", eot, StageWorker(eot, wake, "voxline-eot"),
-                      route=turns.on_turn_end_heard, fail=turns.turn_end_failed)]
-        videos = self.videos
-        video_rows = [] if videos.stage is None else [
-            StageSlot("video", videos.stage, StageWorker(videos.stage, wake, "voxline-video"),
-                      route=videos.route, fail=videos.fail)]
         return StageTable([
             StageSlot("vad", self.vad, StageWorker(self.vad, wake, thread_name=None),
                       route=turns.on_frames, fail=turns.vad_failed, rounds=ROUNDS_PER_STEP),
@@ -162,9 +161,19 @@ class EngineCore:
                       route=responses.route_speech, fail=responses.fail_speech,
                       waiting=responses.speech_ready, prepare=responses.start_speech,
                       note=self.tts.load_note),
-            *eot_rows,
-            *video_rows,
+            *(row for part in self.parts.values() for row in part.rows),
         ])
+
+    @classmethod
+    def from_settings(cls, models: Models, wake: Callable[[], None], settings: Settings, *,
+                      max_streams: int) -> EngineCore:
+        """The core the `settings` describe: the one place their engine fields are read."""
+        return cls(models, wake, max_streams=max_streams, max_responses=settings.max_responses,
+                   speculate_after_ms=settings.speculate_after_ms,
+                   warm_prefill=settings.warm_prefill,
+                   early_pause_transcript=settings.early_pause_transcript,
+                   generation_lead_ms=settings.generation_lead_s * 1000 or None,
+                   llm_step_tokens=settings.llm_step_tokens)
 
     @property
     def streams(self) -> Mapping[str, StreamState]:
@@ -213,6 +222,10 @@ class EngineCore:
             self._error(msg.stream_id, f"{type(msg).__name__}: no open stream {msg.stream_id!r}",
                         p.ErrorCode.UNKNOWN_STREAM)
             return
+        handler = self._handlers.get(type(msg))
+        if handler is not None:  # a registered stage's input
+            handler(stream, msg)
+            return
         responses, turns = self.responses, self.turns
         match msg:
             case p.UpdateStream():
@@ -252,10 +265,6 @@ class EngineCore:
                 responses.cancel(stream)
             case p.PlayoutProgress():
                 responses.playout(stream, msg)
-            case p.CreateVideo():
-                self.videos.create(stream, msg)
-            case p.CancelVideo():
-                self.videos.cancel(stream, msg.video_id)
             case p.CloseStream():
                 self._close_stream(msg.stream_id, announce=True)
 
@@ -275,7 +284,8 @@ class EngineCore:
             if self.warm is not None:
                 self.warm.closed(stream)
             self.turns.closed(stream)
-            self.videos.closed(stream)
+            for part in self.parts.values():
+                part.closed(stream)
         self._release_closed()
         if announce:
             self._outputs.append(p.StreamClosed(external_id))

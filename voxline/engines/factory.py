@@ -1,15 +1,16 @@
-"""Build the engine from `Settings`: the engine client `settings.engine` names
-(`make_engine`), and in it the core with the shipped models (`make_engine_core`).
+"""Build the engine core from `Settings` where the engine runs: the models and the core
+(`make_engine_core`, the core factory `voxline.engines.launch.DEFAULT_CORE` names).
 
-The Settings travel whole: `make_engine` hands the client
+The Settings travel whole: `voxline.engines.launch.make_engine` hands the client
 ``{"settings": settings.model_dump(mode="json")}`` as the core options, and the core
 factory rebuilds them where the core lives (engine thread or child process). No
 setting is picked out by name on the way, so a new field reaches the models untouched.
 The SDK and `voxline serve` both start their engine here; neither this module nor
-anything it imports loads the HTTP server. Before that, both pass their Settings through
-`sized_for_device`: on a GPU the capacity fields the user left unset are sized to it
-(:mod:`voxline.engines.capacity`) in the API process, so that the session host admits
-what the engine holds; on the CPU the Settings come back unchanged.
+anything it imports loads the HTTP server. The loaders run where the engine runs (its
+thread or child process); capacity is sized before, in the API process, by
+:mod:`voxline.engines.sizing`, which loads no model. Model files below this module get
+what they need as arguments (the cache directory, devices, threads) and read no
+settings or environment themselves.
 """
 
 from __future__ import annotations
@@ -19,41 +20,27 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from voxline.config import Settings, load_settings, settings_from_dump
-from voxline.engines.asr_stage import ASRModel
-from voxline.engines.capacity import (
-    CAPACITY_FIELDS,
-    DeviceBudget,
-    Footprint,
-    find_latency_row,
-    load_table,
-    plan_capacity,
+from voxline.config import (
+    AutoOff,
+    Settings,
+    TTSBackend,
+    load_settings,
+    setting_default,
+    settings_from_dump,
 )
-from voxline.engines.client import EngineClient, InProcessEngineClient
+from voxline.engines.asr_stage import ASRModel
 from voxline.engines.core import EngineCore, Models
 from voxline.engines.llm_stage import ChatModel
-from voxline.engines.model_memory import (
-    LLM_POSITIONS,
-    TTS_POSITIONS,
-    bf16_weights_footprint,
-    llm_footprint,
-    qwen3_tts_footprint,
-)
+from voxline.engines.model_memory import LLM_POSITIONS, TTS_POSITIONS
 from voxline.engines.remote_llm import RemoteChat, RemoteLLMConfig, parse_llm_spec
+from voxline.engines.sizing import check_llm_placement, runs_on_gpu
 from voxline.engines.speech_model import SentenceSpeechModel, SpeechModel
-from voxline.engines.video_stage import VideoModel
-from voxline.errors import VoxlineError
-from voxline.kernels.cuda_graphs import (
-    ladder_buckets,
-    pow2_buckets,
-    set_urgent_streams,
-    stream_priority,
-)
+from voxline.engines.stage_registry import STAGES
+from voxline.kernels.cuda_graphs import ladder_buckets, set_urgent_streams, stream_priority
 
 logger = logging.getLogger(__name__)
 
@@ -64,15 +51,9 @@ logger = logging.getLogger(__name__)
 # Llama-3.2-1B prompt step on an H200 took 9.2-9.3 s beside one thread spinning in Python
 # (16-19 ms alone); at 0.5 ms, 0.8-0.9 s (`benchmarks/bench_gpu_llm_cold.py`). On this
 # 2-core CPU the spoken-turn latency did not separate from its noise either way, so the
-# CPU engine keeps CPython's default. The default of the `gil_switch_us` setting;
+# CPU engine keeps CPython's default. Read from the `gil_switch_us` setting's default (its home);
 # `benchmarks/gil_switch.py` runs the stages' host work side by side at other intervals.
-GIL_SWITCH_INTERVAL_S = 0.0005
-
-
-def runs_on_gpu(settings: Settings) -> bool:
-    """Whether any embedded model of `settings` runs on a CUDA device."""
-    return any(d.startswith("cuda") for d in (settings.llm_device, settings.asr_device,
-                                               settings.tts_device))
+GIL_SWITCH_INTERVAL_S: float = setting_default("gil_switch_us") / 1e6
 
 
 def share_the_gil(interval_s: float = GIL_SWITCH_INTERVAL_S) -> None:
@@ -117,10 +98,9 @@ def persistent_compile_cache(settings: Settings) -> str:
 
 def load_models(settings: Settings | None = None, *, llm_path: str | None = None,
                 max_slots: int = 8, max_len: int = LLM_POSITIONS) -> Models:
-    """Load VAD, ASR, LLM, TTS and the end-of-turn model (shipped weights unless `llm_path`
-    names a checkpoint)."""
+    """Load VAD, ASR, LLM and TTS (shipped weights unless `llm_path` names a checkpoint),
+    and the model of each registered stage its settings turn on (`stage_registry.STAGES`)."""
     from voxline.engines.models.silero_vad import SileroVAD
-    from voxline.engines.models.smart_turn import SmartTurn
 
     settings = settings or load_settings()
     threads = model_threads(settings)
@@ -138,12 +118,11 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
     t0 = time.perf_counter()
     vad = SileroVAD.load(threads=1)
     asr = load_asr(settings, threads)
-    end_of_turn = SmartTurn.load(threads=1)  # semantic VAD's ear; ~9 MB in pipecat-ai's wheel
     llm = load_reply_model(settings, llm_path, max_slots, max_len)
     tts = load_tts(settings)
-    video = load_video(settings)
+    stages = {reg.name: model for reg in STAGES if (model := reg.load(settings)) is not None}
     logger.info("all models loaded in %.2f s", time.perf_counter() - t0)
-    models = Models(vad=vad, asr=asr, llm=llm, tts=tts, video=video, end_of_turn=end_of_turn)
+    models = Models(vad=vad, asr=asr, llm=llm, tts=tts, stages=stages)
     warm_up(models)
     return models
 
@@ -157,8 +136,9 @@ def warm_up(models: Models) -> None:
     t0 = time.perf_counter()
     models.vad.process(np.zeros((1, 512), np.float32), [models.vad.new_state()])
     models.asr.transcribe((np.random.default_rng(0).standard_normal(16000) * 0.01).astype(np.float32))
-    if models.end_of_turn is not None:
-        models.end_of_turn.probability(np.zeros(16000, np.float32))
+    for reg in STAGES:
+        if reg.name in models.stages:
+            reg.warm_up(models.stages[reg.name])
     slot = models.llm.alloc_slot() if not isinstance(models.llm, RemoteChat) else None
     if slot is not None:
         models.llm.forward([slot], [models.llm.render_message("user", "Hello.")])
@@ -176,11 +156,11 @@ def set_stream_priority(settings: Settings) -> None:
                      (("asr_device", settings.asr_device),
                       ("llm_device", "remote" if settings.remote_llm else settings.llm_device))
                      if device.startswith("cuda")]
-    if settings.gpu_stream_priority == "off" and not urgent_on_gpu:
+    if settings.gpu_stream_priority == AutoOff.OFF and not urgent_on_gpu:
         raise ValueError(f"gpu_stream_priority=off applies to the ASR and the embedded LLM on "
                          f"CUDA; with asr_device={settings.asr_device} and llm={settings.llm} "
                          f"on llm_device={settings.llm_device} neither runs there")
-    set_urgent_streams(settings.gpu_stream_priority == "auto")
+    set_urgent_streams(settings.gpu_stream_priority == AutoOff.AUTO)
     if urgent_on_gpu:
         logger.info("CUDA stream priority of the ASR and the LLM (%s): %d, speech steps %d",
                     ", ".join(urgent_on_gpu), stream_priority(urgent=True),
@@ -190,7 +170,7 @@ def set_stream_priority(settings: Settings) -> None:
 def load_reply_model(settings: Settings, llm_path: str | None, max_slots: int,
                      max_len: int) -> ChatModel:
     """The embedded SmolLM2 (or `llm_path`), or a remote server when `settings.llm` says so."""
-    if settings.llm_prefill_graphs == "off" and (settings.remote_llm
+    if settings.llm_prefill_graphs == AutoOff.OFF and (settings.remote_llm
                                                  or not settings.llm_device.startswith("cuda")):
         raise ValueError(f"llm_prefill_graphs=off applies to the embedded LLM on CUDA; with "
                          f"llm={settings.llm} and llm_device={settings.llm_device} no prompt "
@@ -208,7 +188,7 @@ def load_reply_model(settings: Settings, llm_path: str | None, max_slots: int,
     path = llm_path or settings.llm_checkpoint
     return ChatLLM(load_llm(path, settings.llm_dtype, device=device, cache=settings.cache),
                    max_slots=max_slots, max_len=max_len,
-                   prefill_graphs=settings.llm_prefill_graphs == "auto")
+                   prefill_graphs=settings.llm_prefill_graphs == AutoOff.AUTO)
 
 
 def llm_device(settings: Settings) -> str:
@@ -217,14 +197,11 @@ def llm_device(settings: Settings) -> str:
     if device == "cpu":
         return device
     if settings.remote_llm:
-        raise ValueError(f"llm_device={device} applies to the embedded LLM; the reply model "
-                         f"is remote (llm={settings.llm})")
+        check_llm_placement(settings)
     if not torch.cuda.is_available():
         raise ValueError(f"llm_device={device}, but this machine has no CUDA GPU (torch "
                          f"{torch.__version__}); use llm_device=cpu")
-    if settings.llm_dtype == "int8":
-        raise ValueError(f"llm_dtype=int8 runs on the CPU only; with llm_device={device} use "
-                         "llm_dtype=bfloat16 (or float32)")
+    check_llm_placement(settings)
     return device
 
 
@@ -244,16 +221,18 @@ def load_asr(settings: Settings, threads: int) -> ASRModel:
     if checkpoint is None and gpu:
         from voxline.engines.models.moonshine_torch import MoonshineTorchASR
 
-        return MoonshineTorchASR.load(settings.asr_device, max_batch=settings.max_sessions)
+        return MoonshineTorchASR.load(settings.asr_device, max_batch=settings.max_sessions,
+                                      cache_dir=settings.cache)
     if checkpoint is None:
         from voxline.engines.models.moonshine_asr import MoonshineASR
 
         workers = settings.asr_workers
         if workers == 1:
-            return MoonshineASR.load(threads=threads)
+            return MoonshineASR.load(threads=threads, cache_dir=settings.cache)
         from voxline.engines.models.asr_pool import ConcurrentASR
 
-        return ConcurrentASR(MoonshineASR.load(threads=max(1, threads // workers)), workers)
+        return ConcurrentASR(MoonshineASR.load(threads=max(1, threads // workers),
+                                               cache_dir=settings.cache), workers)
     if settings.asr_workers != 1:
         raise ValueError(f"asr_workers={settings.asr_workers} applies to Moonshine; a Whisper "
                          "ASR batches every session's jobs on its device (use asr_workers=1)")
@@ -262,12 +241,12 @@ def load_asr(settings: Settings, threads: int) -> ASRModel:
     return WhisperASR.load(checkpoint, settings.asr_device, max_batch=settings.max_sessions)
 
 
-def set_tts_pdl(mode: str, cuda: bool) -> None:
+def set_tts_pdl(mode: AutoOff, cuda: bool) -> None:
     """Apply ``tts_pdl`` before the speech steps compile and capture: 'off' turns
     programmatic dependent launch off for this package's kernels and Inductor's (both are
     process-wide: the engine process's other compiled regions follow); 'auto' leaves the
     default (on where :func:`voxline.kernels.pdl.supported`)."""
-    if mode == "auto":
+    if mode == AutoOff.AUTO:
         return
     if not cuda:
         raise ValueError(f"tts_pdl={mode} needs tts_device=cuda (a CUDA launch attribute)")
@@ -280,11 +259,12 @@ def set_tts_pdl(mode: str, cuda: bool) -> None:
 
 def load_tts(settings: Settings) -> SpeechModel:
     """The speech stage `settings.tts` names: Piper (shipped) or a Qwen3-TTS checkpoint."""
-    if settings.tts.startswith("qwen3:"):
+    backend = settings.tts_backend
+    if backend.kind is TTSBackend.QWEN3:
         from voxline.engines.models.qwen3_tts.scheduling import SCHEDULES
         from voxline.engines.models.qwen3_tts.speech_model import Qwen3SpeechModel
 
-        model_dir = settings.tts.removeprefix("qwen3:")
+        model_dir = backend.target
         ramp, schedule = SCHEDULES[settings.tts_schedule]
         t0 = time.perf_counter()
         cuda = settings.tts_device.startswith("cuda")
@@ -312,144 +292,9 @@ def load_tts(settings: Settings) -> SpeechModel:
     return SentenceSpeechModel(PiperTTS.load(threads=1))
 
 
-def load_video(settings: Settings) -> VideoModel | None:
-    """The video model `settings.video` names (a Helios checkpoint, plain or pyramid), or
-    None when unset."""
-    if not settings.video:
-        return None
-    from voxline.engines.models.helios import (
-        driver_for,
-        load_helios,
-        parse_video_setting,
-        set_attention_backend,
-        set_video_weights,
-    )
-    from voxline.engines.models.helios.step_cache import step_caches_for
-
-    sampler, model_dir = parse_video_setting(settings.video)
-    cuda = torch.cuda.is_available()
-    t0 = time.perf_counter()
-    pipe = load_helios(model_dir, device="cuda" if cuda else "cpu",
-                       dtype=torch.bfloat16 if cuda else None, sampler=sampler)
-    logger.info("Helios %s loaded in %.2f s", model_dir, time.perf_counter() - t0)
-    set_attention_backend(pipe.transformer, settings.video_attention)
-    swapped = set_video_weights(pipe.transformer, settings.video_weights)
-    if swapped:
-        logger.info("video transformer: %d block projections in float8", swapped)
-    caches = step_caches_for(pipe.transformer, model_dir, settings.cache,
-                             settings.video_cache_backend, settings.video_cache_threshold)
-    return driver_for(pipe, step_caches=caches, compile=settings.video_compile)
-
-
-# --------------------------------------------------------------------------- capacity
-
-
-def sized_for_device(settings: Settings) -> Settings:
-    """`settings` with the capacity fields the user left unset (``max_sessions``,
-    ``max_responses``, ``tts_max_streams``) sized to the GPU the models run on, and the
-    set ones checked (:mod:`voxline.engines.capacity`); logs the choice in one line.
-    Unchanged when no stage runs on a GPU: the CPU keeps the field defaults. The API
-    process calls it once, before the engine starts, so that the session host admits
-    what the engine holds; explicit means in ``settings.model_fields_set`` (a flag or an
-    environment variable), so call it on Settings read from flags or the environment,
-    not on a dump."""
-    if "gil_switch_us" in settings.model_fields_set and not runs_on_gpu(settings):
-        # The engine process sees a dump, so it can refuse only a non-default value.
-        raise VoxlineError(f"gil_switch_us={settings.gil_switch_us} applies with a model on a GPU "
-                           "(llm_device, asr_device or tts_device=cuda); the CPU engine keeps "
-                           "CPython's switch interval")
-    footprints, params = gpu_footprints(settings)
-    if not footprints:
-        return settings
-    devices = [probe_device(device, footprint) for device, footprint in footprints.items()]
-    table = load_table()
-    asr = "cuda" if settings.asr_device.startswith("cuda") else "cpu"
-    rows = [find_latency_row(table.rows, name, tts_params=params["tts"], llm_params=params["llm"],
-                             asr_device=asr)
-            for name in sorted({d.name for d in devices})]
-    latency = (None if any(r is None for r in rows)
-               else min((r for r in rows if r is not None), key=lambda r: r.sessions))
-    explicit = {f: getattr(settings, f) for f in CAPACITY_FIELDS if f in settings.model_fields_set}
-    defaults = {f: Settings.model_fields[f].default for f in CAPACITY_FIELDS}
-    capacity = plan_capacity(devices, explicit=explicit, defaults=defaults, latency=latency,
-                             working_fraction=table.working_fraction)
-    sized = settings.model_copy(update={k: v for k, v in capacity.values().items()
-                                        if k not in explicit})
-    try:
-        tts_buckets = sized.tts_bucket_list()  # explicit buckets lie within the streams chosen
-    except ValueError as exc:
-        raise VoxlineError(str(exc)) from None
-    buckets = (f"LLM {_csv(pow2_buckets(1, sized.max_sessions))}, TTS "
-               f"{_csv(tts_buckets or ladder_buckets(sized.tts_max_streams))}")
-    logger.info("%s; CUDA-graph batch buckets: %s", capacity.log_line(), buckets)
-    return sized
-
-
-def _csv(sizes: list[int]) -> str:
-    return ",".join(map(str, sizes))
-
-
-def gpu_footprints(settings: Settings) -> tuple[dict[str, Footprint], dict[str, int]]:
-    """What each CUDA device `settings` uses will hold (none: nothing on a GPU), and the
-    parameters of the TTS and LLM there (the latency table's key; 0 when not there)."""
-    on: dict[str, Footprint] = {}
-    params = {"tts": 0, "llm": 0}
-
-    def add(field: str, device: str, footprint: Footprint) -> None:
-        key = cuda_device(field, device)
-        on[key] = on.get(key, Footprint()) + footprint
-
-    if not settings.remote_llm and settings.llm_device.startswith("cuda"):
-        llm_device(settings)  # a GPU, and a dtype it runs
-        from voxline.engines.models.llama.checkpoint import _resolve  # the loader's lookup
-
-        footprint, params["llm"] = llm_footprint(_resolve(settings.llm_checkpoint, settings.cache),
-                                                 settings.llm_dtype)
-        add("llm_device", settings.llm_device, footprint)
-    if settings.tts.startswith("qwen3:") and settings.tts_device.startswith("cuda"):
-        footprint, params["tts"] = qwen3_tts_footprint(Path(settings.tts.removeprefix("qwen3:")))
-        add("tts_device", settings.tts_device, footprint)
-    checkpoint = settings.whisper_checkpoint
-    if checkpoint is not None and settings.asr_device.startswith("cuda"):
-        add("asr_device", settings.asr_device, bf16_weights_footprint(Path(checkpoint), "ASR"))
-    elif settings.asr_device.startswith("cuda"):
-        add("asr_device", settings.asr_device,
-            Footprint(weights=MOONSHINE_GPU_BYTES, parts=("ASR",)))
-    if on and settings.video:  # Helios loads on the default GPU whenever there is one
-        add("video", "cuda", bf16_weights_footprint(Path(settings.video.partition(":")[2]),
-                                                    "video"))
-    return on, params
-
-
-def cuda_device(field: str, device: str) -> str:
-    """``cuda`` or ``cuda:N`` as ``cuda:N``, checked: the GPU exists."""
-    if not torch.cuda.is_available():
-        raise VoxlineError(f"{field}={device}, but this machine has no CUDA GPU "
-                           f"(torch {torch.__version__}); use {field}=cpu")
-    index = int(device.partition(":")[2] or 0)
-    count = torch.cuda.device_count()
-    if index >= count:
-        raise VoxlineError(f"{field}={device}, but this machine has {count} CUDA GPU(s)")
-    return f"cuda:{index}"
-
-
-def probe_device(device: str, footprint: Footprint) -> DeviceBudget:
-    """`device`'s name and memory now (``torch.cuda.mem_get_info``: free, total)."""
-    free, total = torch.cuda.mem_get_info(torch.device(device))
-    return DeviceBudget(device, torch.cuda.get_device_name(torch.device(device)), total, free,
-                        footprint)
-
-
-
-
 # Engine streams beside the sessions': /v1/audio/speech, transcription, voice and video
 # requests each hold one while they run.
 REQUEST_STREAMS = 64
-# Moonshine base on a GPU: 61.5 M float32 parameters (246 MB), the decoder graphs' K/V
-# buffers for 64 rows (1.5 GiB, `StaticDecoder.nbytes`) and the encoder's batch.
-MOONSHINE_GPU_BYTES = 2 << 30
-
-
 def make_engine_core(wake: Callable[[], None], settings: Mapping[str, Any] | None = None, *,
                      llm_path: str | None = None, max_streams: int | None = None,
                      **fields: object) -> EngineCore:
@@ -465,27 +310,4 @@ def make_engine_core(wake: Callable[[], None], settings: Mapping[str, Any] | Non
     models = load_models(resolved, llm_path=llm_path, max_slots=resolved.max_sessions)
     if max_streams is None:  # every admitted session, and the HTTP requests beside them
         max_streams = resolved.max_sessions + REQUEST_STREAMS
-    return EngineCore(models, wake, max_streams=max_streams,
-                      max_responses=resolved.max_responses,
-                      speculate_after_ms=resolved.speculate_after_ms,
-                      warm_prefill=resolved.warm_prefill,
-                      early_pause_transcript=resolved.early_pause_transcript,
-                      generation_lead_ms=resolved.generation_lead_s * 1000 or None,
-                      llm_step_tokens=resolved.llm_step_tokens)
-
-
-DEFAULT_CORE = "voxline.engines.factory:make_engine_core"
-
-
-def make_engine(settings: Settings) -> EngineClient:
-    """The engine client `settings.engine` names (a thread, or a supervised child process),
-    not started; its core is built from `settings` where it runs."""
-    if settings.remote_llm and not settings.llm_model:
-        raise VoxlineError(f"--llm {settings.llm} needs --llm-model (the model name the server "
-                           "serves; its /v1/models lists them)")
-    options = {"settings": settings.model_dump(mode="json")}
-    if settings.engine == "inprocess":
-        return InProcessEngineClient(DEFAULT_CORE, options)
-    from voxline.engines.process import MultiprocessEngineClient
-
-    return MultiprocessEngineClient(DEFAULT_CORE, options, start_timeout=600)
+    return EngineCore.from_settings(models, wake, resolved, max_streams=max_streams)

@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from voxline.engines.protocol import INPUT_RATE, TurnParams
+from voxline.engines.protocol import INPUT_RATE, MIN_COMMIT_MS, TurnParams
 from voxline.engines.stage import RequestRefused
 from voxline.engines.turn_detector import TurnDetector, TurnEvent, TurnState
 from voxline.engines.vad_stage import FRAME_MS
 
-MIN_COMMIT_MS = 100  # OpenAI refuses to commit less audio than this
 MAX_UTTERANCE_MS = 360_000  # manual-commit buffer; above one 15 MiB realtime append
 # Silence this long after voice is where a turn's speech ended (`SpeechEnded`). One
 # silent frame is often only a gap between words (half of the gaps in the pipeline

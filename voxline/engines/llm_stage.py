@@ -37,13 +37,14 @@ from typing import Any, Protocol
 
 import torch
 
+from voxline.config import setting_default
 from voxline.engines.stage import StreamId
 from voxline.kernels.cuda_graphs import StageStream
 
 # A tentative (warm prefill) request's tokens per step: the most a reply that arrives
 # meanwhile waits for.
 TENTATIVE_CHUNK = 32
-STEP_TOKENS = 512  # a step's token budget by default (the llm_step_tokens setting)
+STEP_TOKENS: int = setting_default("llm_step_tokens")  # a step's token budget by default
 
 
 class LanguageModel(Protocol):

@@ -14,7 +14,8 @@ the factory loads it on a GPU, and its parameter count (the latency table's key)
   more is scratch;
 - Whisper and Helios: their safetensors' element counts (headers only) x 2 bytes (bf16).
 
-Nothing here touches CUDA: it runs in the API process before the engine starts.
+Nothing here touches CUDA: it runs in the API process before the engine starts; torch
+is imported only to build Qwen3-TTS on the meta device.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from voxline.engines.capacity import Footprint
+
+if TYPE_CHECKING:
+    import torch
 
 LLM_POSITIONS = 2048  # KV positions of a conversation's LLM slot (its context window)
 TTS_POSITIONS = 2048  # of a talker stream (prompt + codec frames)
@@ -63,9 +65,11 @@ def llm_positions(config: dict[str, Any]) -> int:
     return min(LLM_POSITIONS, int(config.get("max_position_embeddings") or LLM_POSITIONS))
 
 
-def llm_footprint(checkpoint_dir: Path, dtype: str) -> tuple[Footprint, int]:
-    """The embedded LLM at `checkpoint_dir` in `dtype` (bfloat16 or float32)."""
-    config = json.loads((checkpoint_dir / "config.json").read_text())
+def llm_footprint(checkpoint: Path | dict[str, Any], dtype: str) -> tuple[Footprint, int]:
+    """The embedded LLM in `dtype` (bfloat16 or float32): its checkpoint directory, or
+    that directory's ``config.json`` already read (`voxline.engines.checkpoints.llm_config`)."""
+    config = (checkpoint if isinstance(checkpoint, dict)
+              else json.loads((checkpoint / "config.json").read_text()))
     nbytes = BF16 if dtype == "bfloat16" else FLOAT32
     params = llama_params(config)
     positions = llm_positions(config)
@@ -80,6 +84,8 @@ def _numel(module: torch.nn.Module | None) -> int:
 
 def qwen3_tts_footprint(model_dir: Path) -> tuple[Footprint, int]:
     """Qwen3-TTS at `model_dir` as the factory loads it on CUDA (talker bf16, codec fp32)."""
+    import torch
+
     from voxline.engines.models.qwen3_tts.code2wav import Code2WavDecoder
     from voxline.engines.models.qwen3_tts.config import load_code2wav_config, load_config
     from voxline.engines.models.qwen3_tts.speaker_encoder import SpeakerEncoder

@@ -13,11 +13,15 @@ happens at the edges (sessions / transports), never here.
 from __future__ import annotations
 
 import enum
+import json
 from typing import Any
 
 import msgspec
 
 INPUT_RATE = 16000
+# A committed utterance is at least this long (OpenAI refuses to commit less audio); one
+# home for the engine's input buffer, the session actor and the transcription API.
+MIN_COMMIT_MS = 100
 
 
 # Kept firm: small local models ramble without a limit. One home; sessions use it too.
@@ -174,6 +178,16 @@ class AddItem(msgspec.Struct, tag=True, frozen=True):
     text: str
     previous_item_id: str | None = None
     images: tuple[ImageInput, ...] = ()
+
+
+def function_call_text(call_id: str, name: str, arguments: str) -> str:
+    """A `function_call` conversation message's text (see `AddItem`)."""
+    return json.dumps({"call_id": call_id, "name": name, "arguments": arguments})
+
+
+def function_output_text(call_id: str, output: str) -> str:
+    """A `function_call_output` conversation message's text (see `AddItem`)."""
+    return json.dumps({"call_id": call_id, "output": output})
 
 
 class DeleteItem(msgspec.Struct, tag=True, frozen=True):

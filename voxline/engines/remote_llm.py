@@ -41,6 +41,7 @@ from typing import Any
 
 import httpx
 
+from voxline.config import setting_default
 from voxline.engines.llm_stage import FinishReason, GenerationRequest, Slot, ToolCall
 from voxline.engines.protocol import ImageInput
 from voxline.engines.remote_images import ImageSymbols, chat_content, render_with_images
@@ -75,8 +76,8 @@ class RemoteLLMConfig:
     url: str
     model: str
     api_key: str | None = None
-    timeout: float = 30.0
-    retries: int = 2
+    timeout: float = setting_default("llm_timeout")
+    retries: int = setting_default("llm_retries")
     retry_backoff: float = 0.25  # seconds before the first retry; doubles each time
 
     @property
@@ -215,16 +216,6 @@ def _append_message(out: list[dict[str, Any]], role: str, text: str) -> None:
     if not out or out[-1]["role"] != "assistant":
         out.append({"role": "assistant", "content": ""})
     out[-1].setdefault("tool_calls", []).append(call)
-
-
-def function_call_text(call_id: str, name: str, arguments: str) -> str:
-    """A `function_call` conversation message's text (see `protocol.AddItem`)."""
-    return json.dumps({"call_id": call_id, "name": name, "arguments": arguments})
-
-
-def function_output_text(call_id: str, output: str) -> str:
-    """A `function_call_output` conversation message's text."""
-    return json.dumps({"call_id": call_id, "output": output})
 
 
 # ------------------------------------------------------------------------------ stage

@@ -12,7 +12,7 @@ from types import FrameType
 import uvicorn
 
 from voxline.config import settings_from_flags
-from voxline.engines.factory import make_engine, sized_for_device
+from voxline.engines.launch import make_engine, sized_for_device
 from voxline.logs import freeze_startup_objects
 from voxline.realtime.app import create_app
 from voxline.realtime.session_host import SessionHost

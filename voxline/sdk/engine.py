@@ -16,7 +16,7 @@ from typing import Any
 
 from voxline.config import Settings, load_settings
 from voxline.engines.client import EngineClient, InProcessEngineClient
-from voxline.engines.factory import make_engine, sized_for_device
+from voxline.engines.launch import make_engine, sized_for_device
 from voxline.realtime.session_host import (
     CLOSE_NORMAL,
     CLOSE_POLICY,

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from voxline.config import setting_default
 from voxline.engines import protocol as ep
-from voxline.engines.input_audio import MIN_COMMIT_MS
 from voxline.errors import AudioFormatError, ProtocolError
 from voxline.sessions import capabilities
 from voxline.sessions import commands as cmd
@@ -75,8 +75,8 @@ class SessionActor:
     session_id: str
     stream_id: str
     settings: SessionSettings = field(default_factory=SessionSettings)
-    lead_ms: float = 200.0
-    max_event_bytes: int = 15 * 1024 * 1024
+    lead_ms: float = setting_default("output_lead_ms")
+    max_event_bytes: int = setting_default("max_event_bytes")
     media_format: AudioFormat | None = None  # audio on media tracks (see the module doc)
     # The transport learns what the listener heard (e.g. Twilio's mark echoes) and sends
     # TruncateItem itself; the actor then never truncates from its own playout clock.
@@ -135,34 +135,35 @@ class SessionActor:
         """MCP network work for the runner; its outcomes come back through `on_mcp`."""
         return self.mcp.take_requests()
 
-    def _stream_config(self) -> ep.StreamConfig:
+    def engine_stream_config(self) -> ep.StreamConfig:
+        """The engine stream's config now: the session's settings and every tool offered."""
         mcp_tools = self.mcp.function_tools()
         return stream_config(self.settings, (*mcp_tools, *self.show_video.function_tools()))
 
-    def _emit(self, event: ev.ServerEvent) -> None:
+    def emit(self, event: ev.ServerEvent) -> None:
         self.events.append(event)
 
-    def _error(self, message: str, *, code: str, event_id: str | None = None,
-               param: str | None = None, type: str = "invalid_request_error") -> None:
-        self._emit(ev.ErrorEvent(error=it.ErrorDetail(type=type, code=code, message=message,
-                                                      param=param, event_id=event_id)))
+    def send_error(self, message: str, *, code: str, event_id: str | None = None,
+                   param: str | None = None, type: str = "invalid_request_error") -> None:
+        self.emit(ev.ErrorEvent(error=it.ErrorDetail(type=type, code=code, message=message,
+                                                     param=param, event_id=event_id)))
 
     # ---------------------------------------------------------------------- lifecycle
 
     def start(self, now: float) -> None:
         self.last_activity = now
-        self.commands.append(ep.OpenStream(self.stream_id, self._stream_config()))
-        self._emit(ev.SessionCreated(session_id=self.session_id, session=self.settings))
+        self.commands.append(ep.OpenStream(self.stream_id, self.engine_stream_config()))
+        self.emit(ev.SessionCreated(session_id=self.session_id, session=self.settings))
         self.mcp.configure(self.settings.tools)
 
     def expire(self, max_seconds: float) -> None:
         """The session hit its time limit; the transport closes it after this event."""
-        self._error(f"session reached its maximum duration of {max_seconds:.0f} s",
-                    code="session_expired")
+        self.send_error(f"session reached its maximum duration of {max_seconds:.0f} s",
+                        code="session_expired")
 
     def protocol_error(self, exc: ProtocolError) -> None:
         """A client message that failed to parse (transport-level)."""
-        self._emit(ev.ErrorEvent.from_exception(exc))
+        self.emit(ev.ErrorEvent.from_exception(exc))
 
     # ------------------------------------------------------------------ client events
 
@@ -205,8 +206,8 @@ class SessionActor:
         self.settings = new
         if self.media_format is None and self.settings.input_format != old.input_format:
             self.input = self._new_input()
-        self.commands.append(ep.UpdateStream(self.stream_id, self._stream_config()))
-        self._emit(ev.SessionUpdated(session_id=self.session_id, session=self.settings))
+        self.commands.append(ep.UpdateStream(self.stream_id, self.engine_stream_config()))
+        self.emit(ev.SessionUpdated(session_id=self.session_id, session=self.settings))
         self.mcp.configure(self.settings.tools)
 
     def _append(self, e: cmd.InputAudioAppend, now: float) -> None:
@@ -226,11 +227,11 @@ class SessionActor:
 
     def _commit(self, e: cmd.InputAudioCommit, now: float) -> None:
         if self.settings.turn_detection is None:
-            if self.manual_buffer_ms < MIN_COMMIT_MS:
+            if self.manual_buffer_ms < ep.MIN_COMMIT_MS:
                 raise client_error(
                     Mistake.COMMIT_EMPTY, "input_audio_buffer.commit: buffer too small: expected "
-                    f"at least {MIN_COMMIT_MS} ms of audio, have {self.manual_buffer_ms:.0f} ms",
-                    min_ms=MIN_COMMIT_MS, have_ms=self.manual_buffer_ms)
+                    f"at least {ep.MIN_COMMIT_MS} ms of audio, have {self.manual_buffer_ms:.0f} ms",
+                    min_ms=ep.MIN_COMMIT_MS, have_ms=self.manual_buffer_ms)
             item_id = new_id("item")
             self.turn_ms[item_id] = self.manual_buffer_ms
         elif self.in_speech is not None:
@@ -238,7 +239,7 @@ class SessionActor:
         else:
             raise client_error(Mistake.COMMIT_EMPTY, "input_audio_buffer.commit: the buffer "
                                "holds no speech to commit (server VAD commits turns itself)",
-                               min_ms=MIN_COMMIT_MS, have_ms=0.0)
+                               min_ms=ep.MIN_COMMIT_MS, have_ms=0.0)
         self.manual_buffer_ms = 0.0
         self.commands.append(ep.CommitAudio(self.stream_id, item_id))
         self._user_audio_item(item_id)
@@ -248,17 +249,17 @@ class SessionActor:
         self.manual_buffer_ms = 0.0
         self.in_speech = None
         self.commands.append(ep.ClearAudio(self.stream_id))
-        self._emit(ev.InputAudioCleared())
+        self.emit(ev.InputAudioCleared())
 
     def _user_audio_item(self, item_id: str) -> None:
         previous = self.order[-1] if self.order else None
         item = it.MessageItem(id=item_id, role="user", status="completed",
                               content=[it.ContentPart(type="input_audio", transcript=None)])
-        self._add_record(ItemRecord(item, pending_transcript=True))
-        self._emit(ev.InputAudioCommitted(item_id=item_id, previous_item_id=previous))
-        self._emit(ev.ItemAdded(item=item, previous_item_id=previous))
+        self.add_record(ItemRecord(item, pending_transcript=True))
+        self.emit(ev.InputAudioCommitted(item_id=item_id, previous_item_id=previous))
+        self.emit(ev.ItemAdded(item=item, previous_item_id=previous))
 
-    def _add_record(self, record: ItemRecord, previous_item_id: str | None = None) -> None:
+    def add_record(self, record: ItemRecord, previous_item_id: str | None = None) -> None:
         """Add after `previous_item_id` (None: at the end; "root": at the start)."""
         assert record.item.id is not None
         self.items[record.item.id] = record
@@ -309,13 +310,13 @@ class SessionActor:
             raise client_error(Mistake.CREATE_UNKNOWN_PREVIOUS_ITEM, "conversation.item.create: "
                                f"no item with id {previous!r} in the conversation",
                                param="previous_item_id", previous_item_id=previous)
-        self._add_record(ItemRecord(item), previous)
+        self.add_record(ItemRecord(item), previous)
         self.images_accepted += len(images)
         self.commands.append(ep.AddItem(self.stream_id, item.id, *it.engine_message(item), previous,
                                         images=images))
-        prev = self._previous(item.id)
-        self._emit(ev.ItemAdded(item=item, previous_item_id=prev))
-        self._emit(ev.ItemDone(item=item, previous_item_id=prev))
+        prev = self.previous_item(item.id)
+        self.emit(ev.ItemAdded(item=item, previous_item_id=prev))
+        self.emit(ev.ItemDone(item=item, previous_item_id=prev))
 
     def _check_tool_item(self, item: it.FunctionCallItem | it.FunctionCallOutputItem) -> None:
         if not self.tools_supported:
@@ -330,7 +331,7 @@ class SessionActor:
                                 param="item.call_id")
 
     def _item_retrieve(self, e: cmd.ItemRetrieve, now: float) -> None:
-        self._emit(ev.ItemRetrieved(item=self._find(e.item_id, "conversation.item.retrieve").item))
+        self.emit(ev.ItemRetrieved(item=self._find(e.item_id, "conversation.item.retrieve").item))
 
     def _item_delete(self, e: cmd.ItemDelete, now: float) -> None:
         self._find(e.item_id, "conversation.item.delete")
@@ -340,7 +341,7 @@ class SessionActor:
         del self.items[e.item_id]
         self.order.remove(e.item_id)
         self.commands.append(ep.DeleteItem(self.stream_id, e.item_id))
-        self._emit(ev.ItemDeleted(item_id=e.item_id))
+        self.emit(ev.ItemDeleted(item_id=e.item_id))
 
     def _item_truncate(self, e: cmd.ItemTruncate, now: float) -> None:
         record = self._find(e.item_id, "conversation.item.truncate")
@@ -417,7 +418,7 @@ class SessionActor:
                                 code="invalid_value")
         self.pacer.interrupt(now)
         self.playing = None
-        self._emit(ev.OutputAudioBufferCleared(response_id=rid))
+        self.emit(ev.OutputAudioBufferCleared(response_id=rid))
 
     # ---------------------------------------------------------------------- responses
 
@@ -441,13 +442,13 @@ class SessionActor:
         part_type = "output_audio" if r.audio else "output_text"
         item = it.MessageItem(id=item_id, role="assistant", status="in_progress", content=[])
         previous = self.order[-1] if self.order else None
-        self._add_record(ItemRecord(item))
-        self._emit(ev.ResponseCreated(response=response))
-        self._emit(ev.OutputItemAdded(response_id=response.id, output_index=0, item=item))
-        self._emit(ev.ItemAdded(item=item, previous_item_id=previous))
+        self.add_record(ItemRecord(item))
+        self.emit(ev.ResponseCreated(response=response))
+        self.emit(ev.OutputItemAdded(response_id=response.id, output_index=0, item=item))
+        self.emit(ev.ItemAdded(item=item, previous_item_id=previous))
         part = it.ContentPart(type=part_type, transcript="" if r.audio else None,
                               text=None if r.audio else "")
-        self._emit(ev.ContentPartAdded(response_id=response.id, item_id=item_id, part=part))
+        self.emit(ev.ContentPartAdded(response_id=response.id, item_id=item_id, part=part))
         cfg = response_config(settings, self.settings)
         cfg = capabilities.with_tool_overrides(cfg, settings, self.settings)
         self.commands.append(ep.CreateResponse(self.stream_id, response.id, item_id, cfg))
@@ -468,7 +469,7 @@ class SessionActor:
     def _buffer_cleared(self) -> None:
         """The client's output audio buffer was dropped (barge-in, cancel)."""
         if self.playing is not None:
-            self._emit(ev.OutputAudioBufferCleared(response_id=self.playing))
+            self.emit(ev.OutputAudioBufferCleared(response_id=self.playing))
             self.playing = None
 
     def _finish_response(self, now: float) -> None:
@@ -500,13 +501,13 @@ class SessionActor:
         if record is not None:
             record.item = item
         if r.audio:
-            self._emit(ev.AudioDone(response_id=rid, item_id=item_id))
-            self._emit(ev.AudioTranscriptDone(response_id=rid, item_id=item_id, transcript=text))
+            self.emit(ev.AudioDone(response_id=rid, item_id=item_id))
+            self.emit(ev.AudioTranscriptDone(response_id=rid, item_id=item_id, transcript=text))
         else:
-            self._emit(ev.TextDone(response_id=rid, item_id=item_id, text=text))
-        self._emit(ev.ContentPartDone(response_id=rid, item_id=item_id, part=part))
-        self._emit(ev.OutputItemDone(response_id=rid, output_index=0, item=item))
-        self._emit(ev.ItemDone(item=item, previous_item_id=self._previous(item_id)))
+            self.emit(ev.TextDone(response_id=rid, item_id=item_id, text=text))
+        self.emit(ev.ContentPartDone(response_id=rid, item_id=item_id, part=part))
+        self.emit(ev.OutputItemDone(response_id=rid, output_index=0, item=item))
+        self.emit(ev.ItemDone(item=item, previous_item_id=self.previous_item(item_id)))
         usage = it.ResponseUsage(
             total_tokens=done.input_tokens + done.output_tokens,
             input_tokens=done.input_tokens, output_tokens=done.output_tokens,
@@ -516,7 +517,7 @@ class SessionActor:
         calls = [self.items[c].item for c in r.calls if c in self.items]
         final = r.response.model_copy(update={"output": [item, *calls]}).finished(
             status, reason=reason, usage=usage)  # type: ignore[arg-type]
-        self._emit(ev.ResponseDone(response=final))
+        self.emit(ev.ResponseDone(response=final))
         self.observations.append(("voxline_response_seconds", now - r.started))
         log_trace(self.settings.tracing, self.session_id, r, final, now)
         if (r.audio and record is not None and r.cancel_reason == it.StatusReason.TURN_DETECTED
@@ -531,7 +532,8 @@ class SessionActor:
             self.reply_after_cancel = False
             self._start_response(self.settings, now, trigger=self.speech_stopped_at or now)
 
-    def _previous(self, item_id: str) -> str | None:
+    def previous_item(self, item_id: str) -> str | None:
+        """The item before `item_id` in conversation order (None: first, or unknown)."""
         i = self.order.index(item_id) if item_id in self.order else 0
         return self.order[i - 1] if i > 0 else None
 
@@ -582,7 +584,7 @@ class SessionActor:
         self.in_speech = out.item_id
         self.speech_start_ms = out.audio_start_ms
         self.last_activity = now
-        self._emit(ev.SpeechStarted(audio_start_ms=out.audio_start_ms, item_id=out.item_id))
+        self.emit(ev.SpeechStarted(audio_start_ms=out.audio_start_ms, item_id=out.item_id))
         td = self.settings.turn_detection
         if td is None or not td.interrupt_response:
             return
@@ -605,7 +607,7 @@ class SessionActor:
         self.in_speech = None
         self.speech_stopped_at = now
         self.turn_ms[out.item_id] = max(0.0, out.audio_end_ms - self.speech_start_ms)
-        self._emit(ev.SpeechStopped(audio_end_ms=out.audio_end_ms, item_id=out.item_id))
+        self.emit(ev.SpeechStopped(audio_end_ms=out.audio_end_ms, item_id=out.item_id))
         self._user_audio_item(out.item_id)
         td = self.settings.turn_detection
         if td is None or not td.create_response:
@@ -620,7 +622,7 @@ class SessionActor:
             return
         delta = self.partials.setdefault(out.item_id, PartialTranscript()).delta(out.text)
         if delta:
-            self._emit(ev.InputTranscriptionDelta(item_id=out.item_id, delta=delta))
+            self.emit(ev.InputTranscriptionDelta(item_id=out.item_id, delta=delta))
 
     def _transcript_final(self, out: ep.TranscriptFinal) -> None:
         partial = self.partials.pop(out.item_id, None)
@@ -633,11 +635,11 @@ class SessionActor:
         if self.settings.transcription_enabled:
             rest = (partial or PartialTranscript()).final_delta(out.text)
             if rest:
-                self._emit(ev.InputTranscriptionDelta(item_id=out.item_id, delta=rest))
+                self.emit(ev.InputTranscriptionDelta(item_id=out.item_id, delta=rest))
             seconds = self.turn_ms.pop(out.item_id, 0.0) / 1000
-            self._emit(ev.InputTranscriptionCompleted(item_id=out.item_id, transcript=out.text,
-                                                      audio_seconds=seconds))
-        self._emit(ev.ItemDone(item=record.item, previous_item_id=self._previous(out.item_id)))
+            self.emit(ev.InputTranscriptionCompleted(item_id=out.item_id, transcript=out.text,
+                                                     audio_seconds=seconds))
+        self.emit(ev.ItemDone(item=record.item, previous_item_id=self.previous_item(out.item_id)))
 
     def _current(self, response_id: str) -> ActiveResponse | None:
         r = self.response
@@ -649,10 +651,10 @@ class SessionActor:
             return
         r.transcript += out.text
         if r.audio:
-            self._emit(ev.AudioTranscriptDelta(response_id=r.response.id, item_id=r.item_id,
-                                               delta=out.text))
+            self.emit(ev.AudioTranscriptDelta(response_id=r.response.id, item_id=r.item_id,
+                                              delta=out.text))
         else:
-            self._emit(ev.TextDelta(response_id=r.response.id, item_id=r.item_id, delta=out.text))
+            self.emit(ev.TextDelta(response_id=r.response.id, item_id=r.item_id, delta=out.text))
 
     def _audio_chunk(self, out: ep.AudioChunk, now: float) -> None:
         r = self._current(out.response_id)
@@ -664,8 +666,8 @@ class SessionActor:
                 self.pacer.push(OutFrame(r.response.id, r.item_id, payload, ms))
         except OutputBufferFull as exc:
             # a reply far longer than anyone listens to: cut it as if it hit its limit
-            self._error(f"the response's audio ran too far ahead of playout: {exc}; the "
-                        "response was cut", code="output_buffer_full", type="server_error")
+            self.send_error(f"the response's audio ran too far ahead of playout: {exc}; the "
+                            "response was cut", code="output_buffer_full", type="server_error")
             self._cancel(now, it.StatusReason.MAX_OUTPUT_TOKENS, interrupt=False)
 
     def _engine_response_done(self, out: ep.ResponseFinished, now: float) -> None:
@@ -688,16 +690,16 @@ class SessionActor:
         # the engine clamped a cut past the item's (already truncated) audio
         record.item = record.item.model_copy(update={"content": [
             it.ContentPart(type="output_audio", transcript=out.text)]})
-        self._emit(ev.ItemTruncated(item_id=out.item_id, content_index=0,
-                                    audio_end_ms=out.audio_end_ms))
+        self.emit(ev.ItemTruncated(item_id=out.item_id, content_index=0,
+                                   audio_end_ms=out.audio_end_ms))
 
     def _engine_error(self, out: ep.StreamError) -> None:
         if out.fatal:
             self.closed = it.ErrorDetail(type="server_error", code=out.code, message=out.message)
-            self._emit(ev.ErrorEvent(error=self.closed))
+            self.emit(ev.ErrorEvent(error=self.closed))
             return
-        self._error(out.message, code=out.code, param=out.param, type="server_error"
-                    if ep.ErrorCode(out.code).server_side else "invalid_request_error")
+        self.send_error(out.message, code=out.code, param=out.param, type="server_error"
+                        if ep.ErrorCode(out.code).server_side else "invalid_request_error")
 
     # ---------------------------------------------------------------------- the clock
 
@@ -710,9 +712,9 @@ class SessionActor:
             if not r.buffer_started:
                 r.buffer_started = True
                 if self.playing is not None:  # the previous reply's audio was all sent
-                    self._emit(ev.OutputAudioBufferStopped(response_id=self.playing))
+                    self.emit(ev.OutputAudioBufferStopped(response_id=self.playing))
                 self.playing = self.last_audio_response = r.response.id
-                self._emit(ev.OutputAudioBufferStarted(response_id=r.response.id))
+                self.emit(ev.OutputAudioBufferStarted(response_id=r.response.id))
             if r.first_audio is None:
                 r.first_audio = now
                 self.observations.append(("voxline_first_audio_seconds", now - r.trigger))
@@ -720,8 +722,8 @@ class SessionActor:
             if record is not None:
                 record.audio_ms += frame.ms
                 record.sent_ms += frame.ms
-            self._emit(ev.AudioDelta(response_id=r.response.id, item_id=r.item_id,
-                                     delta=frame.payload))
+            self.emit(ev.AudioDelta(response_id=r.response.id, item_id=r.item_id,
+                                    delta=frame.payload))
         r = self.response
         self.commands.extend(self.playout.report(self.stream_id, r, self.pacer, now))
         if (r is not None and r.engine_done is not None and not self.pacer.pending(r.response.id)
@@ -747,7 +749,7 @@ class SessionActor:
             return
         assert rid is not None
         self.playing = None
-        self._emit(ev.OutputAudioBufferStopped(response_id=rid))
+        self.emit(ev.OutputAudioBufferStopped(response_id=rid))
 
     def _check_idle(self, now: float) -> None:
         td = self.settings.turn_detection
@@ -759,7 +761,7 @@ class SessionActor:
             # item, and the model answers it.
             item_id = new_id("item")
             end = int(self.input.received_ms)
-            self._emit(ev.InputAudioTimeoutTriggered(
+            self.emit(ev.InputAudioTimeoutTriggered(
                 audio_start_ms=max(0, end - td.idle_timeout_ms), audio_end_ms=end,
                 item_id=item_id))
             self._user_audio_item(item_id)

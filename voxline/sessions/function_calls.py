@@ -10,28 +10,15 @@ off). Calls to MCP tools go to `sessions.mcp` instead; the client runs these.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 from voxline.engines import protocol as ep
 from voxline.sessions import events as ev
 from voxline.sessions import items as it
+from voxline.sessions.actor_view import ActorView
 from voxline.sessions.records import ActiveResponse, ItemRecord
 
 
-class CallHost(Protocol):
-    """What of the actor this needs: the item list and the event outbox."""
-
-    order: list[str]
-    items: dict[str, ItemRecord]
-
-    def _add_record(self, record: ItemRecord) -> None: ...
-
-    def _emit(self, event: ev.ServerEvent) -> None: ...
-
-    def _previous(self, item_id: str) -> str | None: ...
-
-
-def output_call_item(host: CallHost, r: ActiveResponse, item_id: str,
+def output_call_item(host: ActorView, r: ActiveResponse, item_id: str,
                      make: Callable[[], it.ConversationItem]) -> tuple[ItemRecord, int]:
     """The call item `item_id` of reply `r` (a function or MCP call) and its output index:
     on first sight `make()` is added to the conversation and announced
@@ -39,16 +26,16 @@ def output_call_item(host: CallHost, r: ActiveResponse, item_id: str,
     if item_id not in r.calls:
         item = make()
         previous = host.order[-1] if host.order else None
-        host._add_record(ItemRecord(item))
+        host.add_record(ItemRecord(item))
         r.calls.append(item_id)
-        host._emit(ev.OutputItemAdded(response_id=r.response.id, output_index=len(r.calls),
-                                      item=item))
-        host._emit(ev.ItemAdded(item=item, previous_item_id=previous))
+        host.emit(ev.OutputItemAdded(response_id=r.response.id, output_index=len(r.calls),
+                                     item=item))
+        host.emit(ev.ItemAdded(item=item, previous_item_id=previous))
     return host.items[item_id], r.calls.index(item_id) + 1
 
 
 class FunctionCalls:
-    def __init__(self, actor: CallHost) -> None:
+    def __init__(self, actor: ActorView) -> None:
         self._actor = actor
 
     def _record(self, r: ActiveResponse, out: ep.FunctionCallDelta | ep.FunctionCallDone
@@ -67,7 +54,7 @@ class FunctionCalls:
         assert isinstance(record.item, it.FunctionCallItem)
         record.item = record.item.model_copy(
             update={"arguments": record.item.arguments + out.delta})
-        self._actor._emit(ev.FunctionCallArgumentsDelta(
+        self._actor.emit(ev.FunctionCallArgumentsDelta(
             response_id=r.response.id, item_id=out.item_id, output_index=index,
             call_id=out.call_id, delta=out.delta))
 
@@ -80,8 +67,8 @@ class FunctionCalls:
                                    status="completed" if out.completed else "incomplete")
         record.item = item
         actor = self._actor
-        actor._emit(ev.FunctionCallArgumentsDone(
+        actor.emit(ev.FunctionCallArgumentsDone(
             response_id=r.response.id, item_id=out.item_id, output_index=index,
             call_id=out.call_id, name=out.name, arguments=out.arguments))
-        actor._emit(ev.OutputItemDone(response_id=r.response.id, output_index=index, item=item))
-        actor._emit(ev.ItemDone(item=item, previous_item_id=actor._previous(out.item_id)))
+        actor.emit(ev.OutputItemDone(response_id=r.response.id, output_index=index, item=item))
+        actor.emit(ev.ItemDone(item=item, previous_item_id=actor.previous_item(out.item_id)))

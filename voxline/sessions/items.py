@@ -15,7 +15,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from voxline.engines.remote_llm import function_call_text, function_output_text
+from voxline.engines.protocol import function_call_text, function_output_text
 from voxline.errors import ProtocolError
 from voxline.sessions.ids import new_id
 from voxline.sessions.settings import AudioFormat, SessionSettings

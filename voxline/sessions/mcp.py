@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from voxline.engines import protocol as ep
-from voxline.engines.remote_llm import function_output_text
 from voxline.errors import ProtocolError
 from voxline.sessions import events as ev
 from voxline.sessions import items as it
+from voxline.sessions.actor_view import ActorView
 from voxline.sessions.function_calls import output_call_item
 from voxline.sessions.ids import new_id
 from voxline.sessions.mcp_servers import (
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 class McpTools:
     """A session's MCP side; the actor delegates to it (see the module doc)."""
 
-    actor: Any  # the SessionActor that owns this (which imports this module)
+    actor: ActorView  # the SessionActor that owns this
     servers: dict[str, McpServer] = field(default_factory=dict)
     listed: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
     requests: list[McpRequest] = field(default_factory=list)
@@ -84,9 +84,9 @@ class McpTools:
                 continue
             item = it.McpListToolsItem(id=new_id("item"), server_label=label)
             previous = a.order[-1] if a.order else None
-            a._add_record(ItemRecord(item))
-            a._emit(ev.ItemAdded(item=item, previous_item_id=previous))
-            a._emit(ev.McpListToolsInProgress(item_id=item.id))
+            a.add_record(ItemRecord(item))
+            a.emit(ev.ItemAdded(item=item, previous_item_id=previous))
+            a.emit(ev.McpListToolsInProgress(item_id=item.id))
             self.requests.append(ListMcpTools(item.id, server))
         self.servers = servers
 
@@ -122,19 +122,19 @@ class McpTools:
             return  # deleted meanwhile
         label = record.item.server_label
         if out.error is not None:
-            a._emit(ev.McpListToolsFailed(item_id=out.item_id))
-            a._emit(ev.ItemDone(item=record.item, previous_item_id=a._previous(out.item_id)))
-            a._error(f"session.update: listing the tools of MCP server {label!r} failed: "
-                     f"{out.error}", code="mcp_list_tools_failed", type="server_error")
+            a.emit(ev.McpListToolsFailed(item_id=out.item_id))
+            a.emit(ev.ItemDone(item=record.item, previous_item_id=a.previous_item(out.item_id)))
+            a.send_error(f"session.update: listing the tools of MCP server {label!r} failed: "
+                         f"{out.error}", code="mcp_list_tools_failed", type="server_error")
             return
         server = self.servers.get(label)
         tools = [t for t in out.tools if server is None or server.allows(t)]
         record.item = record.item.model_copy(update={"tools": tools})
         if server is not None:
             self.listed[label] = tuple(tools)
-        a._emit(ev.McpListToolsCompleted(item_id=out.item_id))
-        a._emit(ev.ItemDone(item=record.item, previous_item_id=a._previous(out.item_id)))
-        a.commands.append(ep.UpdateStream(a.stream_id, a._stream_config()))
+        a.emit(ev.McpListToolsCompleted(item_id=out.item_id))
+        a.emit(ev.ItemDone(item=record.item, previous_item_id=a.previous_item(out.item_id)))
+        a.commands.append(ep.UpdateStream(a.stream_id, a.engine_stream_config()))
 
     # ------------------------------------------------------------------ calls
 
@@ -155,8 +155,8 @@ class McpTools:
         record, index = self._call_record(r, out, server)
         record.item = record.item.model_copy(
             update={"arguments": record.item.arguments + out.delta})  # type: ignore[union-attr]
-        self.actor._emit(ev.McpCallArgumentsDelta(response_id=r.response.id,
-                                                  item_id=out.item_id, output_index=index,
+        self.actor.emit(ev.McpCallArgumentsDelta(response_id=r.response.id,
+                                                 item_id=out.item_id, output_index=index,
                                                   delta=out.delta))
 
     def call_done(self, r: ActiveResponse, out: ep.FunctionCallDone) -> None:
@@ -171,15 +171,15 @@ class McpTools:
                 id=out.item_id, server_label=server.label, name=out.name,
                 arguments=out.arguments)
             record, index = self._call_record(r, out, server, item)
-            a._emit(ev.OutputItemDone(response_id=r.response.id, output_index=index, item=item))
-            a._emit(ev.ItemDone(item=item, previous_item_id=a._previous(out.item_id)))
+            a.emit(ev.OutputItemDone(response_id=r.response.id, output_index=index, item=item))
+            a.emit(ev.ItemDone(item=item, previous_item_id=a.previous_item(out.item_id)))
             return
         if out.item_id not in r.calls and not out.completed:
             return
         record, index = self._call_record(r, out, server)
         record.item = record.item.model_copy(update={"arguments": out.arguments})
-        a._emit(ev.McpCallArgumentsDone(response_id=r.response.id, item_id=out.item_id,
-                                        output_index=index, arguments=out.arguments))
+        a.emit(ev.McpCallArgumentsDone(response_id=r.response.id, item_id=out.item_id,
+                                       output_index=index, arguments=out.arguments))
         if not out.completed:  # cut off by a cancel: never run
             self._finish(out.item_id, McpCallDone(out.item_id, error={
                 "type": "tool_execution_error", "message": "the response was cancelled before "
@@ -196,7 +196,7 @@ class McpTools:
     def _run(self, item_id: str, server: McpServer, name: str, arguments: str, index: int,
              response_id: str | None) -> None:
         self.running[item_id] = response_id
-        self.actor._emit(ev.McpCallInProgress(item_id=item_id, output_index=index))
+        self.actor.emit(ev.McpCallInProgress(item_id=item_id, output_index=index))
         self.requests.append(CallMcpTool(item_id, server, name, arguments))
 
     def holds(self, response_id: str) -> bool:
@@ -221,13 +221,13 @@ class McpTools:
         item = record.item.model_copy(update={"output": out.output, "error": out.error})
         record.item = item
         if out.error is None:
-            a._emit(ev.McpCallCompleted(item_id=item_id, output_index=index))
+            a.emit(ev.McpCallCompleted(item_id=item_id, output_index=index))
         else:
-            a._emit(ev.McpCallFailed(item_id=item_id, output_index=index))
+            a.emit(ev.McpCallFailed(item_id=item_id, output_index=index))
         r = a.response
         if response_id is not None and r is not None and r.response.id == response_id:
-            a._emit(ev.OutputItemDone(response_id=response_id, output_index=index, item=item))
-        a._emit(ev.ItemDone(item=item, previous_item_id=a._previous(item_id)))
+            a.emit(ev.OutputItemDone(response_id=response_id, output_index=index, item=item))
+        a.emit(ev.ItemDone(item=item, previous_item_id=a.previous_item(item_id)))
         result = out.output if out.error is None else f"error: {out.error['message']}"
         self._tell_engine(item.approval_request_id or item_id, result or "")
         if response_id is None or (r is not None and r.cancel_reason is None):
@@ -237,7 +237,7 @@ class McpTools:
         a = self.actor
         call_id = self.call_ids.get(call_item_id, call_item_id)
         a.commands.append(ep.AddItem(a.stream_id, f"{call_item_id}_output",
-                                     "function_call_output", function_output_text(call_id, text),
+                                     "function_call_output", ep.function_output_text(call_id, text),
                                      None))
 
     # --------------------------------------------------------------- approvals
@@ -259,10 +259,10 @@ class McpTools:
             raise ProtocolError(f"conversation.item.create: an item with id {item.id!r} "
                                 "already exists", code="invalid_value", param="item.id")
         self.answered.add(item.approval_request_id)
-        a._add_record(ItemRecord(item), previous)
-        prev = a._previous(item.id)
-        a._emit(ev.ItemAdded(item=item, previous_item_id=prev))
-        a._emit(ev.ItemDone(item=item, previous_item_id=prev))
+        a.add_record(ItemRecord(item), previous)
+        prev = a.previous_item(item.id)
+        a.emit(ev.ItemAdded(item=item, previous_item_id=prev))
+        a.emit(ev.ItemDone(item=item, previous_item_id=prev))
         req = request.item
         server = self.servers.get(req.server_label)
         if not item.approve or server is None:
@@ -274,8 +274,8 @@ class McpTools:
             return
         call = it.McpCallItem(id=new_id("item"), server_label=req.server_label, name=req.name,
                               arguments=req.arguments, approval_request_id=req.id)
-        a._add_record(ItemRecord(call))
-        a._emit(ev.ItemAdded(item=call, previous_item_id=a._previous(call.id or "")))
+        a.add_record(ItemRecord(call))
+        a.emit(ev.ItemAdded(item=call, previous_item_id=a.previous_item(call.id or "")))
         self._run(call.id or "", server, req.name, req.arguments, 0, None)
 
     # ---------------------------------------------------------------- outcomes

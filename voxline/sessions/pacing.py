@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from voxline.config import setting_default
+
 
 @dataclass(frozen=True)
 class OutFrame:
@@ -25,7 +27,8 @@ class OutputBufferFull(Exception):
 
 
 class OutputPacer:
-    def __init__(self, lead_ms: float = 200.0, max_queued_ms: float = 300_000.0) -> None:
+    def __init__(self, lead_ms: float = setting_default("output_lead_ms"),
+                 max_queued_ms: float = 300_000.0) -> None:
         if not 0 < lead_ms <= 1000:
             raise ValueError(f"lead_ms must be in (0, 1000], got {lead_ms}")
         self.lead_ms = lead_ms

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from voxline.config import setting_default
 from voxline.engines import protocol as ep
 from voxline.engines.client import EngineClient, StreamHandle
 from voxline.errors import EngineBusyError, EngineDeadError, EngineError, ProtocolError
@@ -50,7 +51,7 @@ class SessionRunner:
         engine: EngineClient,
         send: Callable[[ev.ServerEvent], Awaitable[None]],
         *,
-        max_seconds: float = 1800.0,
+        max_seconds: float = setting_default("max_session_seconds"),
         observe: Callable[[str, float], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

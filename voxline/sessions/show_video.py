@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from voxline.engines import protocol as ep
-from voxline.engines.remote_llm import function_output_text
 from voxline.engines.video_frames import MAX_CHUNKS, output_frames
+from voxline.sessions.actor_view import ActorView
 from voxline.sessions.commands import VideoParams
+from voxline.sessions.mcp import McpTools
 from voxline.sessions.records import ActiveResponse
-from voxline.sessions.settings import SessionSettings
 from voxline.sessions.video_responses import VideoResponses
 
 TOOL_NAME = "show_video"
@@ -122,15 +122,11 @@ def _makeable_frames(frames: int) -> int:
                 output_frames(MAX_CHUNKS))
 
 
-class ShowVideoHost(Protocol):
-    """What of the actor this needs."""
+class ShowVideoHost(ActorView, Protocol):
+    """What of the actor this needs: its public face and its video and MCP halves."""
 
-    stream_id: str
-    commands: list[ep.EngineInput]
-    settings: SessionSettings
-    response: ActiveResponse | None
     video: VideoResponses
-    mcp: Any  # sessions.mcp.McpTools: its function_tools()
+    mcp: McpTools
 
 
 @dataclass
@@ -180,7 +176,7 @@ class ShowVideoTool:
         a = self.actor
         a.commands.append(ep.AddItem(a.stream_id, f"{out.item_id}_output",
                                      "function_call_output",
-                                     function_output_text(out.call_id, json.dumps(result)),
+                                     ep.function_output_text(out.call_id, json.dumps(result)),
                                      None))
 
     def take_follow_up(self) -> bool:

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from voxline.config import load_settings
+from voxline.config import default_cache
 from voxline.errors import ModelUnavailableError
 from voxline.logs import timed
 
@@ -296,9 +296,10 @@ class MoonshineASR:
         """Load the shipped base-en model, or the same three files from `model_dir`.
 
         `threads` is onnxruntime's intra-op thread count (0 = its default, all cores).
-        With `fold_weights` the fast converted copies in `cache_dir` (default: the
-        settings' converted-weights cache) are made if needed and used; if conversion
-        fails, a warning is logged and the files are run as shipped.
+        With `fold_weights` the fast converted copies in `cache_dir` (default:
+        `voxline.config.default_cache`; the factory passes the `cache` setting) are made
+        if needed and used; if conversion fails, a warning is logged and the files are
+        run as shipped.
         Raises ModelUnavailableError naming the missing package or file.
         """
         directory = shipped_model_dir() if model_dir is None else Path(model_dir)
@@ -327,7 +328,7 @@ class MoonshineASR:
         with timed(log, f"loading {_MODEL} from {directory}"):
             sessions = None
             if fold_weights:
-                cache = Path(cache_dir) if cache_dir is not None else load_settings().cache
+                cache = Path(cache_dir) if cache_dir is not None else default_cache()
                 try:
                     sessions = [session(folded_copy(p, cache / "moonshine")) for p in shipped]
                 except Exception as exc:  # the shipped files still work, only slower

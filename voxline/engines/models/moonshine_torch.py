@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from voxline.config import load_settings
+from voxline.config import default_cache
 from voxline.engines.models.moonshine_asr import (
     BOS_ID,
     EOS_ID,
@@ -176,7 +176,7 @@ def shipped_state_dict(model_dir: str | Path | None = None, *,
                        cache_dir: str | Path | None = None) -> dict[str, torch.Tensor]:
     """`MoonshineForConditionalGeneration`'s state dict from the shipped ORT files
     (float32, bit-identical to the dequantized ORT weights). Read once (~10 s) into the
-    converted-weights cache (`cache_dir`, default the settings' cache) and loaded from
+    converted-weights cache (`cache_dir`, default `voxline.config.default_cache`) and loaded from
     there after."""
     from safetensors.torch import load_file, save_file
 
@@ -185,7 +185,7 @@ def shipped_state_dict(model_dir: str | Path | None = None, *,
     for src in sources:
         if not src.is_file():
             raise ModelUnavailableError(_MODEL, str(src), "reinstall the 'moonshine-cpp' package")
-    cache = (Path(cache_dir) if cache_dir is not None else load_settings().cache) / "moonshine"
+    cache = (Path(cache_dir) if cache_dir is not None else default_cache()) / "moonshine"
     entry = cache_entry(sources, cache, _STATE_NAME, STATE_VERSION, ".safetensors")
     if entry.is_file():
         return load_file(entry)
@@ -260,11 +260,12 @@ class MoonshineTorchASR(BatchTranscriber):
 
     @classmethod
     def load(cls, device: str = "cpu", *, model_dir: str | None = None,
-             max_batch: int = 16) -> MoonshineTorchASR:
-        """The shipped weights (or the same files in `model_dir`) on `device`."""
+             max_batch: int = 16, cache_dir: str | Path | None = None) -> MoonshineTorchASR:
+        """The shipped weights (or the same files in `model_dir`) on `device`; their
+        float32 copy is kept in `cache_dir` (see `shipped_state_dict`)."""
         directory = shipped_model_dir() if model_dir is None else Path(model_dir)
         with timed(log, f"loading {_MODEL} from {directory} onto {device}"):
-            model = build_model(shipped_state_dict(directory)).to(device)
+            model = build_model(shipped_state_dict(directory, cache_dir=cache_dir)).to(device)
             tokenizer = MoonshineTokenizer.from_file(directory / "tokenizer.bin")
             asr = cls(model, tokenizer, max_batch=max_batch)
         if asr.decoder.steps.capture:

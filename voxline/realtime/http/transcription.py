@@ -33,7 +33,7 @@ from starlette.exceptions import HTTPException
 
 from voxline.codecs.opus import decode_audio_file
 from voxline.engines import protocol as p
-from voxline.engines.input_audio import MIN_COMMIT_MS
+from voxline.engines.protocol import MIN_COMMIT_MS
 from voxline.errors import AudioFormatError, EngineError
 from voxline.realtime.http.audio_requests import (
     AudioAPIError,

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from voxline.errors import ModelUnavailableError
+from voxline.engines.checkpoints import checkpoint_dir
 from voxline.kernels.int8_linear import int8_max_rows
 from voxline.logs import timed
 
@@ -45,23 +45,15 @@ def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     return value
 
 
-def _resolve(path: str | Path | None, cache: Path | None) -> Path:
-    """A local checkpoint directory: SmolLM2's cache, a local path, or a hub id's snapshot."""
+def resolve_checkpoint(path: str | Path | None, cache: Path | None) -> Path:
+    """The local directory `load_llm` reads: for ``path=None`` the shipped SmolLM2's
+    converted copy in `cache` (converted now on first use), else the user's checkpoint
+    directory or cached hub snapshot (`voxline.engines.checkpoints.checkpoint_dir`).
+    Capacity sizing reads configs through `voxline.engines.checkpoints.llm_config`
+    instead, which never converts."""
     if path is None:
         return ensure_smollm2(cache)
-    local = Path(path).expanduser()
-    if local.is_dir():
-        return local
-    if local.is_absolute() or str(path).startswith((".", "~")) or local.exists():
-        raise ModelUnavailableError(str(path), "checkpoint directory", "no such directory")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(str(path)))
-    except Exception as exc:  # offline with no local copy, unknown repo, ...
-        raise ModelUnavailableError(
-            str(path), "a local checkpoint directory or cached hub snapshot", str(exc)
-        ) from exc
+    return checkpoint_dir(path)
 
 
 def _read_state_dict(directory: Path) -> dict[str, torch.Tensor] | None:
@@ -81,7 +73,7 @@ def load_tokenizer(path: str | Path | None = None, *, cache: Path | None = None)
     """The tokenizer of a checkpoint (default: SmolLM2), with a chat template guaranteed."""
     from transformers import AutoTokenizer
 
-    return fix_tokenizer(AutoTokenizer.from_pretrained(_resolve(path, cache)))
+    return fix_tokenizer(AutoTokenizer.from_pretrained(resolve_checkpoint(path, cache)))
 
 
 def load_llm(
@@ -102,7 +94,7 @@ def load_llm(
 
     int8 = str(dtype) == INT8
     float_dtype = torch.float32 if int8 else _as_dtype(dtype)
-    directory = _resolve(path, cache)
+    directory = resolve_checkpoint(path, cache)
     name = str(path) if path is not None else SMOLLM2_NAME
     config = AutoConfig.from_pretrained(directory)
     if config.model_type != "llama":
@@ -131,7 +123,7 @@ def load_hf_llm(
     """The transformers ``LlamaForCausalLM`` of a checkpoint (reference for parity/benchmarks)."""
     from transformers import AutoModelForCausalLM
 
-    directory = _resolve(path, cache)
+    directory = resolve_checkpoint(path, cache)
     return AutoModelForCausalLM.from_pretrained(directory, dtype=_as_dtype(dtype)).eval()
 
 

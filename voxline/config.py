@@ -72,6 +72,11 @@ class VideoBackend(enum.StrEnum):
     HELIOS_PYRAMID = "helios-pyramid"  # helios-pyramid:<checkpoint dir>
 
 
+class VideoWeights(enum.StrEnum):
+    BF16 = "bf16"  # as loaded
+    FP8 = "fp8"  # float8 block projections (lossy; compute capability 8.9+)
+
+
 BackendT = TypeVar("BackendT", bound=enum.StrEnum)
 
 
@@ -308,11 +313,12 @@ class Settings(BaseSettings):
                                  "diffusers' name (native: PyTorch SDPA; e.g. flash, "
                                  "_native_cudnn, sage, xformers when their package is "
                                  "installed); refused at start-up when diffusers cannot run it")
-    video_weights: str = Field(default="bf16", pattern=r"^(bf16|fp8)$",
-                               description="number format of the video transformer's block "
-                               "projections: bf16 (as loaded) or fp8 (float8 e4m3 weights and "
-                               "activations scaled per row: lossy, about half the transformer's "
-                               "memory; a CUDA GPU of compute capability 8.9 or newer)")
+    video_weights: VideoWeights = Field(
+        default=VideoWeights.BF16,
+        description="number format of the video transformer's block projections: bf16 (as "
+                    "loaded) or fp8 (float8 e4m3 weights and activations scaled per row: "
+                    "lossy, about half the transformer's memory; a CUDA GPU of compute "
+                    "capability 8.9 or newer)")
     llm_timeout: float = Field(default=30.0, gt=0, description="remote server: seconds to "
                                "connect and to wait for each streamed chunk")
     llm_retries: int = Field(default=2, ge=0, description="remote server: retries of a request "

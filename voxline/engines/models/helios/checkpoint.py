@@ -107,6 +107,7 @@ def set_video_weights(transformer: torch.nn.Module, name: str) -> int:
     how many layers changed."""
     from voxline.kernels.float8_linear import float8_refusal, to_float8
 
+    name = str(name)  # the setting's enum member or its value
     if name not in VIDEO_WEIGHTS:
         raise ValueError(f"video_weights={name!r} is not one of {', '.join(VIDEO_WEIGHTS)}")
     if name == "bf16":

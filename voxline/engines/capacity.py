@@ -42,7 +42,7 @@ An explicit setting wins, checked: one that does not fit is a start-up error; on
 the latency cap is logged as such.
 
 More than one GPU: one ``voxline serve`` per GPU (``CUDA_VISIBLE_DEVICES=N``), each sizing
-itself here, behind the balancer (``deploy/``, README "Capacity on a GPU"), not one
+itself here, behind the balancer (``deploy/``, docs/deploy.md "More than one GPU"), not one
 server with an engine per GPU: the network edge (one event loop per API process) then
 scales with the GPUs, a GPU's failure takes only its own sessions, and client secrets,
 call and video ids and the voice directory already work across servers. A list such as

@@ -30,17 +30,17 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 bench: $(STAMP)
-	$(VENV)/bin/python benchmarks/bench_llm.py
-	$(VENV)/bin/python benchmarks/bench_pipeline.py
+	$(VENV)/bin/python benchmarks/cpu_latency/bench_llm.py
+	$(VENV)/bin/python benchmarks/cpu_latency/bench_pipeline.py
 
 # Long reliability runs, not part of `make test`: the fault suite with idle sessions too,
-# then SOAK_SESSIONS concurrent sessions for SOAK_MINUTES (model-free core; benchmarks/soak.py
+# then SOAK_SESSIONS concurrent sessions for SOAK_MINUTES (model-free core; benchmarks/reliability/soak.py
 # --real serves the shipped models): fails unless RSS, fds and threads return to baseline.
 SOAK_SESSIONS ?= 200
 SOAK_MINUTES ?= 10
 soak: $(STAMP)
 	VOXLINE_SOAK=1 $(VENV)/bin/python -m pytest tests/reliability $(PYTEST_ARGS)
-	$(VENV)/bin/python benchmarks/soak.py --sessions $(SOAK_SESSIONS) --minutes $(SOAK_MINUTES)
+	$(VENV)/bin/python benchmarks/reliability/soak.py --sessions $(SOAK_SESSIONS) --minutes $(SOAK_MINUTES)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates (once) the virtualenv holding llama.cpp's OpenAI-compatible server
 # (llama-cpp-python[server]) that the remote-LLM tests (tests/test_remote_llm_llamacpp.py)
-# and benchmarks/bench_remote_llm.py start on 127.0.0.1, serving the shipped SmolLM2 GGUF.
+# and benchmarks/cpu_latency/bench_remote_llm.py start on 127.0.0.1, serving the shipped SmolLM2 GGUF.
 #
 # llama-cpp-python ships as an sdist: pip compiles llama.cpp (several minutes on 2 cores),
 # so the venv is cached outside the repo and rebuilt only when the pins change. The build is

@@ -363,7 +363,7 @@ def test_the_benchmark_records_its_row_where_start_up_finds_it(monkeypatch, chec
     import importlib.util
     import sys
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "record_capacity.py"
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_serving" / "record_capacity.py"
     spec = importlib.util.spec_from_file_location("record_capacity", path)
     record = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(record)

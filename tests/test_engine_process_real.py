@@ -46,7 +46,7 @@ async def test_killed_engine_fails_open_streams_and_comes_back():
                     return out
             raise AssertionError("no terminal error")
 
-        # how soon the error comes (under a second): benchmarks/bench_engine_death.py
+        # how soon the error comes (under a second): benchmarks/reliability/bench_engine_death.py
         for stream in (busy, idle):
             err = await asyncio.wait_for(terminal(stream), 30 * TIME_FACTOR)
             assert err.code == "engine_dead" and str(pid) in err.message

@@ -1,19 +1,13 @@
 """The decode projections' tiles and launch options (``voxline.kernels.gemv.configure``,
-``launch_options``) and the benchmarks' switches for them (``benchmarks/projection_knobs.py``).
+``launch_options``) and the benchmarks' switches for them (``voxline/kernels/projection_knobs.py``).
 The kernels themselves run on CUDA only; what is checked here is which options a launch
 gets and how a sweep sets and restores them."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-from voxline.kernels import gemv
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import projection_knobs  # noqa: E402
+from voxline.kernels import gemv, projection_knobs
 
 SHIPPED = dict(projection_knobs.SHIPPED)
 

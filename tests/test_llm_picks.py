@@ -5,16 +5,12 @@ graphs' CPU twins (the CUDA case is skipped without a GPU)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from voxline.engines.llm_stage import GenerationRequest, LLMStage, Slot
 from voxline.engines.models.sampling import sample
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA"))]
 

@@ -431,7 +431,7 @@ def test_snake_beta_triton_kernel_matches_eager(dtype, tol):
 def test_decode_attention_reads_the_named_cache_rows():
     """attend_decode over cache rows ``slot``, first ``length`` positions == attend over the
     gathered rows (on the CPU its fallback; on CUDA bf16 the Triton kernel, checked on the
-    device by benchmarks/profile_gpu_tts.py)."""
+    device by benchmarks/gpu_speech/profile_gpu_tts.py)."""
     g = torch.Generator().manual_seed(6)
     ck, cv = torch.randn(5, 2, 12, 16, generator=g), torch.randn(5, 2, 12, 16, generator=g)
     q = torch.randn(3, 4, 1, 16, generator=g)

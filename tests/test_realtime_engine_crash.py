@@ -1,6 +1,6 @@
 """The server when its engine process dies: sessions get an error and a close, /health
 turns 503, the supervisor restarts the engine, new sessions work (slow). How soon the
-error and the close come (under a second): benchmarks/bench_engine_death.py."""
+error and the close come (under a second): benchmarks/reliability/bench_engine_death.py."""
 
 from __future__ import annotations
 

@@ -338,7 +338,7 @@ def test_the_engine_stage_runs_the_schedule_its_setting_names(model_dir):
 
 
 def _bench():
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_gpu_tts.py"
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_speech" / "bench_gpu_tts.py"
     spec = importlib.util.spec_from_file_location("bench_gpu_tts", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules.setdefault("bench_gpu_tts", module)

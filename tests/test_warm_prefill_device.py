@@ -6,15 +6,11 @@ one (no model files)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from voxline.engines.llm_stage import GenerationRequest, LLMStage, Slot
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA"))]
 
@@ -22,10 +18,10 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
 def tiny_chat_config():
     """`bench_gpu_serve`'s locally built tokenizer (400 entries) and a tiny Llama config
     that matches it."""
-    from bench_gpu_serve import llm_tokenizer
+    from random_tokenizer import chat_tokenizer
     from transformers import LlamaConfig
 
-    tokenizer = llm_tokenizer(400)
+    tokenizer = chat_tokenizer(400)
     return tokenizer, LlamaConfig(
         hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=400, max_position_embeddings=256,

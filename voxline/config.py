@@ -4,7 +4,7 @@
 constraints and description. Everything else is derived from the fields and never
 restated: `voxline serve`'s flags (`add_setting_flags`: ``--kebab-name``, typed and
 validated as the field, the description and default as help), their reading back into
-`Settings` (`settings_from_flags`), and the README's settings table (`settings_table`).
+`Settings` (`settings_from_flags`), and the settings page's table, docs/settings.md (`settings_table`).
 A field that is not a flag says why in `NOT_FLAGS`; a flag that sets several fields at
 once (``--device``) is one `DerivedFlag` row. The engine process receives the Settings
 themselves (`model_dump(mode="json")`), not a list of chosen fields.
@@ -131,7 +131,7 @@ class Settings(BaseSettings):
                               "together; each holds an LLM cache slot, sized to this. Past "
                               "it: close 1013 / HTTP 503 + Retry-After. On a GPU, unset: what "
                               "its memory holds, capped by the sessions measured at the "
-                              "latency bar (README: Capacity on a GPU)")
+                              "latency bar (docs: GPU serving and capacity)")
     max_responses: int = Field(default=8, ge=1, description="replies and /v1/audio/speech "
                                "requests the engine generates at once; past it a reply fails "
                                "with error code server_busy and speech gets HTTP 503 + "
@@ -472,7 +472,7 @@ def one_device(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"{text!r} names several devices; a server uses one GPU: run one `voxline serve` "
             "per GPU (CUDA_VISIBLE_DEVICES=N --device cuda --port P --server-id gpuN) behind "
-            "the balancer, as deploy/haproxy-gpus.cfg does (README: Capacity on a GPU)")
+            "the balancer, as deploy/haproxy-gpus.cfg does (docs: GPU serving and capacity)")
     return text
 
 
@@ -594,7 +594,7 @@ def settings_from_flags(args: argparse.Namespace) -> Settings:
 
 
 def settings_table() -> str:
-    """The README's settings table (Markdown), generated from the fields and flags."""
+    """The settings table of docs/settings.md (Markdown), generated from the fields and flags."""
     rows = ["| flag | environment | default | what |", "|---|---|---|---|"]
     for name in Settings.model_fields:
         flag = f"`{flag_name(name)}`" if name not in NOT_FLAGS else "(none)"

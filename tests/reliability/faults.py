@@ -4,7 +4,7 @@ one process or the whole tree, and a record of what followed: what each client s
 when, `/health` going 503 and back, how the server exited, what was left behind.
 
 Used by the fault tests (tests/reliability/test_faults.py) and the fault table
-(benchmarks/fault_table.py). Times are recorded and printed, never asserted.
+(benchmarks/reliability/fault_table.py). Times are recorded and printed, never asserted.
 """
 
 from __future__ import annotations

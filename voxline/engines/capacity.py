@@ -32,7 +32,7 @@ per_stream_d))``. The defaults:
   held at the latency bar (p95 ``speech_stopped`` -> first audio <= 250 ms, zero
   underruns) in ``capacity_table.json``, from a row measured on the same GPU name with
   models at least as large (parameter count) as ours; the benchmark writes the rows
-  (``benchmarks/record_capacity.py``). No such row: the field's default (8), so an
+  (``benchmarks/gpu_serving/record_capacity.py``). No such row: the field's default (8), so an
   unmeasured GPU is never promised more than a measured one.
 - ``max_responses = max_sessions``; ``tts_max_streams = min(max_responses, what fits
   beside max_sessions)``; CUDA-graph batch buckets follow the counts (powers of two up to
@@ -42,7 +42,7 @@ An explicit setting wins, checked: one that does not fit is a start-up error; on
 the latency cap is logged as such.
 
 More than one GPU: one ``voxline serve`` per GPU (``CUDA_VISIBLE_DEVICES=N``), each sizing
-itself here, behind the balancer (``deploy/``, README "Capacity on a GPU"), not one
+itself here, behind the balancer (``deploy/``, docs/deploy.md "More than one GPU"), not one
 server with an engine per GPU: the network edge (one event loop per API process) then
 scales with the GPUs, a GPU's failure takes only its own sessions, and client secrets,
 call and video ids and the voice directory already work across servers. A list such as

@@ -49,10 +49,10 @@ logger = logging.getLogger(__name__)
 # eager torch op releases the GIL and takes it back; while another thread runs Python,
 # taking it back waits up to this interval. At CPython's default (5 ms) an eager
 # Llama-3.2-1B prompt step on an H200 took 9.2-9.3 s beside one thread spinning in Python
-# (16-19 ms alone); at 0.5 ms, 0.8-0.9 s (`benchmarks/bench_gpu_llm_cold.py`). On this
+# (16-19 ms alone); at 0.5 ms, 0.8-0.9 s (`benchmarks/gpu_serving/bench_gpu_llm_cold.py`). On this
 # 2-core CPU the spoken-turn latency did not separate from its noise either way, so the
 # CPU engine keeps CPython's default. Read from the `gil_switch_us` setting's default (its home);
-# `benchmarks/gil_switch.py` runs the stages' host work side by side at other intervals.
+# `benchmarks/gpu_serving/gil_switch.py` runs the stages' host work side by side at other intervals.
 GIL_SWITCH_INTERVAL_S: float = setting_default("gil_switch_us") / 1e6
 
 
@@ -71,7 +71,7 @@ def shape_free_attention() -> None:
     Llama-3.2-1B prefill of a length not seen before took 57-105 ms, 12-26 ms the next
     time, and a server's prompts (and Moonshine's clips) are a new length nearly every
     time. With cuDNN off (flash or memory-efficient attention, no per-shape plan) a new
-    length took 17-32 ms (`benchmarks/bench_gpu_llm_cold.py`)."""
+    length took 17-32 ms (`benchmarks/gpu_serving/bench_gpu_llm_cold.py`)."""
     if torch.cuda.is_available():
         torch.backends.cuda.enable_cudnn_sdp(False)
 

@@ -25,7 +25,7 @@ Profiles (OpenAI's ``noise_reduction.type``), as the least gain RNNoise may appl
   tails), so the gain never drops below ``FAR_FIELD_FLOOR`` (-12 dB): the noise is still
   cut by up to 12 dB but the quiet speech under it survives.
 
-Cost and effect on ASR: ``benchmarks/bench_noise_reduction.py`` (numbers in its README).
+Cost and effect on ASR: ``benchmarks/cpu_latency/bench_noise_reduction.py`` (numbers in docs/realtime.md).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ FIRST_CLAUSE_CHARS = 10
 # A first sentence with no boundary is cut at a space by then (two words at least): the
 # first audio is a few words ("The capital"), which the LLM writes and Piper speaks in a
 # fraction of the time of a whole sentence. 24 -> 12 took the median end of speech -> first
-# audio from 1491 to 1205 ms (benchmarks/bench_pipeline.py, speculation on).
+# audio from 1491 to 1205 ms (benchmarks/cpu_latency/bench_pipeline.py, speculation on).
 FIRST_MAX_CHARS = 12
 
 _STATUS = {

@@ -347,7 +347,7 @@
       if (pc.connectionState === "connected") noteCandidatePair(c);
       if (pc.connectionState === "failed") {
         dropped(c, "WebRTC connection failed: the browser and the server could not reach "
-          + "each other (see the README on --ice-hosts / --ice-servers)", "disconnected — connection failed");
+          + "each other (see docs/webrtc.md on --ice-hosts / --ice-servers)", "disconnected — connection failed");
       }
     };
     c.channel = pc.createDataChannel("oai-events");

@@ -338,7 +338,7 @@ def streams_frames(vae: torch.nn.Module) -> bool:
 def compile_blocks(transformer: torch.nn.Module) -> None:
     """torch.compile the transformer's repeated blocks (regional: one graph serves all 40;
     each new chunk shape compiles on its first call, ~12 s on an H200, where it saved about
-    a quarter of a chunk's denoise: benchmarks/README.md, bench_gpu_video.py)."""
+    a quarter of a chunk's denoise: docs/video.md, benchmarks/video/bench_gpu_video.py)."""
     import torch._dynamo
 
     for name in ("cache_size_limit", "recompile_limit"):  # a pyramid has 3 shapes a size

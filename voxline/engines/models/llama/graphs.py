@@ -20,7 +20,7 @@ Prompts (the rows of a step that feed more than one token) run eagerly through
 :meth:`LlamaModel.forward_batch`, or, given ``prefill_buckets``, one prompt at a time from
 a prefill graph: a (query, length) bucket of one row whose padding queries repeat the last
 real query's position and write their K/V to the scratch slot. An eager prompt is some
-1,000 torch calls for a 1B model (`benchmarks/host_ops.py`), each made from Python under the GIL the engine's
+1,000 torch calls for a 1B model (`benchmarks/gpu_serving/host_ops.py`), each made from Python under the GIL the engine's
 other stages share (16-19 ms for one 57-token prompt on an H200 alone, 777-878 ms beside a
 thread spinning at the engine's switch interval: `bench_gpu_llm_cold.py`); a replay is
 one launch. A prompt longer than the largest query bucket is fed in chunks of it. Both

@@ -95,6 +95,7 @@ class EngineCore:
     `early_pause_transcript`: a pause transcript is taken where the speech fell silent,
     so it is mostly done when the pause is reported (see `turns`).
     `llm_step_tokens`: the embedded LLM's tokens per batched step (`LLMStage.token_budget`).
+    `max_videos`: videos rendered at once (the `video_streams` setting; see `Videos`).
     """
 
     def __init__(self, models: Models, wake: Callable[[], None], max_streams: int = 64,
@@ -102,7 +103,8 @@ class EngineCore:
                  max_utterance_ms: float = MAX_UTTERANCE_MS, max_responses: int = 8,
                  speculate_after_ms: float = DEFAULT_SPECULATE_AFTER_MS,
                  generation_lead_ms: float | None = None, warm_prefill: bool = False,
-                 early_pause_transcript: bool = True, llm_step_tokens: int = STEP_TOKENS) -> None:
+                 early_pause_transcript: bool = True, llm_step_tokens: int = STEP_TOKENS,
+                 max_videos: int = 4) -> None:
         self.models = models
         self.max_responses = max_responses
         self.max_utterance_ms = max_utterance_ms
@@ -118,7 +120,7 @@ class EngineCore:
         self.responses = Responses(models.llm, self.llm, self.tts, self._outputs.append,
                                    self.registry.live, lead_ms=generation_lead_ms)
         self.videos = Videos(VideoStage(models.video) if models.video is not None else None,
-                             self._outputs.append, self.registry.live)
+                             self._outputs.append, self.registry.live, max_videos)
         self.warm = (WarmPrefills(models.llm, self.llm, self.responses, max_responses)
                      if warm_prefill and isinstance(self.llm, LLMStage) else None)
         self.responses.warm = self.warm
@@ -254,6 +256,8 @@ class EngineCore:
                 responses.playout(stream, msg)
             case p.CreateVideo():
                 self.videos.create(stream, msg)
+            case p.SteerVideo():
+                self.videos.steer(stream, msg)
             case p.CancelVideo():
                 self.videos.cancel(stream, msg.video_id)
             case p.CloseStream():

@@ -33,6 +33,7 @@ from voxline.engines.capacity import (
     find_latency_row,
     load_table,
     plan_capacity,
+    plan_video_streams,
 )
 from voxline.engines.client import EngineClient, InProcessEngineClient
 from voxline.engines.core import EngineCore, Models
@@ -334,7 +335,11 @@ def load_video(settings: Settings) -> VideoModel | None:
     set_attention_backend(pipe.transformer, settings.video_attention)
     caches = step_caches_for(pipe.transformer, model_dir, settings.cache,
                              settings.video_cache_backend, settings.video_cache_threshold)
-    return driver_for(pipe, step_caches=caches, compile=settings.video_compile)
+    driver = driver_for(pipe, step_caches=caches, compile=settings.video_compile,
+                        realtime_steps_per_stage=settings.video_realtime_steps_per_stage,
+                        steps_per_stage=settings.video_steps_per_stage)
+    driver.check_step_settings()
+    return driver
 
 
 # --------------------------------------------------------------------------- capacity
@@ -354,6 +359,7 @@ def sized_for_device(settings: Settings) -> Settings:
         raise VoxlineError(f"gil_switch_us={settings.gil_switch_us} applies with a model on a GPU "
                            "(llm_device, asr_device or tts_device=cuda); the CPU engine keeps "
                            "CPython's switch interval")
+    settings = sized_video_streams(settings)
     footprints, params = gpu_footprints(settings)
     if not footprints:
         return settings
@@ -379,6 +385,22 @@ def sized_for_device(settings: Settings) -> Settings:
                f"{_csv(tts_buckets or ladder_buckets(sized.tts_max_streams))}")
     logger.info("%s; CUDA-graph batch buckets: %s", capacity.log_line(), buckets)
     return sized
+
+
+def sized_video_streams(settings: Settings) -> Settings:
+    """With a video model: ``video_streams`` (unless set) from the GPU the model loads on
+    (`plan_video_streams`), logged in one line beside the voice capacity line."""
+    if not settings.video:
+        return settings
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    explicit = settings.video_streams if "video_streams" in settings.model_fields_set else None
+    streams, why = plan_video_streams(gpu, explicit, load_table().video_rows,
+                                      settings.video_realtime_steps_per_stage)
+    logger.info("video capacity: video_streams=%d (%s); real-time videos at %d step(s) a "
+                "pyramid stage (video_realtime_steps_per_stage), /v1/videos at %s", streams,
+                why, settings.video_realtime_steps_per_stage,
+                settings.video_steps_per_stage or "the checkpoint's recommended steps")
+    return settings.model_copy(update={"video_streams": streams})
 
 
 def _csv(sizes: list[int]) -> str:
@@ -467,7 +489,8 @@ def make_engine_core(wake: Callable[[], None], settings: Mapping[str, Any] | Non
                       warm_prefill=resolved.warm_prefill,
                       early_pause_transcript=resolved.early_pause_transcript,
                       generation_lead_ms=resolved.generation_lead_s * 1000 or None,
-                      llm_step_tokens=resolved.llm_step_tokens)
+                      llm_step_tokens=resolved.llm_step_tokens,
+                      max_videos=resolved.video_streams or 1)
 
 
 DEFAULT_CORE = "voxline.engines.factory:make_engine_core"

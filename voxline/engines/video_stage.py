@@ -146,10 +146,11 @@ class Videos:
                                    str(exc)))
             return
         job = VideoJob(stream.internal_id, msg.video_id, render)
-        self._jobs[key] = job
         if self.in_progress() >= self.max_videos:
             job.waiting = True
             self._waiting.append(job)
+        self._jobs[key] = job
+        if job.waiting:
             return
         assert self.stage is not None
         self.stage.add(job)

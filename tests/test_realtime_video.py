@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from voxline.engines import protocol as ep
+from voxline.errors import ProtocolError
 from voxline.realtime.video_track import VIDEO_CLOCK, VideoPlayout
 from voxline.realtime.wire_client import parse_command
 from voxline.sessions import events as ev
@@ -190,6 +191,102 @@ def test_no_video_model_the_engine_refusal_names_the_setting_and_the_session_liv
     assert "`video` setting" in error.error.message and a.closed is None
     assert next(e for e in out if isinstance(e, ev.VideoDone)).status == "failed"
     assert a.response is None
+
+
+
+def test_a_response_video_asks_for_the_real_time_steps_unless_it_names_its_own():
+    a = actor()
+    create(a, {"output_modalities": ["video"], "video": {"prompt": "a cat"}})
+    cv = next(c for c in a.take_commands() if isinstance(c, ep.CreateVideo))
+    assert cv.realtime and (cv.steps_per_stage, cv.num_inference_steps) == (None, None)
+    a = actor()
+    create(a, {"output_modalities": ["video"], "video": {"prompt": "a cat",
+                                                          "steps_per_stage": 2}})
+    cv = next(c for c in a.take_commands() if isinstance(c, ep.CreateVideo))
+    assert cv.realtime and cv.steps_per_stage == 2
+
+
+def test_bad_steps_are_refused_naming_the_field():
+    with pytest.raises(ProtocolError) as refused:  # the wire refuses what it checks alone
+        create(actor(), {"output_modalities": ["video"],
+                         "video": {"prompt": "a cat", "steps_per_stage": 0}})
+    assert refused.value.param == "response.video.steps_per_stage"
+    a = actor()
+    create(a, {"output_modalities": ["video"], "video": {
+        "prompt": "a cat", "steps_per_stage": 2, "num_inference_steps": 4}})
+    errors = [e for e in a.take_events() if isinstance(e, ev.ErrorEvent)]
+    assert [e.error.param for e in errors] == ["response.video.steps_per_stage"]
+    assert a.response is None and a.take_commands() == []
+
+
+def update(a: SessionActor, response_id: str, prompt: str, now: float = 2.0) -> None:
+    a.receive(parse_command({"type": "response.video.update", "event_id": "evt_u",
+                             "response_id": response_id, "video": {"prompt": prompt}}), now)
+
+
+def test_an_update_steers_the_video_in_progress_and_keeps_it_going():
+    a = actor()
+    create(a, {"output_modalities": ["audio", "video"], "video": VIDEO})
+    cv = next(c for c in a.take_commands() if isinstance(c, ep.CreateVideo))
+    rid = a.response.response.id
+    a.take_events()
+    update(a, rid, "a red cat over the mountains")
+    assert a.take_commands() == [ep.SteerVideo("stream_1", cv.video_id,
+                                               "a red cat over the mountains")]
+    out = a.take_events()
+    assert [(type(e), e.response_id, e.video_id, e.prompt) for e in out] == [
+        (ev.VideoUpdated, rid, cv.video_id, "a red cat over the mountains")]
+    pixels = frames(33, h=16, w=32).tobytes()  # the chunks keep coming, on the same video
+    a.on_engine(ep.VideoChunk("stream_1", cv.video_id, pixels, 33, 16, 32, 0, 2, False), 2.1)
+    assert [e.index for e in a.take_events() if isinstance(e, ev.VideoChunk)] == [0]
+    assert a.video.active.params.prompt == "a red cat over the mountains"
+
+
+def test_bad_updates_name_the_field_and_the_session_and_its_video_go_on():
+    a = actor()
+    create(a, {"output_modalities": ["video"], "video": VIDEO})
+    cv = next(c for c in a.take_commands() if isinstance(c, ep.CreateVideo))
+    rid = a.response.response.id
+    a.take_events()
+    update(a, "resp_nope", "a cat")
+    update(a, rid, "   ")
+    errors = [e.error for e in a.take_events() if isinstance(e, ev.ErrorEvent)]
+    assert [(e.param, e.event_id) for e in errors] == [("response_id", "evt_u"),
+                                                       ("video.prompt", "evt_u")]
+    assert "'resp_nope': it has no video in progress" in errors[0].message
+    assert "response.video.update" in errors[1].message
+    assert a.take_commands() == [] and a.closed is None and a.video.active is not None
+    a.on_engine(ep.VideoDone("stream_1", cv.video_id, ep.ResponseStatus.COMPLETED), 3.0)
+    a.take_events()
+    update(a, rid, "a cat", now=3.1)  # the video has ended
+    error, = [e.error for e in a.take_events() if isinstance(e, ev.ErrorEvent)]
+    assert error.param == "response_id" and "its video has ended (completed)" in error.message
+    with pytest.raises(ProtocolError) as refused:  # the wire alone refuses an empty prompt
+        parse_command({"type": "response.video.update", "response_id": rid,
+                       "video": {"prompt": ""}})
+    assert refused.value.param == "video.prompt"
+    assert a.closed is None
+
+
+def test_past_video_streams_the_busy_video_is_an_error_and_the_voice_reply_still_comes():
+    a = actor()
+    create(a, {"output_modalities": ["audio", "video"], "video": VIDEO})
+    cv = next(c for c in a.take_commands() if isinstance(c, ep.CreateVideo))
+    rid = a.response.response.id
+    busy = ("CreateVideo: the engine is rendering its limit of 1 video(s) at once (the "
+            "video_streams setting); try again when one ends")
+    a.on_engine(ep.StreamError("stream_1", busy, ep.ErrorCode.SERVER_BUSY), 1.1)
+    a.on_engine(ep.VideoDone("stream_1", cv.video_id, ep.ResponseStatus.FAILED, busy), 1.1)
+    a.on_engine(ep.ReplyTextDelta("stream_1", rid, "hello"), 1.2)
+    a.on_engine(ep.ResponseFinished("stream_1", rid, ep.ResponseStatus.COMPLETED, ""), 1.3)
+    a.tick(1.4)
+    out = a.take_events()
+    error = next(e for e in out if isinstance(e, ev.ErrorEvent)).error
+    assert (error.code, error.type) == ("server_busy", "server_error")
+    assert next(e for e in out if isinstance(e, ev.VideoDone)).status == "failed"
+    done = next(e for e in out if isinstance(e, ev.ResponseDone))
+    assert done.response.status == "completed" and a.closed is None
+
 
 # ------------------------------------------------------------------------ end to end
 

@@ -390,3 +390,91 @@ async def test_the_websocket_gets_progress_events_and_a_fetchable_mp4(server):
     with av.open(io.BytesIO(content.content)) as container:
         decoded = [f for f in container.decode(video=0)]
     assert len(decoded) == 65 and (decoded[0].width, decoded[0].height) == (32, 16)
+
+
+@pytest.fixture(scope="module")
+def one_video_server(tmp_path_factory):
+    """A live server whose engine renders one video at a time (`video_streams` 1)."""
+    pytest.importorskip("diffusers")
+    import torch
+    from live_server import free_port, serve_app
+    from tiny_helios import save_tiny_helios
+
+    from voxline.config import Settings
+    from voxline.engines.client import InProcessEngineClient
+    from voxline.realtime.app import create_app
+
+    threads = torch.get_num_threads()
+    video_dir = save_tiny_helios(tmp_path_factory.mktemp("helios"))
+    settings = Settings(video=f"helios:{video_dir}", server_id="vid2")
+    engine = InProcessEngineClient("test_video_api:make_video_core",
+                                   {"video_dir": str(video_dir), "max_videos": 1})
+    with serve_app(create_app(settings, engine), free_port(), name="one-video") as base:
+        yield base
+    torch.set_num_threads(threads)
+
+
+async def events_until(rt, seen: list, done, timeout: float = 120) -> None:
+    async def collect() -> None:
+        async for event in rt:
+            seen.append(event.to_dict() if hasattr(event, "to_dict") else event)
+            if done(seen[-1]):
+                return
+    await asyncio.wait_for(collect(), timeout)
+
+
+@pytest.mark.slow
+async def test_steering_mid_stream_and_a_busy_second_session_over_the_websocket(
+        one_video_server):
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=one_video_server + "/v1", api_key="unused")
+    long_video = {**VIDEO, "num_frames": 229}  # 7 chunks
+    a_seen: list[dict] = []
+    b_seen: list[dict] = []
+    async with client.realtime.connect(model="voxline") as a, \
+            client.realtime.connect(model="voxline") as b:
+        await a.send({"type": "response.create", "response": {
+            "output_modalities": ["audio", "video"], "video": long_video}})
+        await events_until(a, a_seen, lambda e: e["type"] == "response.output_video.chunk")
+        rid = a_seen[-1]["response_id"]
+        await a.send({"type": "response.video.update", "response_id": rid,
+                      "video": {"prompt": "a red cat over the mountains"}})
+        # the second session's video finds the one slot taken: a clear error, and its
+        # voice reply still comes and ends cleanly
+        await b.send({"type": "response.create", "response": {
+            "output_modalities": ["audio", "video"], "video": VIDEO}})
+        await events_until(b, b_seen, lambda e: e["type"] == "response.done")
+        await events_until(a, a_seen, lambda e: e["type"] == "response.done")
+        # a late, an unknown and an empty update: errors naming the field; the session lives
+        for event_id, target, prompt in (("late", rid, "a dog"), ("unknown", "resp_x", "a dog"),
+                                         ("empty", rid, "")):
+            await a.send({"type": "response.video.update", "event_id": event_id,
+                          "response_id": target, "video": {"prompt": prompt}})
+        await a.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        tail: list[dict] = []
+        await events_until(a, tail, lambda e: e["type"] == "response.done")
+
+    b_types = [e["type"] for e in b_seen]
+    busy = next(e for e in b_seen if e["type"] == "error")["error"]
+    assert busy["code"] == "server_busy" and "video_streams" in busy["message"]
+    assert next(e for e in b_seen if e["type"] == "response.output_video.done")["status"] \
+        == "failed"
+    assert "response.output_audio.delta" in b_types
+    assert b_seen[-1]["response"]["status"] == "completed"
+
+    a_types = [e["type"] for e in a_seen]
+    assert "error" not in a_types
+    chunks = [e["index"] for e in a_seen if e["type"] == "response.output_video.chunk"]
+    assert chunks == list(range(7))  # no chunk lost or restarted around the update
+    updated = a_types.index("response.output_video.updated")
+    assert a_types.index("response.output_video.chunk") < updated < a_types.index(
+        "response.output_video.done")
+    assert a_seen[updated]["prompt"] == "a red cat over the mountains"
+    assert next(e for e in a_seen if e["type"] == "response.output_video.done")["status"] \
+        == "completed"
+    errors = {e["error"]["event_id"]: e["error"] for e in tail if e["type"] == "error"}
+    assert {k: v["param"] for k, v in errors.items()} == {
+        "late": "response_id", "unknown": "response_id", "empty": "video.prompt"}
+    assert "has ended (completed)" in errors["late"]["message"]
+    assert tail[-1]["response"]["status"] == "completed"

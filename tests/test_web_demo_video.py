@@ -130,3 +130,44 @@ def test_video_call_in_loopback_namespace(tmp_path: Path):
           f"shown, {late} after the stop")
     assert late < 33  # not another chunk's worth: the track stopped with the cancel
     assert settled["framesThisVideo"] < LONG_FRAMES
+
+
+PANEL_STATE = """JSON.stringify((() => {
+  const shown = (id) => {
+    const r = document.getElementById(id).getBoundingClientRect();
+    return r.width > 0 && r.height > 0;
+  };
+  return {loaded: window.voxlineVideo.stats().featuresLoaded,
+          panel: getComputedStyle(document.getElementById('video-panel')).display,
+          shown: ['video', 'video-state', 'video-show', 'video-stop', 'video-prompt']
+            .filter(shown),
+          talk: shown('talk')};
+})())"""
+
+
+@pytest.mark.parametrize(("video", "shown"), [
+    ("", []),
+    ("helios:/some/checkpoint", ["video", "video-state", "video-show", "video-stop",
+                                 "video-prompt"]),
+])
+def test_the_page_shows_the_video_controls_only_when_the_server_has_a_video_model(video,
+                                                                                   shown):
+    """In a real headless Chromium: with no video model there is no black panel and no
+    greyed-out Show / Stop video; with one (web/features.json says so) they are there."""
+    import json
+    import time
+
+    from conftest import TIME_FACTOR
+    from test_web_demo import chromium_path, headless_chromium, not_ready_server
+
+    chromium_path()
+    with not_ready_server(video=video) as port, headless_chromium() as page:
+        page.navigate(f"http://127.0.0.1:{port}/")
+        deadline = time.monotonic() + 30 * TIME_FACTOR
+        state = json.loads(page.evaluate(PANEL_STATE))
+        while not state["loaded"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+            state = json.loads(page.evaluate(PANEL_STATE))
+    assert state["loaded"] and state["talk"]  # the voice controls are there either way
+    assert state["shown"] == shown
+    assert state["panel"] == ("flex" if shown else "none")

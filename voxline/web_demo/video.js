@@ -1,7 +1,8 @@
 // voxline browser page: the call's generated video (the voxline Realtime extension).
 // Plain JS, no build step; app.js calls the hooks of window.voxlineVideo.
 //
-// When the server has a video model (web/features.json says so), a WebRTC call's offer
+// The panel (the <video>, its state line, Show / Stop video) stays hidden unless
+// web/features.json says the server has a video model. When it has, a WebRTC call's offer
 // carries a recvonly video transceiver; the server answers with its video track on it, which
 // sends nothing until a response has a video. "Show" adds the prompt to the conversation as
 // a user message and sends response.create with output_modalities ["audio", "video"] and
@@ -32,7 +33,7 @@ window.voxlineVideo = (() => {
   };
 
   const stats = {
-    available: false, state: "stopped", videosStarted: 0, chunks: 0, framesShown: 0,
+    available: false, featuresLoaded: false, state: "stopped", videosStarted: 0, chunks: 0, framesShown: 0,
     framesThisVideo: 0, framesAtStop: 0, lastStatus: "", videoId: null, lastError: "",
     firstFrameMs: [],  // per video: "Show" (or started, for the model's show_video) -> first frame
   };
@@ -56,7 +57,8 @@ window.voxlineVideo = (() => {
     .catch(() => ({}))
     .then((f) => {
       stats.available = Boolean(f.video);
-      panel.hidden = !stats.available;
+      stats.featuresLoaded = true;
+      panel.hidden = !stats.available;  // no video model: no panel, no video buttons
       return f;
     });
 

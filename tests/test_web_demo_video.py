@@ -6,7 +6,8 @@ models plus the tiny Helios checkpoint (tests/tiny_helios.py) loaded through the
 `video=helios:DIR` setting, and Debian's `chromium` with a silent fake microphone
 (press-to-talk, so no turn starts). Through the page's own controls it asks for a video:
 the <video> element must reach the playing state at the requested size with frames
-advancing, play to the end, and stop when "Stop video" cancels a longer one. Like the
+advancing, play to the end, steer a longer one to a new prompt ("Show" while it is made)
+and stop when "Stop video" cancels it. Like the
 page's WebRTC voice test, it runs in a network namespace whose only interface is
 loopback.
 """
@@ -111,8 +112,17 @@ def test_video_call_in_loopback_namespace(tmp_path: Path):
         set_input(page, "video-frames", str(LONG_FRAMES))
         set_input(page, "video-steps", "4")
         click(page, "video-show")
-        wait_for(page, lambda s: video_stats(s)["videosStarted"] == 2
-                 and video_stats(s)["state"] == "playing", "the second video playing")
+        playing = video_stats(wait_for(
+            page, lambda s: video_stats(s)["videosStarted"] == 2
+            and video_stats(s)["state"] == "playing", "the second video playing"))
+        # "Show" while it is still being made steers it: no new video, the chunks go on
+        set_input(page, "video-prompt", "a red cat over the mountains")
+        click(page, "video-show")
+        steered = video_stats(wait_for(
+            page, lambda s: video_stats(s)["steered"] == 1
+            and video_stats(s)["chunks"] > playing["chunks"] + 1, "the video steered"))
+        assert steered["videosStarted"] == 2 and steered["state"] == "playing"
+        assert steered["prompt"] == "a red cat over the mountains"
         click(page, "video-stop")
         stopped = video_stats(wait_for(
             page, lambda s: video_stats(s)["state"] == "stopped", "the video stopped"))

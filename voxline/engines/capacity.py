@@ -41,6 +41,12 @@ per_stream_d))``. The defaults:
 An explicit setting wins, checked: one that does not fit is a start-up error; one above
 the latency cap is logged as such.
 
+Video: ``video_streams`` (videos rendered at once, real-time and ``/v1/videos`` together)
+is not sized from memory but from measurement (`plan_video_streams`): the most streams a
+``video_rows`` row of the table held on the same GPU name at no fewer steps a pyramid stage
+than ``video_realtime_steps_per_stage``, each at least as fast as it plays; no such row, or
+the CPU: 1. `voxline.engines.factory.sized_video_streams` logs it in its own line.
+
 More than one GPU: one ``voxline serve`` per GPU (``CUDA_VISIBLE_DEVICES=N``), each sizing
 itself here, behind the balancer (``deploy/``, README "Capacity on a GPU"), not one
 server with an engine per GPU: the network edge (one event loop per API process) then

@@ -11,6 +11,8 @@
 // the <video> element presents drive the state line:
 //   stopped -> rendering (started: the model makes chunks) -> playing (frames presented)
 //   -> stopped (completed: once its frames have played; cancelled or failed: at once).
+// "Show" while a video is still being made steers it instead (response.video.update with
+// the new prompt): from its next chunk the picture morphs to the prompt, without a restart.
 // "Stop video" sends response.cancel: the server ends the video at its next chunk and
 // stops the track at once. Over the WebSocket there is no track, so the panel says so.
 "use strict";
@@ -34,7 +36,7 @@ window.voxlineVideo = (() => {
 
   const stats = {
     available: false, featuresLoaded: false, state: "stopped", videosStarted: 0, chunks: 0, framesShown: 0,
-    framesThisVideo: 0, framesAtStop: 0, lastStatus: "", videoId: null, lastError: "",
+    framesThisVideo: 0, framesAtStop: 0, steered: 0, prompt: "", lastStatus: "", videoId: null, lastError: "",
     firstFrameMs: [],  // per video: "Show" (or started, for the model's show_video) -> first frame
   };
   let hooks = null;  // { send, addEntry } of the live call, while its session is up
@@ -137,6 +139,12 @@ window.voxlineVideo = (() => {
     e.preventDefault();
     const prompt = promptInput.value.trim();
     if (!hooks || !prompt) return;
+    if (active && !active.ending) {  // still being made: steer it to the new prompt
+      hooks.addEntry("user", `Now show ${prompt}`, "you");
+      hooks.send({ type: "response.video.update", response_id: active.responseId,
+        video: { prompt } });
+      return;
+    }
     const request = videoRequest(prompt);
     if (responses.size) {  // one response at a time: cut the reply in progress first
       pendingRequest = request;
@@ -193,8 +201,9 @@ window.voxlineVideo = (() => {
         break;
       case "response.output_video.started":
         clearTimeout(quietTimer);
-        active = { videoId: event.video_id, frames: event.num_frames, ending: false,
-          since: requestedAt ?? performance.now() };
+        active = { videoId: event.video_id, responseId: event.response_id,
+          frames: event.num_frames, ending: false, since: requestedAt ?? performance.now() };
+        stats.prompt = event.prompt;
         requestedAt = null;
         stats.videosStarted += 1;
         stats.videoId = event.video_id;
@@ -209,6 +218,12 @@ window.voxlineVideo = (() => {
         if (stats.state === "rendering") {
           setState("rendering", `rendering: chunk ${event.index + 1} of ${event.total} made`);
         }
+        break;
+      case "response.output_video.updated":
+        if (!active || event.video_id !== active.videoId) break;
+        stats.steered += 1;
+        stats.prompt = event.prompt;
+        if (stats.state === "rendering") setState("rendering", `rendering “${event.prompt}”`);
         break;
       case "response.output_video.done":
         if (!active || event.video_id !== active.videoId) break;

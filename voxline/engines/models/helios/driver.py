@@ -14,6 +14,13 @@ per-request state on a `HeliosRender`, so several requests interleave on one pip
   scheduler's steps (with classifier-free guidance above 1.0: a second, unconditional
   transformer call), then the VAE decode of the chunk's 9 latent frames to 33 frames.
 
+Steering (`HeliosRender.steer`, the engine's `SteerVideo`): the next chunk to start swaps
+the request's prompt and its embeddings (through the cache) and keeps everything else, the
+history window and the first chunk's latent prefix included, so the picture morphs into
+the new prompt rather than restarting. The steps a request runs when it names none are the
+driver's per-path defaults (`request_steps`: real-time or not; per pyramid stage on the
+pyramid driver, the recommended steps here, which has no stages).
+
 The random draws happen in the pipeline's order (the noise of chunk k, then chunk k's
 scheduler steps), which is what makes the seed reproduce a plain call. The history is
 kept to the window the next chunk reads, so a long video holds bounded state.

@@ -69,6 +69,8 @@ router = APIRouter()
 MAX_VIDEOS = 32
 RETENTION_S = 3600  # a finished video is kept this long after it ended
 FINISHED = ("completed", "failed")
+# a video slot frees when a video ends (seconds of chunks), not within a reply's 1 s
+BUSY_RETRY_AFTER_S = 5
 
 
 @dataclass(eq=False)
@@ -217,8 +219,10 @@ def _sync_answer(store: VideoStore, record: VideoRecord) -> Response:
                             headers={"x-video-id": record.id})
     if record.error_code == p.ErrorCode.SERVER_BUSY:  # nothing was made: nothing is kept
         store.remove(record)
-        return unavailable(f"video {record.id!r} not started: {record.error}",
+        busy = unavailable(f"video {record.id!r} not started: {record.error}",
                            code="server_busy").response()
+        busy.headers["Retry-After"] = str(BUSY_RETRY_AFTER_S)
+        return busy
     refused = record.error_code == p.ErrorCode.INVALID_VALUE
     return AudioAPIError(400 if refused else 500,
                          f"video {record.id!r} {record.status}: {record.error}",

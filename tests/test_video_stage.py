@@ -284,6 +284,8 @@ def test_video_messages_cross_the_process_wire_unchanged():
                          total_chunks=2, final=False)
     done = p.VideoDone("s1", "v", DONE.CANCELLED)
     assert [p.decode_output(p.encode(m)) for m in (chunk, done)] == [chunk, done]
-    create = video("s1", "v", seed=9)
+    create = video("s1", "v", seed=9, steps_per_stage=2, realtime=True, wait_for_slot=True)
     assert p.decode_input(p.encode(create)) == create
     assert p.decode_input(p.encode(p.CancelVideo("s1", "v"))) == p.CancelVideo("s1", "v")
+    steer = p.SteerVideo("s1", "v", "a boat", negative_prompt="blur")
+    assert p.decode_input(p.encode(steer)) == steer

@@ -207,3 +207,101 @@ def test_a_request_naming_no_steps_or_guidance_runs_the_checkpoints_recommended(
         "s", "v", "x", width=64, height=64, num_frames=33, num_inference_steps=3,
         guidance_scale=2.0, seed=3))
     assert (named.spec.num_inference_steps, named.spec.guidance_scale) == (3, 2.0)
+
+
+# ------------------------------------------------------- per-path steps and steering
+
+
+def realtime_msg(**kw) -> p.CreateVideo:
+    base = dict(width=64, height=64, num_frames=33, guidance_scale=1.0, seed=3, realtime=True)
+    return p.CreateVideo("s", "v", kw.pop("prompt", "dance monkey"), **{**base, **kw})
+
+
+def test_real_time_videos_run_one_step_a_stage_and_v1_videos_the_recommended(pipes):
+    d = driver(pipes["distilled"])
+    render = d.begin_video(realtime_msg())
+    assert render.spec.num_inference_steps == 3  # Helios' real-time [1, 1, 1]
+    # bitwise a plain call with pyramid_num_inference_steps_list=[1, 1, 1]
+    assert stage_steps(3, 3) == [1, 1, 1]
+    assert np.array_equal(render.next_chunk(), to_uint8(plain_call(
+        pipes["distilled"], spec(num_frames=33, seed=3, num_inference_steps=3,
+                                 negative_prompt=""), amplify=True)))
+    steps = {name: d.begin_video(realtime_msg(**changes)).spec.num_inference_steps
+             for name, changes in {"batch": {"realtime": False},
+                                   "two_a_stage": {"steps_per_stage": 2},
+                                   "named": {"num_inference_steps": 4}}.items()}
+    assert steps == {"batch": 6, "two_a_stage": 6, "named": 4}
+    mid = driver(pipes["mid"])
+    assert mid.begin_video(realtime_msg()).spec.num_inference_steps == 3
+    assert mid.begin_video(realtime_msg(realtime=False)).spec.num_inference_steps == 60
+    tuned = driver(pipes["distilled"], realtime_steps_per_stage=2, steps_per_stage=4)
+    assert tuned.begin_video(realtime_msg()).spec.num_inference_steps == 6
+    assert tuned.begin_video(realtime_msg(realtime=False)).spec.num_inference_steps == 12
+
+
+def test_step_fields_and_settings_a_sampler_cannot_run_are_refused_by_name(pipes, tmp_path):
+    from voxline.config import Settings
+    from voxline.engines.stage_registry import load_video
+
+    with pytest.raises(ValueError, match=r"^CreateVideo\.steps_per_stage: send it or "):
+        driver(pipes["distilled"]).begin_video(realtime_msg(steps_per_stage=1,
+                                                            num_inference_steps=3))
+    plain_dir = save_tiny_helios(tmp_path / "plain")
+    plain = load_video(Settings(video=f"helios:{plain_dir}", cache=tmp_path))
+    assert type(plain) is HeliosChunkDriver
+    # the standard sampler's real-time videos run its recommended steps ...
+    assert plain.begin_video(realtime_msg(width=16, height=16)).spec.num_inference_steps == 50
+    # ... and a per-stage request or setting it cannot run is refused naming it
+    with pytest.raises(ValueError, match=r"^CreateVideo\.steps_per_stage: the checkpoint runs "
+                                         "Helios' standard sampler"):
+        plain.begin_video(realtime_msg(width=16, height=16, steps_per_stage=2))
+    for field in ("video_realtime_steps_per_stage", "video_steps_per_stage"):
+        with pytest.raises(ValueError, match=rf"^{field}=2: the checkpoint runs Helios' "
+                                             "standard sampler"):
+            load_video(Settings(video=f"helios:{plain_dir}", cache=tmp_path, **{field: 2}))
+
+
+def test_steering_makes_the_next_chunk_read_the_new_prompt_over_the_kept_history(pipes):
+    from dataclasses import replace
+
+    from voxline.engines.models.helios.driver import HISTORY_SIZES
+
+    pipe = pipes["distilled"]
+    d = driver(pipe)
+    render = d.begin_video(realtime_msg(num_frames=97))  # three chunks
+    seen: list[tuple[int, dict]] = []  # (chunk, the transformer call's tensors)
+
+    def record(_module, _args, kwargs):
+        seen.append((render.chunks_done, {k: kwargs[k].clone() for k in (
+            "encoder_hidden_states", "latents_history_short", "latents_history_mid",
+            "latents_history_long")}))
+
+    hook = pipe.transformer.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        first = render.next_chunk()
+        history, prefix = render.history.clone(), render.first_latent.clone()
+        render.steer("a red cat")
+        second = render.next_chunk()
+    finally:
+        hook.remove()
+    old = d.encode(replace(render.spec, prompt="dance monkey"))[0]
+    new = d.encode(render.spec)[0]
+    assert render.spec.prompt == "a red cat" and not torch.equal(old, new)
+    for chunk, want in ((0, old), (1, new)):
+        calls = [c for k, c in seen if k == chunk]
+        assert calls and all(torch.equal(c["encoder_hidden_states"], want) for c in calls)
+    # the history is the first chunk's, not reset: the prefix and every window carry on
+    assert history.abs().sum() > 0
+    long, mid, one = history.split(HISTORY_SIZES, dim=2)
+    dtype = pipe.transformer.dtype
+    after = next(c for k, c in seen if k == 1)
+    assert torch.equal(after["latents_history_long"], long.to(dtype))
+    assert torch.equal(after["latents_history_mid"], mid.to(dtype))
+    assert torch.equal(after["latents_history_short"], torch.cat([prefix, one], 2).to(dtype))
+    assert torch.equal(render.first_latent, prefix)
+    # it morphs: not the new prompt's video started afresh, and the video goes on
+    fresh = d.begin_video(realtime_msg(prompt="a red cat", num_frames=97))
+    assert not np.array_equal(second, fresh.next_chunk())
+    assert first.shape == second.shape and (render.chunks_done, render.finished) == (2, False)
+    with pytest.raises(ValueError, match=r"^SteerVideo\.prompt: must not be empty"):
+        render.steer("  ")

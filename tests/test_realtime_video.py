@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from voxline.engines import protocol as ep
+from voxline.errors import ProtocolError
 from voxline.realtime.openai.client_events import parse_command
 from voxline.realtime.transports.video_track import VIDEO_CLOCK, VideoPlayout
 from voxline.sessions import events as ev
@@ -191,6 +192,102 @@ def test_no_video_model_the_engine_refusal_names_the_setting_and_the_session_liv
     assert next(e for e in out if isinstance(e, ev.VideoDone)).status == "failed"
     assert a.response is None
 
+
+
+def test_a_response_video_asks_for_the_real_time_steps_unless_it_names_its_own():
+    a = actor()
+    create(a, {"output_modalities": ["video"], "video": {"prompt": "a cat"}})
+    cv = next(c for c in a.take_commands() if isinstance(c, ep.CreateVideo))
+    assert cv.realtime and (cv.steps_per_stage, cv.num_inference_steps) == (None, None)
+    a = actor()
+    create(a, {"output_modalities": ["video"], "video": {"prompt": "a cat",
+                                                          "steps_per_stage": 2}})
+    cv = next(c for c in a.take_commands() if isinstance(c, ep.CreateVideo))
+    assert cv.realtime and cv.steps_per_stage == 2
+
+
+def test_bad_steps_are_refused_naming_the_field():
+    with pytest.raises(ProtocolError) as refused:  # the wire refuses what it checks alone
+        create(actor(), {"output_modalities": ["video"],
+                         "video": {"prompt": "a cat", "steps_per_stage": 0}})
+    assert refused.value.param == "response.video.steps_per_stage"
+    a = actor()
+    create(a, {"output_modalities": ["video"], "video": {
+        "prompt": "a cat", "steps_per_stage": 2, "num_inference_steps": 4}})
+    errors = [e for e in a.take_events() if isinstance(e, ev.ErrorEvent)]
+    assert [e.error.param for e in errors] == ["response.video.steps_per_stage"]
+    assert a.response is None and a.take_commands() == []
+
+
+def update(a: SessionActor, response_id: str, prompt: str, now: float = 2.0) -> None:
+    a.receive(parse_command({"type": "response.video.update", "event_id": "evt_u",
+                             "response_id": response_id, "video": {"prompt": prompt}}), now)
+
+
+def test_an_update_steers_the_video_in_progress_and_keeps_it_going():
+    a = actor()
+    create(a, {"output_modalities": ["audio", "video"], "video": VIDEO})
+    cv = next(c for c in a.take_commands() if isinstance(c, ep.CreateVideo))
+    rid = a.response.response.id
+    a.take_events()
+    update(a, rid, "a red cat over the mountains")
+    assert a.take_commands() == [ep.SteerVideo("stream_1", cv.video_id,
+                                               "a red cat over the mountains")]
+    out = a.take_events()
+    assert [(type(e), e.response_id, e.video_id, e.prompt) for e in out] == [
+        (ev.VideoUpdated, rid, cv.video_id, "a red cat over the mountains")]
+    pixels = frames(33, h=16, w=32).tobytes()  # the chunks keep coming, on the same video
+    a.on_engine(ep.VideoChunk("stream_1", cv.video_id, pixels, 33, 16, 32, 0, 2, False), 2.1)
+    assert [e.index for e in a.take_events() if isinstance(e, ev.VideoChunk)] == [0]
+    assert a.video.active.params.prompt == "a red cat over the mountains"
+
+
+def test_bad_updates_name_the_field_and_the_session_and_its_video_go_on():
+    a = actor()
+    create(a, {"output_modalities": ["video"], "video": VIDEO})
+    cv = next(c for c in a.take_commands() if isinstance(c, ep.CreateVideo))
+    rid = a.response.response.id
+    a.take_events()
+    update(a, "resp_nope", "a cat")
+    update(a, rid, "   ")
+    errors = [e.error for e in a.take_events() if isinstance(e, ev.ErrorEvent)]
+    assert [(e.param, e.event_id) for e in errors] == [("response_id", "evt_u"),
+                                                       ("video.prompt", "evt_u")]
+    assert "'resp_nope': it has no video in progress" in errors[0].message
+    assert "response.video.update" in errors[1].message
+    assert a.take_commands() == [] and a.closed is None and a.video.active is not None
+    a.on_engine(ep.VideoDone("stream_1", cv.video_id, ep.ResponseStatus.COMPLETED), 3.0)
+    a.take_events()
+    update(a, rid, "a cat", now=3.1)  # the video has ended
+    error, = [e.error for e in a.take_events() if isinstance(e, ev.ErrorEvent)]
+    assert error.param == "response_id" and "its video has ended (completed)" in error.message
+    with pytest.raises(ProtocolError) as refused:  # the wire alone refuses an empty prompt
+        parse_command({"type": "response.video.update", "response_id": rid,
+                       "video": {"prompt": ""}})
+    assert refused.value.param == "video.prompt"
+    assert a.closed is None
+
+
+def test_past_video_streams_the_busy_video_is_an_error_and_the_voice_reply_still_comes():
+    a = actor()
+    create(a, {"output_modalities": ["audio", "video"], "video": VIDEO})
+    cv = next(c for c in a.take_commands() if isinstance(c, ep.CreateVideo))
+    rid = a.response.response.id
+    busy = ("CreateVideo: the engine is rendering its limit of 1 video(s) at once (the "
+            "video_streams setting); try again when one ends")
+    a.on_engine(ep.StreamError("stream_1", busy, ep.ErrorCode.SERVER_BUSY), 1.1)
+    a.on_engine(ep.VideoDone("stream_1", cv.video_id, ep.ResponseStatus.FAILED, busy), 1.1)
+    a.on_engine(ep.ReplyTextDelta("stream_1", rid, "hello"), 1.2)
+    a.on_engine(ep.ResponseFinished("stream_1", rid, ep.ResponseStatus.COMPLETED, ""), 1.3)
+    a.tick(1.4)
+    out = a.take_events()
+    error = next(e for e in out if isinstance(e, ev.ErrorEvent)).error
+    assert (error.code, error.type) == ("server_busy", "server_error")
+    assert next(e for e in out if isinstance(e, ev.VideoDone)).status == "failed"
+    done = next(e for e in out if isinstance(e, ev.ResponseDone))
+    assert done.response.status == "completed" and a.closed is None
+
+
 # ------------------------------------------------------------------------ end to end
 
 
@@ -293,3 +390,91 @@ async def test_the_websocket_gets_progress_events_and_a_fetchable_mp4(server):
     with av.open(io.BytesIO(content.content)) as container:
         decoded = [f for f in container.decode(video=0)]
     assert len(decoded) == 65 and (decoded[0].width, decoded[0].height) == (32, 16)
+
+
+@pytest.fixture(scope="module")
+def one_video_server(tmp_path_factory):
+    """A live server whose engine renders one video at a time (`video_streams` 1)."""
+    pytest.importorskip("diffusers")
+    import torch
+    from live_server import free_port, serve_app
+    from tiny_helios import save_tiny_helios
+
+    from voxline.config import Settings
+    from voxline.engines.client import InProcessEngineClient
+    from voxline.realtime.app import create_app
+
+    threads = torch.get_num_threads()
+    video_dir = save_tiny_helios(tmp_path_factory.mktemp("helios"))
+    settings = Settings(video=f"helios:{video_dir}", server_id="vid2")
+    engine = InProcessEngineClient("test_video_api:make_video_core",
+                                   {"video_dir": str(video_dir), "max_videos": 1})
+    with serve_app(create_app(settings, engine), free_port(), name="one-video") as base:
+        yield base
+    torch.set_num_threads(threads)
+
+
+async def events_until(rt, seen: list, done, timeout: float = 120) -> None:
+    async def collect() -> None:
+        async for event in rt:
+            seen.append(event.to_dict() if hasattr(event, "to_dict") else event)
+            if done(seen[-1]):
+                return
+    await asyncio.wait_for(collect(), timeout)
+
+
+@pytest.mark.slow
+async def test_steering_mid_stream_and_a_busy_second_session_over_the_websocket(
+        one_video_server):
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=one_video_server + "/v1", api_key="unused")
+    long_video = {**VIDEO, "num_frames": 229}  # 7 chunks
+    a_seen: list[dict] = []
+    b_seen: list[dict] = []
+    async with client.realtime.connect(model="voxline") as a, \
+            client.realtime.connect(model="voxline") as b:
+        await a.send({"type": "response.create", "response": {
+            "output_modalities": ["audio", "video"], "video": long_video}})
+        await events_until(a, a_seen, lambda e: e["type"] == "response.output_video.chunk")
+        rid = a_seen[-1]["response_id"]
+        await a.send({"type": "response.video.update", "response_id": rid,
+                      "video": {"prompt": "a red cat over the mountains"}})
+        # the second session's video finds the one slot taken: a clear error, and its
+        # voice reply still comes and ends cleanly
+        await b.send({"type": "response.create", "response": {
+            "output_modalities": ["audio", "video"], "video": VIDEO}})
+        await events_until(b, b_seen, lambda e: e["type"] == "response.done")
+        await events_until(a, a_seen, lambda e: e["type"] == "response.done")
+        # a late, an unknown and an empty update: errors naming the field; the session lives
+        for event_id, target, prompt in (("late", rid, "a dog"), ("unknown", "resp_x", "a dog"),
+                                         ("empty", rid, "")):
+            await a.send({"type": "response.video.update", "event_id": event_id,
+                          "response_id": target, "video": {"prompt": prompt}})
+        await a.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        tail: list[dict] = []
+        await events_until(a, tail, lambda e: e["type"] == "response.done")
+
+    b_types = [e["type"] for e in b_seen]
+    busy = next(e for e in b_seen if e["type"] == "error")["error"]
+    assert busy["code"] == "server_busy" and "video_streams" in busy["message"]
+    assert next(e for e in b_seen if e["type"] == "response.output_video.done")["status"] \
+        == "failed"
+    assert "response.output_audio.delta" in b_types
+    assert b_seen[-1]["response"]["status"] == "completed"
+
+    a_types = [e["type"] for e in a_seen]
+    assert "error" not in a_types
+    chunks = [e["index"] for e in a_seen if e["type"] == "response.output_video.chunk"]
+    assert chunks == list(range(7))  # no chunk lost or restarted around the update
+    updated = a_types.index("response.output_video.updated")
+    assert a_types.index("response.output_video.chunk") < updated < a_types.index(
+        "response.output_video.done")
+    assert a_seen[updated]["prompt"] == "a red cat over the mountains"
+    assert next(e for e in a_seen if e["type"] == "response.output_video.done")["status"] \
+        == "completed"
+    errors = {e["error"]["event_id"]: e["error"] for e in tail if e["type"] == "error"}
+    assert {k: v["param"] for k, v in errors.items()} == {
+        "late": "response_id", "unknown": "response_id", "empty": "video.prompt"}
+    assert "has ended (completed)" in errors["late"]["message"]
+    assert tail[-1]["response"]["status"] == "completed"

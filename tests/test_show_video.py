@@ -232,18 +232,35 @@ def test_barge_in_stops_a_video_that_outlived_its_response():
     assert [d.status for d in a.take_events() if isinstance(d, ev.VideoDone)] == ["cancelled"]
 
 
-def test_a_second_call_replaces_the_first_video():
+def test_a_second_call_steers_the_video_on_screen_instead_of_restarting_it():
     a = actor()
     first = _video_after_the_follow_up(a)
+    assert first.realtime and first.steps_per_stage is None  # the server's real-time steps
+    rid = ask(a, 3.0)
+    a.take_commands(), a.take_events()
+    call(a, rid, '{"prompt": "a red cat", "width": 640}', now=3.1)
+    commands, out = a.take_commands(), a.take_events()
+    assert ep.SteerVideo(STREAM, first.video_id, "a red cat") in commands
+    assert not [c for c in commands if isinstance(c, ep.CreateVideo | ep.CancelVideo)]
+    assert [(u.video_id, u.prompt) for u in out if isinstance(u, ev.VideoUpdated)] == [
+        (first.video_id, "a red cat")]
+    assert not [d for d in out if isinstance(d, ev.VideoDone)]
+    # the model is told the video it steered keeps its size and length
+    assert results(commands) == [{"status": "steered", "video_id": first.video_id,
+                                  "width": 32, "height": 16, "seconds": 2.67,
+                                  "note": "the video on screen changes to the new prompt "
+                                          "from its next chunk; its size and length stay"}]
+
+
+def test_a_call_after_the_video_ended_starts_a_new_one():
+    a = actor()
+    first = _video_after_the_follow_up(a)
+    a.on_engine(ep.VideoDone(STREAM, first.video_id, ep.ResponseStatus.COMPLETED), 2.0)
     rid = ask(a, 3.0)
     a.take_commands(), a.take_events()
     call(a, rid, '{"prompt": "a red cat"}', now=3.1)
-    commands, out = a.take_commands(), a.take_events()
-    second = next(c for c in commands if isinstance(c, ep.CreateVideo))
-    assert ep.CancelVideo(STREAM, first.video_id) in commands
-    assert commands.index(ep.CancelVideo(STREAM, first.video_id)) < commands.index(second)
-    assert [(d.video_id, d.status) for d in out if isinstance(d, ev.VideoDone)] == [
-        (first.video_id, "cancelled")]
+    second = next(c for c in a.take_commands() if isinstance(c, ep.CreateVideo))
+    assert second.video_id != first.video_id and second.prompt == "a red cat"
     # the defaults: response.video's size, 4 s at 24 fps (97 frames, exact for the model)
     assert (second.width, second.height, second.num_frames) == (640, 384, 97)
 
@@ -294,7 +311,8 @@ def make_remote_video_core(wake, url: str):
     chat = RemoteChat(RemoteLLMConfig(url, "fake-model", api_key="sk-test", timeout=5.0,
                                       retries=1, retry_backoff=0.05))
     return EngineCore(Models(EnergyVAD(), FixedASR(), chat,  # type: ignore[arg-type]
-                             SentenceSpeechModel(ToneTTS()), stages={"video": RequestSizedVideoModel()}),
+                             SentenceSpeechModel(ToneTTS()),
+                             stages={"video": RequestSizedVideoModel()}),
                       wake)
 
 

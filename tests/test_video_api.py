@@ -24,7 +24,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 TINY = {"width": 16, "height": 16, "num_inference_steps": 2, "guidance_scale": 1.0, "seed": 5}
 
 
-def make_video_core(wake, video_dir: str):
+def make_video_core(wake, video_dir: str, max_videos: int = 4):
     """Core spec ``test_video_api:make_video_core``: fakes plus the real Helios loading."""
     import torch
 
@@ -35,7 +35,8 @@ def make_video_core(wake, video_dir: str):
     torch.set_num_threads(1)  # tiny tensors: threads only contend on a shared machine
     video = load_video(Settings(video=f"helios:{video_dir}"))
     return EngineCore(Models(EnergyVAD(), FixedASR(), CountingLM(),
-                             SentenceSpeechModel(ToneTTS()), stages={"video": video}), wake)
+                             SentenceSpeechModel(ToneTTS()), stages={"video": video}), wake,
+                      max_videos=max_videos)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -23,6 +23,13 @@ class CountingRender:
         self.total_chunks = chunks
         self.made = 0
         self.fail_at = fail_at
+        self.prompt = "a train"
+        self.prompts: list[str] = []  # the prompt each chunk was made for
+
+    def steer(self, prompt: str, negative_prompt: str | None = None) -> None:
+        if not prompt.strip():
+            raise ValueError("SteerVideo.prompt: must not be empty")
+        self.prompt = prompt
 
     @property
     def finished(self) -> bool:
@@ -32,25 +39,30 @@ class CountingRender:
         if self.made == self.fail_at:
             raise MemoryError("out of memory (test)")
         self.made += 1
+        self.prompts.append(self.prompt)
         return np.full((2, 4, 4, 3), self.made - 1, np.uint8)
 
 
 class FakeVideoModel:
     def __init__(self, fail_at: int | None = None) -> None:
         self.fail_at = fail_at
+        self.renders: dict[str, CountingRender] = {}  # by prompt
 
     def begin_video(self, msg: p.CreateVideo) -> CountingRender:
         if msg.width % 16:
             raise ValueError(f"CreateVideo.width: {msg.width} is not a positive multiple of 16")
-        return CountingRender(msg.num_frames // 2, self.fail_at if msg.prompt == "fail" else None)
+        render = CountingRender(msg.num_frames // 2,
+                                self.fail_at if msg.prompt == "fail" else None)
+        self.renders[msg.prompt] = render
+        return render
 
 
 class Harness(CoreDriver):
-    def __init__(self, video=None) -> None:
+    def __init__(self, video=None, max_videos: int = 4) -> None:
         super().__init__()
         models = Models(EnergyVAD(), FixedASR(), CountingLM(), SentenceSpeechModel(ToneTTS()),
                         stages={"video": video})
-        self.core = EngineCore(models, self.woke.set)
+        self.core = EngineCore(models, self.woke.set, max_videos=max_videos)
         self.steps: list[list[p.EngineOutput]] = []
 
     def run_until(self, pred, timeout: float = 20.0):
@@ -158,6 +170,61 @@ def test_a_video_id_in_progress_is_refused():
     h.close()
 
 
+# ------------------------------------------------------------------ capacity and steering
+
+
+def test_past_video_streams_a_video_is_refused_server_busy_and_the_running_one_goes_on():
+    h = Harness(FakeVideoModel(), max_videos=1)
+    h.send(p.OpenStream("s1"), p.OpenStream("s2"), video("s1", "a"), video("s2", "b"))
+    h.run_until(has(p.VideoDone, video_id="b"))
+    error, = h.of(p.StreamError)
+    assert (error.stream_id, error.code) == ("s2", p.ErrorCode.SERVER_BUSY)
+    assert "limit of 1 video(s) at once" in error.message and "video_streams" in error.message
+    h.run_until(has(p.VideoDone, video_id="a"))
+    assert [(d.video_id, d.status) for d in h.of(p.VideoDone)] == [
+        ("b", DONE.FAILED), ("a", DONE.COMPLETED)]
+    assert len(h.chunks("a")) == 3 and not h.chunks("b")
+    h.send(video("s2", "b"))  # the slot is free again
+    h.run_until(has(p.VideoDone, video_id="b", status=DONE.COMPLETED))
+    h.close()
+
+
+def test_a_video_that_waits_for_a_slot_starts_when_one_frees_first_in_first_out():
+    h = Harness(FakeVideoModel(), max_videos=1)
+    h.send(p.OpenStream("s1"), p.OpenStream("s2"), p.OpenStream("s3"), p.OpenStream("s4"),
+           video("s1", "a"), video("s2", "b", wait_for_slot=True),
+           video("s3", "c", wait_for_slot=True), video("s4", "d", wait_for_slot=True))
+    h.run_until(has(p.VideoChunk, video_id="a"))
+    assert h.core.videos.in_progress() == 1 and h.core.videos.waiting() == 3
+    h.send(p.CancelVideo("s3", "c"), p.CloseStream("s4"))  # waiting ones leave the line
+    h.run_until(lambda outs: len(h.of(p.VideoDone)) == 3)
+    order = [c.video_id for c in h.of(p.VideoChunk)]
+    assert order == ["a"] * 3 + ["b"] * 3 and not h.of(p.StreamError)
+    assert [(d.video_id, d.status) for d in h.of(p.VideoDone)] == [
+        ("c", DONE.CANCELLED), ("a", DONE.COMPLETED), ("b", DONE.COMPLETED)]
+    assert h.core.videos.waiting() == 0 and h.core.videos.in_progress() == 0
+    h.close()
+
+
+def test_steering_changes_the_next_chunks_prompt_and_a_bad_steer_names_the_field():
+    model = FakeVideoModel()
+    h = Harness(model)
+    h.send(p.OpenStream("s1"), video("s1", "a", frames=8))
+    h.run_until(has(p.VideoChunk, video_id="a", index=0))
+    h.send(p.SteerVideo("s1", "a", "a boat"), p.SteerVideo("s1", "a", " "),
+           p.SteerVideo("s1", "zz", "a boat"))
+    h.run_until(has(p.VideoDone, video_id="a"))
+    prompts = model.renders["a train"].prompts
+    assert prompts[0] == "a train" and prompts[-1] == "a boat"  # from the next chunk not started
+    assert [c.index for c in h.chunks("a")] == [0, 1, 2, 3]  # no chunk lost, none restarted
+    errors = [(e.param, e.code) for e in h.of(p.StreamError)]
+    assert errors == [("prompt", p.ErrorCode.INVALID_VALUE),
+                      ("video_id", p.ErrorCode.INVALID_VALUE)]
+    assert "SteerVideo.video_id: 'zz' is not in progress" in h.of(p.StreamError)[1].message
+    assert h.of(p.VideoDone)[0].status == DONE.COMPLETED
+    h.close()
+
+
 # ------------------------------------------------------------------ the real Helios path
 
 
@@ -217,6 +284,8 @@ def test_video_messages_cross_the_process_wire_unchanged():
                          total_chunks=2, final=False)
     done = p.VideoDone("s1", "v", DONE.CANCELLED)
     assert [p.decode_output(p.encode(m)) for m in (chunk, done)] == [chunk, done]
-    create = video("s1", "v", seed=9)
+    create = video("s1", "v", seed=9, steps_per_stage=2, realtime=True, wait_for_slot=True)
     assert p.decode_input(p.encode(create)) == create
     assert p.decode_input(p.encode(p.CancelVideo("s1", "v"))) == p.CancelVideo("s1", "v")
+    steer = p.SteerVideo("s1", "v", "a boat", negative_prompt="blur")
+    assert p.decode_input(p.encode(steer)) == steer

@@ -368,14 +368,15 @@ def test_talking_over_the_reply_stops_playback(tmp_path: Path):
 
 
 @contextmanager
-def not_ready_server() -> Iterator[int]:
-    """A server whose engine never becomes ready; yields its port."""
+def not_ready_server(**settings: Any) -> Iterator[int]:
+    """A server whose engine never becomes ready (`settings`: overrides); yields its port."""
     import threading
 
     import uvicorn
     from live_server import free_port
 
-    app = create_app(load_settings(), InProcessEngineClient(ECHO), manage_engine=False)
+    app = create_app(load_settings(**settings), InProcessEngineClient(ECHO),
+                     manage_engine=False)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            ws="websockets-sansio"))

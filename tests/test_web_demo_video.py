@@ -6,7 +6,8 @@ models plus the tiny Helios checkpoint (tests/tiny_helios.py) loaded through the
 `video=helios:DIR` setting, and Debian's `chromium` with a silent fake microphone
 (press-to-talk, so no turn starts). Through the page's own controls it asks for a video:
 the <video> element must reach the playing state at the requested size with frames
-advancing, play to the end, and stop when "Stop video" cancels a longer one. Like the
+advancing, play to the end, steer a longer one to a new prompt ("Show" while it is made)
+and stop when "Stop video" cancels it. Like the
 page's WebRTC voice test, it runs in a network namespace whose only interface is
 loopback.
 """
@@ -111,8 +112,17 @@ def test_video_call_in_loopback_namespace(tmp_path: Path):
         set_input(page, "video-frames", str(LONG_FRAMES))
         set_input(page, "video-steps", "4")
         click(page, "video-show")
-        wait_for(page, lambda s: video_stats(s)["videosStarted"] == 2
-                 and video_stats(s)["state"] == "playing", "the second video playing")
+        playing = video_stats(wait_for(
+            page, lambda s: video_stats(s)["videosStarted"] == 2
+            and video_stats(s)["state"] == "playing", "the second video playing"))
+        # "Show" while it is still being made steers it: no new video, the chunks go on
+        set_input(page, "video-prompt", "a red cat over the mountains")
+        click(page, "video-show")
+        steered = video_stats(wait_for(
+            page, lambda s: video_stats(s)["steered"] == 1
+            and video_stats(s)["chunks"] > playing["chunks"] + 1, "the video steered"))
+        assert steered["videosStarted"] == 2 and steered["state"] == "playing"
+        assert steered["prompt"] == "a red cat over the mountains"
         click(page, "video-stop")
         stopped = video_stats(wait_for(
             page, lambda s: video_stats(s)["state"] == "stopped", "the video stopped"))
@@ -130,3 +140,44 @@ def test_video_call_in_loopback_namespace(tmp_path: Path):
           f"shown, {late} after the stop")
     assert late < 33  # not another chunk's worth: the track stopped with the cancel
     assert settled["framesThisVideo"] < LONG_FRAMES
+
+
+PANEL_STATE = """JSON.stringify((() => {
+  const shown = (id) => {
+    const r = document.getElementById(id).getBoundingClientRect();
+    return r.width > 0 && r.height > 0;
+  };
+  return {loaded: window.voxlineVideo.stats().featuresLoaded,
+          panel: getComputedStyle(document.getElementById('video-panel')).display,
+          shown: ['video', 'video-state', 'video-show', 'video-stop', 'video-prompt']
+            .filter(shown),
+          talk: shown('talk')};
+})())"""
+
+
+@pytest.mark.parametrize(("video", "shown"), [
+    ("", []),
+    ("helios:/some/checkpoint", ["video", "video-state", "video-show", "video-stop",
+                                 "video-prompt"]),
+])
+def test_the_page_shows_the_video_controls_only_when_the_server_has_a_video_model(video,
+                                                                                   shown):
+    """In a real headless Chromium: with no video model there is no black panel and no
+    greyed-out Show / Stop video; with one (web/features.json says so) they are there."""
+    import json
+    import time
+
+    from conftest import TIME_FACTOR
+    from test_web_demo import chromium_path, headless_chromium, not_ready_server
+
+    chromium_path()
+    with not_ready_server(video=video) as port, headless_chromium() as page:
+        page.navigate(f"http://127.0.0.1:{port}/")
+        deadline = time.monotonic() + 30 * TIME_FACTOR
+        state = json.loads(page.evaluate(PANEL_STATE))
+        while not state["loaded"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+            state = json.loads(page.evaluate(PANEL_STATE))
+    assert state["loaded"] and state["talk"]  # the voice controls are there either way
+    assert state["shown"] == shown
+    assert state["panel"] == ("flex" if shown else "none")

@@ -319,6 +319,22 @@ class Settings(BaseSettings):
                     "loaded) or fp8 (float8 e4m3 weights and activations scaled per row: "
                     "lossy, about half the transformer's memory; a CUDA GPU of compute "
                     "capability 8.9 or newer)")
+    video_realtime_steps_per_stage: int = Field(
+        default=1, ge=1, le=50, description="denoising steps per pyramid stage of a real-time "
+        "video (a call's video track, response.video, the show_video tool) that names no "
+        "steps: 1 is Helios' real-time setting (pyramid_num_inference_steps_list [1, 1, 1]), "
+        "2 the distilled model card's; a request's steps_per_stage picks another; a "
+        "standard-sampler checkpoint runs its recommended steps (another value is refused)")
+    video_steps_per_stage: int | None = Field(
+        default=None, ge=1, le=50, description="denoising steps per pyramid stage of a "
+        "/v1/videos video that names no steps; empty: the checkpoint's recommended (2 a stage "
+        "distilled, 20 otherwise); refused for a standard-sampler checkpoint")
+    video_streams: int | None = Field(
+        default=None, ge=1, le=64, description="videos the engine renders at once (real-time "
+        "streams and /v1/videos jobs together); past it a session's video is refused with "
+        "server_busy, /v1/videos?wait=true answers 503 + Retry-After and a /v1/videos job "
+        "stays queued until one ends; empty: measured capacity on a GPU (the capacity "
+        "table's video rows; 1 where the GPU was not measured), 1 on a CPU")
     llm_timeout: float = Field(default=30.0, gt=0, description="remote server: seconds to "
                                "connect and to wait for each streamed chunk")
     llm_retries: int = Field(default=2, ge=0, description="remote server: retries of a request "

@@ -41,6 +41,12 @@ per_stream_d))``. The defaults:
 An explicit setting wins, checked: one that does not fit is a start-up error; one above
 the latency cap is logged as such.
 
+Video: ``video_streams`` (videos rendered at once, real-time and ``/v1/videos`` together)
+is not sized from memory but from measurement (`plan_video_streams`): the most streams a
+``video_rows`` row of the table held on the same GPU name at no fewer steps a pyramid stage
+than ``video_realtime_steps_per_stage``, each at least as fast as it plays; no such row, or
+the CPU: 1. `voxline.engines.factory.sized_video_streams` logs it in its own line.
+
 More than one GPU: one ``voxline serve`` per GPU (``CUDA_VISIBLE_DEVICES=N``), each sizing
 itself here, behind the balancer (``deploy/``, docs/deploy.md "More than one GPU"), not one
 server with an engine per GPU: the network edge (one event loop per API process) then
@@ -123,10 +129,25 @@ class LatencyRow:
 
 
 @dataclass(frozen=True)
+class VideoRow:
+    """A benchmark's measurement: `streams` videos rendered at once on `gpu`, each at least
+    as fast as it plays (`fps`), at `steps_per_stage` steps a pyramid stage and this size."""
+
+    gpu: str
+    streams: int
+    steps_per_stage: int = 1
+    width: int = 640
+    height: int = 384
+    fps: int = 24
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class CapacityTable:
     rows: tuple[LatencyRow, ...] = ()
     working_fraction: float = DEFAULT_WORKING_FRACTION
     path: str = ""
+    video_rows: tuple[VideoRow, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -311,8 +332,29 @@ def load_table(path: Path | None = None) -> CapacityTable:
         return CapacityTable(path=str(path))
     data = json.loads(path.read_text())
     rows = tuple(LatencyRow(**row) for row in data.get("rows", []))
+    video_rows = tuple(VideoRow(**row) for row in data.get("video_rows", []))
     return CapacityTable(rows, float(data.get("working_memory_fraction",
-                                              DEFAULT_WORKING_FRACTION)), str(path))
+                                              DEFAULT_WORKING_FRACTION)), str(path), video_rows)
+
+
+def plan_video_streams(gpu: str | None, explicit: int | None, rows: Iterable[VideoRow],
+                       steps_per_stage: int) -> tuple[int, str]:
+    """Real-time video streams the server renders at once (the `video_streams` setting) and
+    why, in words for the log. Explicit wins; on a CPU (`gpu` None) 1; on a GPU the most a
+    row measured on the same GPU name held at no fewer steps a stage (more steps are
+    slower); no such row: 1, so a stream never plays slower than real time on a guess."""
+    if explicit is not None:
+        return explicit, "explicit"
+    if gpu is None:
+        return 1, "CPU: one at a time"
+    fits = [r for r in rows if r.gpu == gpu and r.steps_per_stage >= steps_per_stage]
+    if not fits:
+        return 1, (f"{gpu} has no video row at {steps_per_stage} step(s) a stage in the "
+                   "capacity table: 1")
+    best = max(fits, key=lambda r: r.streams)
+    return best.streams, (f"{gpu} held {best.streams} at {best.width}x{best.height}, "
+                          f"{best.steps_per_stage} step(s) a stage, {best.fps} fps "
+                          f"({best.source or 'capacity table'})")
 
 
 def with_row(data: Mapping[str, Any], row: LatencyRow) -> dict[str, Any]:

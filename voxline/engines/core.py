@@ -100,6 +100,7 @@ class EngineCore:
     `early_pause_transcript`: a pause transcript is taken where the speech fell silent,
     so it is mostly done when the pause is reported (see `turns`).
     `llm_step_tokens`: the embedded LLM's tokens per batched step (`LLMStage.token_budget`).
+    `max_videos`: videos rendered at once (the `video_streams` setting; see `Videos`).
     """
 
     def __init__(self, models: Models, wake: Callable[[], None], max_streams: int = 64,
@@ -108,7 +109,8 @@ class EngineCore:
                  max_responses: int = setting_default("max_responses"),
                  speculate_after_ms: float = DEFAULT_SPECULATE_AFTER_MS,
                  generation_lead_ms: float | None = None, warm_prefill: bool = False,
-                 early_pause_transcript: bool = True, llm_step_tokens: int = STEP_TOKENS) -> None:
+                 early_pause_transcript: bool = True, llm_step_tokens: int = STEP_TOKENS,
+                 max_videos: int = 4) -> None:
         self.models = models
         self.max_responses = max_responses
         self.max_utterance_ms = max_utterance_ms
@@ -129,7 +131,8 @@ class EngineCore:
         self.turns = Turns(self.registry, self.vad, self.asr, self.responses,
                            self._outputs.append, speculate_after_ms, max_responses,
                            warm=self.warm, early_pause=early_pause_transcript)
-        context = StageContext(wake, self._outputs.append, self.registry.live, self.turns)
+        context = StageContext(wake, self._outputs.append, self.registry.live, self.turns,
+                               max_videos=max_videos)
         self.parts: dict[str, StagePart] = {
             reg.name: reg.attach(context, models.stages.get(reg.name)) for reg in STAGES}
         self._handlers: dict[type[p.EngineInput], InputHandler] = {
@@ -173,7 +176,8 @@ class EngineCore:
                    warm_prefill=settings.warm_prefill,
                    early_pause_transcript=settings.early_pause_transcript,
                    generation_lead_ms=settings.generation_lead_s * 1000 or None,
-                   llm_step_tokens=settings.llm_step_tokens)
+                   llm_step_tokens=settings.llm_step_tokens,
+                   max_videos=settings.video_streams or 1)
 
     @property
     def streams(self) -> Mapping[str, StreamState]:

@@ -267,7 +267,19 @@ class CreateVideo(msgspec.Struct, tag=True, frozen=True):
     naming the field, then `VideoDone` failed) for a size or frame count the model cannot
     make exactly, a `video_id` already running on the stream, or no video model loaded.
     `seed` None: a fresh random seed; the same seed gives the same frames on one build.
-    `num_inference_steps` / `guidance_scale` None: the checkpoint's recommended setting."""
+    `num_inference_steps` / `guidance_scale` None: the checkpoint's recommended setting.
+
+    `steps_per_stage`: each pyramid stage's denoising steps (diffusers'
+    `pyramid_num_inference_steps_list` is that many for every stage), instead of
+    `num_inference_steps` (sending both is refused, and so is a checkpoint without a
+    pyramid). With neither, a pyramid checkpoint runs the server's per-path setting:
+    `video_realtime_steps_per_stage` when `realtime` (a video played as it is made: a
+    session's, a call's track), else `video_steps_per_stage` (None: the recommended).
+
+    Capacity: at most `video_streams` videos render at once, engine-wide. Past it a
+    request is refused with `server_busy` (`StreamError`, then `VideoDone` failed), or,
+    with `wait_for_slot`, waits first in first out until one ends (no `VideoChunk`
+    before it starts: `/v1/videos` shows it `queued`)."""
 
     stream_id: str
     video_id: str
@@ -283,6 +295,22 @@ class CreateVideo(msgspec.Struct, tag=True, frozen=True):
     seed: int | None = None
     cache_backend: str = ""  # step cache: "" the server's video_cache_backend, or by name
     cache_threshold: float | None = None  # the step cache's threshold; None: its default
+    steps_per_stage: int | None = None
+    realtime: bool = False
+    wait_for_slot: bool = False
+
+
+class SteerVideo(msgspec.Struct, tag=True, frozen=True):
+    """Change what video `video_id` shows from its next chunk on: the chunks after it are
+    made for `prompt` (and `negative_prompt`, None: unchanged) over the history made so
+    far, so the picture morphs instead of restarting; the chunk count, size and seed stay.
+    A chunk already being made keeps the prompt it started with. Refused (`StreamError`
+    naming the field; the video goes on) for an empty prompt or a video not in progress."""
+
+    stream_id: str
+    video_id: str
+    prompt: str
+    negative_prompt: str | None = None
 
 
 class CancelVideo(msgspec.Struct, tag=True, frozen=True):
@@ -308,6 +336,7 @@ EngineInput = (
     | PlayoutProgress
     | CloseStream
     | CreateVideo
+    | SteerVideo
     | CancelVideo
 )
 
@@ -472,7 +501,7 @@ class ErrorCode(enum.StrEnum):
     ASR_ERROR = "asr_error"
     LLM_BACKEND_ERROR = "llm_backend_error"
     TTS_ERROR = "tts_error"
-    SERVER_BUSY = "server_busy"  # `max_responses` in progress
+    SERVER_BUSY = "server_busy"  # `max_responses` (or `video_streams` videos) in progress
     CAPACITY = "capacity"  # no free stream or KV slot
     ENGINE_DEAD = "engine_dead"  # (fatal, from the client) the engine process died
     ENGINE_CLOSED = "engine_closed"  # (fatal, from the client) the client was closed

@@ -24,6 +24,7 @@ from voxline.engines.capacity import (
     find_latency_row,
     load_table,
     plan_capacity,
+    plan_video_streams,
 )
 from voxline.engines.checkpoints import llm_config
 from voxline.engines.model_memory import bf16_weights_footprint, llm_footprint, qwen3_tts_footprint
@@ -35,6 +36,25 @@ logger = logging.getLogger(__name__)
 # Moonshine base on a GPU: 61.5 M float32 parameters (246 MB), the decoder graphs' K/V
 # buffers for 64 rows (1.5 GiB, `StaticDecoder.nbytes`) and the encoder's batch.
 MOONSHINE_GPU_BYTES = 2 << 30
+
+
+def sized_video_streams(settings: Settings) -> Settings:
+    """With a video model: ``video_streams`` (unless set) from the GPU the model loads on
+    (`plan_video_streams`), logged in one line beside the voice capacity line. torch is
+    imported only here, with a video model (which needs it anyway), to name the GPU."""
+    if not settings.video:
+        return settings
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    explicit = settings.video_streams if "video_streams" in settings.model_fields_set else None
+    streams, why = plan_video_streams(gpu, explicit, load_table().video_rows,
+                                      settings.video_realtime_steps_per_stage)
+    logger.info("video capacity: video_streams=%d (%s); real-time videos at %d step(s) a "
+                "pyramid stage (video_realtime_steps_per_stage), /v1/videos at %s", streams,
+                why, settings.video_realtime_steps_per_stage,
+                settings.video_steps_per_stage or "the checkpoint's recommended steps")
+    return settings.model_copy(update={"video_streams": streams})
 
 
 def runs_on_gpu(settings: Settings) -> bool:
@@ -57,6 +77,7 @@ def sized_for_device(settings: Settings) -> Settings:
         raise VoxlineError(f"gil_switch_us={settings.gil_switch_us} applies with a model on a GPU "
                            "(llm_device, asr_device or tts_device=cuda); the CPU engine keeps "
                            "CPython's switch interval")
+    settings = sized_video_streams(settings)
     footprints, params = gpu_footprints(settings)
     if not footprints:
         return settings

@@ -50,6 +50,7 @@ class StageContext:
     emit: Callable[[p.EngineOutput], None]  # outputs to the callers
     live: Callable[[StreamId], StreamState | None]  # an open stream by internal id
     turns: Turns  # turn routing, for a stage that hears turns
+    max_videos: int = 1  # videos rendered at once (`video_streams`)
 
 
 def _ignore(stream: StreamState) -> None:
@@ -144,19 +145,24 @@ def load_video(settings: Settings) -> VideoModel | None:
         logger.info("video transformer: %d block projections in float8", swapped)
     caches = step_caches_for(pipe.transformer, model_dir, settings.cache,
                              settings.video_cache_backend, settings.video_cache_threshold)
-    return driver_for(pipe, step_caches=caches, compile=settings.video_compile)
+    driver = driver_for(pipe, step_caches=caches, compile=settings.video_compile,
+                        realtime_steps_per_stage=settings.video_realtime_steps_per_stage,
+                        steps_per_stage=settings.video_steps_per_stage)
+    driver.check_step_settings()
+    return driver
 
 
 def _attach_video(ctx: StageContext, model: VideoModel | None) -> StagePart:
     """Without a model `CreateVideo` is still taken, and refused naming the setting."""
     from voxline.engines.video_stage import Videos, VideoStage
 
-    videos = Videos(VideoStage(model) if model is not None else None, ctx.emit, ctx.live)
+    videos = Videos(VideoStage(model) if model is not None else None, ctx.emit, ctx.live,
+                    ctx.max_videos)
     rows = [] if videos.stage is None else [
         StageSlot("video", videos.stage, StageWorker(videos.stage, ctx.wake, "voxline-video"),
                   route=videos.route, fail=videos.fail)]
     return StagePart(owner=videos, rows=rows,
-                     handlers={p.CreateVideo: videos.create,
+                     handlers={p.CreateVideo: videos.create, p.SteerVideo: videos.steer,
                                p.CancelVideo: lambda stream, msg: videos.cancel(stream,
                                                                                 msg.video_id)},
                      closed=videos.closed)

@@ -8,7 +8,10 @@ steps and a long video never starves a short one. A job is out of the queue whil
 chunk runs, so the loop thread and the worker never touch one render at once.
 
 `Videos` is the stage's owner on the loop thread: it admits `CreateVideo` (validated by
-the model before anything is queued; at most `max_videos` in progress engine-wide),
+the model before anything is queued), holds the engine to `max_videos` rendering at once
+(the `video_streams` setting: a request past it is refused `server_busy`, or with
+`wait_for_slot` waits, first in first out, until a video ends), steers a video in progress
+to a new prompt from its next chunk (`SteerVideo`: its render keeps its history),
 cancels between chunks (`CancelVideo`, a closed stream), and routes each chunk as a
 `VideoChunk` (progress: `index` of `total_chunks`) and each end as one `VideoDone`, by
 internal stream id, so nothing of a closed stream is sent. A plan whose `execute` raised
@@ -46,6 +49,11 @@ class VideoRender(Protocol):
 
     def next_chunk(self) -> np.ndarray: ...  # uint8 (frames, height, width, 3)
 
+    def steer(self, prompt: str, negative_prompt: str | None = None) -> None:
+        """The chunks not yet started show `prompt` (loop thread; ValueError naming the
+        field if refused)."""
+        ...
+
 
 class VideoModel(Protocol):
     def begin_video(self, request: p.CreateVideo) -> VideoRender:
@@ -60,6 +68,7 @@ class VideoJob:
     render: VideoRender
     chunks_done: int = 0
     cancelled: bool = False
+    waiting: bool = False  # admitted, waiting for a free slot (`wait_for_slot`)
 
 
 @dataclass(frozen=True)
@@ -110,7 +119,8 @@ class VideoStage:
 
 
 class Videos:
-    """The video stage's admission, cancels and routing (loop thread only)."""
+    """The video stage's admission, capacity, steering, cancels and routing (loop thread
+    only)."""
 
     def __init__(self, stage: VideoStage | None, emit: Callable[[p.EngineOutput], None],
                  live: Callable[[StreamId], StreamState | None], max_videos: int = 4) -> None:
@@ -118,14 +128,15 @@ class Videos:
         self._emit = emit
         self._live = live
         self.max_videos = max_videos
-        self._jobs: dict[tuple[StreamId, str], VideoJob] = {}
+        self._jobs: dict[tuple[StreamId, str], VideoJob] = {}  # rendering or waiting
+        self._waiting: deque[VideoJob] = deque()
 
     def create(self, stream: StreamState, msg: p.CreateVideo) -> None:
         key = (stream.internal_id, msg.video_id)
         if key in self._jobs:  # no VideoDone: that would end the running video for the caller
             self._emit(p.StreamError(stream.external_id, f"CreateVideo.video_id: "
                                      f"{msg.video_id!r} is already in progress on this stream",
-                                     p.ErrorCode.INVALID_VALUE))
+                                     p.ErrorCode.INVALID_VALUE, param="video_id"))
             return
         try:
             render = self._admit(msg)
@@ -135,24 +146,48 @@ class Videos:
                                    str(exc)))
             return
         job = VideoJob(stream.internal_id, msg.video_id, render)
+        if self.in_progress() >= self.max_videos:
+            job.waiting = True
+            self._waiting.append(job)
         self._jobs[key] = job
+        if job.waiting:
+            return
         assert self.stage is not None
         self.stage.add(job)
 
     def _admit(self, msg: p.CreateVideo) -> VideoRender:
         if self.stage is None:
             raise RequestRefused(NO_VIDEO_MODEL, p.ErrorCode.INVALID_VALUE)
-        if len(self._jobs) >= self.max_videos:
-            raise RequestRefused(f"CreateVideo: the engine is generating its limit of "
-                                 f"{self.max_videos} videos at once; try again shortly",
-                                 p.ErrorCode.SERVER_BUSY)
         try:
-            return self.stage.model.begin_video(msg)
+            render = self.stage.model.begin_video(msg)
         except ValueError as exc:
             raise RequestRefused(str(exc), p.ErrorCode.INVALID_VALUE) from exc
+        if self.in_progress() >= self.max_videos and not msg.wait_for_slot:
+            raise RequestRefused(f"CreateVideo: the engine is rendering its limit of "
+                                 f"{self.max_videos} video(s) at once (the video_streams "
+                                 "setting); try again when one ends", p.ErrorCode.SERVER_BUSY)
+        return render
 
     def in_progress(self) -> int:
-        return len(self._jobs)
+        """Videos rendering now (not those waiting for a slot)."""
+        return len(self._jobs) - len(self._waiting)
+
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def steer(self, stream: StreamState, msg: p.SteerVideo) -> None:
+        """`msg`'s prompt from the video's next chunk on; a refusal is a `StreamError`
+        naming the field, and the video goes on."""
+        job = self._jobs.get((stream.internal_id, msg.video_id))
+        try:
+            if job is None or job.cancelled:
+                raise ValueError(f"SteerVideo.video_id: {msg.video_id!r} is not in progress on "
+                                 "this stream")
+            job.render.steer(msg.prompt, msg.negative_prompt)
+        except ValueError as exc:
+            field = str(exc).partition(":")[0].rpartition(".")[2] or None
+            self._emit(p.StreamError(stream.external_id, str(exc), p.ErrorCode.INVALID_VALUE,
+                                     param=field))
 
     def cancel(self, stream: StreamState, video_id: str) -> None:
         """Stop the video at its next chunk boundary; unknown ids are ignored (already done)."""
@@ -165,12 +200,25 @@ class Videos:
         """A closed stream's videos stop; nothing more of them is sent."""
         for job in [j for j in self._jobs.values() if j.stream_id == stream.internal_id]:
             self._stop(job)
-            self._jobs.pop((job.stream_id, job.video_id), None)
+            self._release(job)
 
     def _stop(self, job: VideoJob) -> None:
         job.cancelled = True
         if self.stage is not None:
             self.stage.remove(job)
+
+    def _release(self, job: VideoJob) -> None:
+        """`job` holds no slot any more: the first waiting video (if any) takes it."""
+        if self._jobs.pop((job.stream_id, job.video_id), None) is None:
+            return
+        if job.waiting:
+            self._waiting.remove(job)
+            return
+        while self._waiting and self.in_progress() < self.max_videos:
+            ready = self._waiting.popleft()
+            ready.waiting = False
+            assert self.stage is not None
+            self.stage.add(ready)
 
     # ------------------------------------------------------------------ stage callbacks
 
@@ -196,7 +244,7 @@ class Videos:
                      f"video {job.video_id!r} failed at chunk {job.chunks_done}: {error}")
 
     def _finish(self, job: VideoJob, status: p.ResponseStatus, error: str = "") -> None:
-        self._jobs.pop((job.stream_id, job.video_id), None)
+        self._release(job)
         stream = self._live(job.stream_id)
         if stream is None:
             return

@@ -189,6 +189,7 @@ class SessionActor:
             cmd.ResponseCreate: self._response_create,
             cmd.ResponseCancel: self._response_cancel,
             cmd.OutputAudioClear: self._output_clear,
+            cmd.ResponseVideoUpdate: self.video.update,
         }
 
     def _new_input(self) -> InputConverter:

@@ -93,6 +93,9 @@ class VideoParams:
     guidance_scale: float | None = None
     negative_prompt: str = ""
     seed: int | None = None
+    # steps per pyramid stage; None (and no num_inference_steps): the server's real-time
+    # setting (`video_realtime_steps_per_stage`, 1 a stage)
+    steps_per_stage: int | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,18 @@ class ResponseCreate(Command):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ResponseVideoUpdate(Command):
+    """voxline extension: steer the video of response `response_id` (``response.video``
+    or the ``show_video`` tool's) to `prompt` from its next chunk on, keeping what it
+    showed so far; `negative_prompt` None keeps the video's."""
+
+    name: ClassVar[str] = "response.video.update"
+    response_id: str
+    prompt: str
+    negative_prompt: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ResponseCancel(Command):
     name: ClassVar[str] = "response.cancel"
     response_id: str | None = None
@@ -167,4 +182,4 @@ class OutputAudioClear(Command):
 
 ClientCommand = (SessionUpdate | InputAudioAppend | InputAudioCommit | InputAudioClear | ItemCreate
                  | ItemRetrieve | ItemTruncate | ItemDelete | ResponseCreate | ResponseCancel
-                 | OutputAudioClear)
+                 | OutputAudioClear | ResponseVideoUpdate)

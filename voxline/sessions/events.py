@@ -275,6 +275,16 @@ class VideoChunk(ServerEvent):
     pixels: bytes = Field(exclude=True, repr=False)
 
 
+class VideoUpdated(ServerEvent):
+    """voxline extension ``response.output_video.updated``: a ``response.video.update`` (or
+    the ``show_video`` tool called again) was taken; the video's chunks not yet started
+    show `prompt`, over what it showed so far."""
+
+    response_id: str
+    video_id: str
+    prompt: str
+
+
 class VideoDone(ServerEvent):
     """voxline extension ``response.output_video.done``: the video ended (``completed``,
     ``cancelled`` by response.cancel or barge-in, or ``failed`` with `error`)."""
@@ -355,9 +365,11 @@ SERVER_EVENT_CLASSES: tuple[type[ServerEvent], ...] = (
     McpCallFailed,
     VideoStarted,
     VideoChunk,
+    VideoUpdated,
     VideoDone,
 )
 
 # voxline's own Realtime extension events (not OpenAI's): sent only to a client that asked
 # for them (a response.create with "video"); the openai SDK passes unknown types through.
-VOXLINE_EXTENSION_EVENTS: tuple[type[ServerEvent], ...] = (VideoStarted, VideoChunk, VideoDone)
+VOXLINE_EXTENSION_EVENTS: tuple[type[ServerEvent], ...] = (VideoStarted, VideoChunk,
+                                                           VideoUpdated, VideoDone)

@@ -18,9 +18,15 @@ function result, ``{"status": "rendering", "video_id": ..., "width": ..., "heigh
 then no video), then asks for a follow-up response (once the calling one has ended), so the
 model keeps talking while the frames are made.
 
+Called again while a video is in progress (this tool's or a ``response.video``), it steers
+that video instead of starting another (`VideoResponses.steer`): from the next chunk the
+video shows the new prompt over what it showed so far (the picture morphs, its size and
+length stay), ``response.output_video.updated`` goes out, and the model is answered
+``{"status": "steered", "video_id": ..., ...}``.
+
 The video does not hold the response that called the tool: that response ends as usual and
-the video runs on until it completes, a new video replaces it, or ``response.cancel`` or
-barge-in stops it (also after the follow-up has ended). Its events carry the calling
+the video runs on until it completes, or ``response.cancel`` or barge-in stops it (also
+after the follow-up has ended). Its events carry the calling
 response's id. A call in a response that was cancelled before the call was complete starts
 nothing: the model is told so, and no follow-up is made.
 """
@@ -166,10 +172,19 @@ class ShowVideoTool:
         except ToolArgumentError as exc:
             self._answer(out, {"status": "error", "error": str(exc)})
         else:
-            video_id = self.actor.video.show(r.response.id, params)
-            self._answer(out, {"status": "rendering", "video_id": video_id,
-                               "width": params.width, "height": params.height,
-                               "seconds": round((params.num_frames - 1) / params.fps, 2)})
+            steered = self.actor.video.steer(params.prompt)
+            if steered is not None:  # a video is on: it morphs to the new prompt
+                shown = steered.params
+                self._answer(out, {"status": "steered", "video_id": steered.video_id,
+                                   "width": shown.width, "height": shown.height,
+                                   "seconds": round((shown.num_frames - 1) / shown.fps, 2),
+                                   "note": "the video on screen changes to the new prompt "
+                                           "from its next chunk; its size and length stay"})
+            else:
+                video_id = self.actor.video.show(r.response.id, params)
+                self._answer(out, {"status": "rendering", "video_id": video_id,
+                                   "width": params.width, "height": params.height,
+                                   "seconds": round((params.num_frames - 1) / params.fps, 2)})
         self.follow_up_of = r
 
     def _answer(self, out: ep.FunctionCallDone, result: dict[str, Any]) -> None:

@@ -17,6 +17,15 @@ one ends ``cancelled``). Without a video model the engine refuses `CreateVideo` 
 error naming the `video` setting; the response then ends as its reply does and the
 session lives on.
 
+Steering: ``response.video.update`` (`commands.ResponseVideoUpdate`: ``response_id`` and
+``video.prompt``) changes what the response's video in progress shows from its next chunk
+on (`SteerVideo`): the engine keeps the video's history, so the picture morphs rather than
+restarts, and its chunks keep coming. It is answered with
+``response.output_video.updated``. An update naming no response with a video in progress
+(unknown, or its video already ended) or with an empty prompt is refused with an error
+naming the field; nothing else changes. The ``show_video`` tool called while a video is in
+progress steers that video the same way.
+
 The reply model's ``show_video`` tool (`sessions.show_video`) starts its video through
 `show`: the same events, but the video does not hold its response (the model keeps talking
 in a follow-up response while the frames are made), so it may outlive the response that
@@ -25,19 +34,21 @@ called the tool; a cancel or barge-in still stops it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from voxline.engines import protocol as ep
 from voxline.errors import ProtocolError
 from voxline.sessions import events as ev
-from voxline.sessions.commands import ResponseOverrides, VideoParams
+from voxline.sessions.commands import ResponseOverrides, ResponseVideoUpdate, VideoParams
 from voxline.sessions.ids import new_id
 
 if TYPE_CHECKING:
     from voxline.sessions.records import ActiveResponse
 
 _STATUS = {ep.ResponseStatus.COMPLETED: "completed", ep.ResponseStatus.CANCELLED: "cancelled"}
+ENDED_KEPT = 64  # responses whose video ended, remembered to say so to a late update
 
 
 def check_video_overrides(overrides: ResponseOverrides) -> None:
@@ -52,6 +63,11 @@ def check_video_overrides(overrides: ResponseOverrides) -> None:
         raise ProtocolError("response.create: response.video is set but "
                             "response.output_modalities does not include 'video'",
                             code="invalid_value", param="response.output_modalities")
+    video = overrides.video
+    if video.steps_per_stage is not None and video.num_inference_steps is not None:
+        raise ProtocolError("response.create: response.video.steps_per_stage and "
+                            "num_inference_steps both set the steps; send one",
+                            code="invalid_value", param="response.video.steps_per_stage")
 
 
 class VideoHost(Protocol):
@@ -79,6 +95,7 @@ class VideoResponses:
         # a server names itself in the ids (video_<server_id>_...) so a balancer can route
         # /v1/videos/{id} to the server holding the MP4 (realtime/ops/owned_ids.py)
         self.id_prefix = "video"
+        self._ended: OrderedDict[str, str] = OrderedDict()  # response id -> its video's status
 
     def start(self, response: ActiveResponse | None, overrides: ResponseOverrides | None
               ) -> None:
@@ -104,11 +121,42 @@ class VideoResponses:
             height=params.height, num_frames=params.num_frames,
             num_inference_steps=params.num_inference_steps,
             guidance_scale=params.guidance_scale, negative_prompt=params.negative_prompt,
-            seed=params.seed))
+            seed=params.seed, steps_per_stage=params.steps_per_stage, realtime=True))
         actor.events.append(ev.VideoStarted(
             response_id=video.response_id, video_id=video.video_id, prompt=params.prompt,
             width=params.width, height=params.height, fps=params.fps,
             num_frames=params.num_frames))
+
+    def update(self, e: ResponseVideoUpdate, now: float = 0.0) -> None:
+        """``response.video.update``: steer the video of `e.response_id` (see the module doc)."""
+        video = self.active
+        if video is None or video.response_id != e.response_id:
+            ended = self._ended.get(e.response_id)
+            why = (f"its video has ended ({ended}); ask for a new one with response.create"
+                   if ended is not None else "it has no video in progress"
+                   + (f" (the video in progress is response {video.response_id!r}'s)"
+                      if video is not None else ""))
+            raise ProtocolError(f"response.video.update: response {e.response_id!r}: {why}",
+                                code="invalid_value", param="response_id")
+        if not e.prompt.strip():
+            raise ProtocolError("response.video.update: video.prompt must not be empty",
+                                code="invalid_value", param="video.prompt")
+        self.steer(e.prompt, e.negative_prompt)
+
+    def steer(self, prompt: str, negative_prompt: str | None = None) -> ActiveVideo | None:
+        """The active video shows `prompt` from its next chunk on; None if none is active."""
+        video = self.active
+        if video is None:
+            return None
+        changes = {"prompt": prompt}
+        if negative_prompt is not None:
+            changes["negative_prompt"] = negative_prompt
+        video.params = replace(video.params, **changes)
+        self._actor.commands.append(ep.SteerVideo(self._actor.stream_id, video.video_id,
+                                                  prompt, negative_prompt))
+        self._actor.events.append(ev.VideoUpdated(response_id=video.response_id,
+                                                  video_id=video.video_id, prompt=prompt))
+        return video
 
     def holds(self, response_id: str) -> bool:
         """True while `response_id`'s video is still being made (its response waits)."""
@@ -146,6 +194,9 @@ class VideoResponses:
 
     def _end(self, video: ActiveVideo, status: str, error: str | None) -> None:
         self.active = None
+        self._ended[video.response_id] = status
+        while len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
         self._actor.events.append(ev.VideoDone(response_id=video.response_id,
                                                video_id=video.video_id, status=status,
                                                error=error))

@@ -1,7 +1,8 @@
 // voxline browser page: the call's generated video (the voxline Realtime extension).
 // Plain JS, no build step; app.js calls the hooks of window.voxlineVideo.
 //
-// When the server has a video model (web/features.json says so), a WebRTC call's offer
+// The panel (the <video>, its state line, Show / Stop video) stays hidden unless
+// web/features.json says the server has a video model. When it has, a WebRTC call's offer
 // carries a recvonly video transceiver; the server answers with its video track on it, which
 // sends nothing until a response has a video. "Show" adds the prompt to the conversation as
 // a user message and sends response.create with output_modalities ["audio", "video"] and
@@ -10,6 +11,8 @@
 // the <video> element presents drive the state line:
 //   stopped -> rendering (started: the model makes chunks) -> playing (frames presented)
 //   -> stopped (completed: once its frames have played; cancelled or failed: at once).
+// "Show" while a video is still being made steers it instead (response.video.update with
+// the new prompt): from its next chunk the picture morphs to the prompt, without a restart.
 // "Stop video" sends response.cancel: the server ends the video at its next chunk and
 // stops the track at once. Over the WebSocket there is no track, so the panel says so.
 "use strict";
@@ -32,8 +35,8 @@ window.voxlineVideo = (() => {
   };
 
   const stats = {
-    available: false, state: "stopped", videosStarted: 0, chunks: 0, framesShown: 0,
-    framesThisVideo: 0, framesAtStop: 0, lastStatus: "", videoId: null, lastError: "",
+    available: false, featuresLoaded: false, state: "stopped", videosStarted: 0, chunks: 0, framesShown: 0,
+    framesThisVideo: 0, framesAtStop: 0, steered: 0, prompt: "", lastStatus: "", videoId: null, lastError: "",
     firstFrameMs: [],  // per video: "Show" (or started, for the model's show_video) -> first frame
   };
   let hooks = null;  // { send, addEntry } of the live call, while its session is up
@@ -56,7 +59,8 @@ window.voxlineVideo = (() => {
     .catch(() => ({}))
     .then((f) => {
       stats.available = Boolean(f.video);
-      panel.hidden = !stats.available;
+      stats.featuresLoaded = true;
+      panel.hidden = !stats.available;  // no video model: no panel, no video buttons
       return f;
     });
 
@@ -135,6 +139,12 @@ window.voxlineVideo = (() => {
     e.preventDefault();
     const prompt = promptInput.value.trim();
     if (!hooks || !prompt) return;
+    if (active && !active.ending) {  // still being made: steer it to the new prompt
+      hooks.addEntry("user", `Now show ${prompt}`, "you");
+      hooks.send({ type: "response.video.update", response_id: active.responseId,
+        video: { prompt } });
+      return;
+    }
     const request = videoRequest(prompt);
     if (responses.size) {  // one response at a time: cut the reply in progress first
       pendingRequest = request;
@@ -191,8 +201,9 @@ window.voxlineVideo = (() => {
         break;
       case "response.output_video.started":
         clearTimeout(quietTimer);
-        active = { videoId: event.video_id, frames: event.num_frames, ending: false,
-          since: requestedAt ?? performance.now() };
+        active = { videoId: event.video_id, responseId: event.response_id,
+          frames: event.num_frames, ending: false, since: requestedAt ?? performance.now() };
+        stats.prompt = event.prompt;
         requestedAt = null;
         stats.videosStarted += 1;
         stats.videoId = event.video_id;
@@ -207,6 +218,12 @@ window.voxlineVideo = (() => {
         if (stats.state === "rendering") {
           setState("rendering", `rendering: chunk ${event.index + 1} of ${event.total} made`);
         }
+        break;
+      case "response.output_video.updated":
+        if (!active || event.video_id !== active.videoId) break;
+        stats.steered += 1;
+        stats.prompt = event.prompt;
+        if (stats.state === "rendering") setState("rendering", `rendering “${event.prompt}”`);
         break;
       case "response.output_video.done":
         if (!active || event.video_id !== active.videoId) break;

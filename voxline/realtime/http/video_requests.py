@@ -26,7 +26,8 @@ SIZE_MULTIPLE = 16
 MAX_SIDE = 4096
 MAX_SEED = 2**63 - 1
 MAX_REFERENCE_BYTES = 20 << 20
-INT_FIELDS = ("width", "height", "fps", "num_frames", "num_inference_steps", "seed")
+INT_FIELDS = ("width", "height", "fps", "num_frames", "num_inference_steps", "seed",
+              "steps_per_stage")
 FLOAT_FIELDS = ("guidance_scale", "cache_threshold", "seconds")
 NO_IMAGE_TO_VIDEO = ("'input_reference': image-to-video is not supported: the Helios driver "
                      "makes video from the prompt only; send the request without an image")
@@ -53,6 +54,8 @@ class VideoRequest(BaseModel):
     # voxline's step cache (diffusers' hooks); None: the server's video_cache_backend
     cache_backend: Literal["none", "first_block_cache", "mag_cache"] | None = None
     cache_threshold: Annotated[float, Field(ge=0, le=100)] | None = None
+    # steps per pyramid stage; None (and no num_inference_steps): `video_steps_per_stage`
+    steps_per_stage: Annotated[int, Field(ge=1, le=50)] | None = None
 
     def dimensions(self) -> tuple[int, int]:
         """(width, height): explicit fields over ``size``, default 640x384 (Helios')."""
@@ -78,6 +81,9 @@ def parse_video_request(body: object) -> VideoRequest:
         name = str(err["loc"][0]) if err["loc"] else None
         code = "unknown_parameter" if err["type"] == "extra_forbidden" else "invalid_value"
         raise bad(f"'{name}': {err['msg']}", name, code) from None
+    if req.steps_per_stage is not None and req.num_inference_steps is not None:
+        raise bad("'steps_per_stage': it and num_inference_steps both set the steps; send one",
+                  "steps_per_stage")
     width, height = req.dimensions()
     for name, value in (("width", width), ("height", height)):
         if value % SIZE_MULTIPLE or not SIZE_MULTIPLE <= value <= MAX_SIDE:

@@ -11,7 +11,12 @@
 - ``POST /v1/videos?wait=true``: the synchronous variant for scripts and benchmarks; the
   same request, answered when the video ends: the MP4 itself (``video/mp4``, its id in the
   ``x-video-id`` header; the record stays, as for any video), or the failure as an error
-  body (400 for a request the model refused, 500 for a model failure).
+  body (400 for a request the model refused, 500 for a model failure, 503 ``server_busy``
+  with ``Retry-After`` when the engine already renders its ``video_streams``; then
+  nothing is kept).
+- Capacity: the engine renders at most ``video_streams`` videos at once (the sessions'
+  real-time ones included); a job created past that stays ``queued`` (progress 0) until
+  one ends, then starts in the order the jobs came.
 - ``GET /v1/videos/{id}``: the object (``queued`` / ``in_progress`` / ``completed`` /
   ``failed``, ``progress`` 0..100, timestamps, ``expires_at``, ``error``).
   ``GET /v1/videos``: the list, newest first.
@@ -48,6 +53,7 @@ from voxline.realtime.http.audio_requests import (
     check_request,
     close_quietly,
     open_stream,
+    unavailable,
 )
 from voxline.realtime.http.video_files import LiveFile, Mp4Writer
 from voxline.realtime.http.video_requests import VideoRequest, parse_video_request, read_body
@@ -63,6 +69,8 @@ router = APIRouter()
 MAX_VIDEOS = 32
 RETENTION_S = 3600  # a finished video is kept this long after it ended
 FINISHED = ("completed", "failed")
+# a video slot frees when a video ends (seconds of chunks), not within a reply's 1 s
+BUSY_RETRY_AFTER_S = 5
 
 
 @dataclass(eq=False)
@@ -78,6 +86,7 @@ class VideoRecord:
     path: Path | None = None
     live: LiveFile | None = field(default=None, repr=False)  # the file while it is made
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    sync: bool = False  # ?wait=true: refused when the engine is at video_streams, not queued
 
     def body(self) -> dict[str, Any]:
         width, height = self.request.dimensions()
@@ -191,7 +200,7 @@ async def create_video(request: Request, wait: bool = False) -> Response:
         req = parse_video_request(await read_body(request))
         # the id names this server (video_<server_id>_...): a balancer routes by it
         record = VideoRecord(owned_id("video", get_state(request).server_id), req,
-                             int(time.time()))
+                             int(time.time()), sync=wait)
         store = _store(request)
         store.add(record)
     except AudioAPIError as exc:
@@ -201,13 +210,19 @@ async def create_video(request: Request, wait: bool = False) -> Response:
     if not wait:
         return JSONResponse(record.body())
     await asyncio.wait([record.task])  # a disconnect cancels this wait, not the video
-    return _sync_answer(record)
+    return _sync_answer(store, record)
 
 
-def _sync_answer(record: VideoRecord) -> Response:
+def _sync_answer(store: VideoStore, record: VideoRecord) -> Response:
     if record.status == "completed" and record.path is not None:
         return FileResponse(record.path, media_type="video/mp4", filename=f"{record.id}.mp4",
                             headers={"x-video-id": record.id})
+    if record.error_code == p.ErrorCode.SERVER_BUSY:  # nothing was made: nothing is kept
+        store.remove(record)
+        busy = unavailable(f"video {record.id!r} not started: {record.error}",
+                           code="server_busy").response()
+        busy.headers["Retry-After"] = str(BUSY_RETRY_AFTER_S)
+        return busy
     refused = record.error_code == p.ErrorCode.INVALID_VALUE
     return AudioAPIError(400 if refused else 500,
                          f"video {record.id!r} {record.status}: {record.error}",
@@ -280,7 +295,9 @@ async def _generate(state: ServerState, store: VideoStore, record: VideoRecord) 
                                   guidance_scale=req.guidance_scale,
                                   negative_prompt=req.negative_prompt, seed=req.seed,
                                   cache_backend=req.cache_backend or "",
-                                  cache_threshold=req.cache_threshold))
+                                  cache_threshold=req.cache_threshold,
+                                  steps_per_stage=req.steps_per_stage,
+                                  wait_for_slot=not record.sync))
         done = await _encode_chunks(handle, record, writer)
         if done is None or done.status != p.ResponseStatus.COMPLETED:
             record.error = record.error or (done.error if done else "the engine stream ended")

@@ -212,6 +212,7 @@ class ResponseVideoParams(WireModel):
     guidance_scale: Annotated[float, Field(ge=0, le=100)] | None = None
     negative_prompt: str = ""
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    steps_per_stage: Annotated[int, Field(ge=1, le=50)] | None = None
 
     def to_params(self) -> VideoParams:
         return VideoParams(**self.model_dump())
@@ -391,6 +392,28 @@ class ResponseCancel(ClientEventBase):
         return cmd.ResponseCancel(response_id=self.response_id, event_id=self.event_id)
 
 
+class ResponseVideoUpdateParams(WireModel):
+    """The ``video`` object of ``response.video.update``: the new prompt (as
+    ``response.video``'s) and optionally a new negative prompt."""
+
+    prompt: Annotated[str, Field(min_length=1, max_length=4096)]
+    negative_prompt: str | None = None
+
+
+class ResponseVideoUpdate(ClientEventBase):
+    """voxline extension: steer response `response_id`'s video in progress to a new prompt
+    from its next chunk on (the picture morphs; what it showed stays its history)."""
+
+    type: Literal["response.video.update"]
+    response_id: str
+    video: ResponseVideoUpdateParams
+
+    def to_command(self) -> cmd.ResponseVideoUpdate:
+        return cmd.ResponseVideoUpdate(response_id=self.response_id, prompt=self.video.prompt,
+                                       negative_prompt=self.video.negative_prompt,
+                                       event_id=self.event_id)
+
+
 class OutputAudioBufferClear(ClientEventBase):
     """GA (WebRTC/SIP): stop and discard audio already queued for playout."""
 
@@ -412,6 +435,7 @@ _CLIENT_EVENT_CLASSES: tuple[type[ClientEventBase], ...] = (
     ResponseCreate,
     ResponseCancel,
     OutputAudioBufferClear,
+    ResponseVideoUpdate,
 )
 
 ClientEvent = Annotated[
@@ -425,7 +449,8 @@ ClientEvent = Annotated[
     | ConversationItemDelete
     | ResponseCreate
     | ResponseCancel
-    | OutputAudioBufferClear,
+    | OutputAudioBufferClear
+    | ResponseVideoUpdate,
     Field(discriminator="type"),
 ]
 

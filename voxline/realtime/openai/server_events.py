@@ -61,6 +61,7 @@ from voxline.sessions.events import (
     VideoChunk,
     VideoDone,
     VideoStarted,
+    VideoUpdated,
 )
 from voxline.sessions.items import (
     ITEM_TYPES,
@@ -153,6 +154,8 @@ _WIRE_TYPES: dict[type[ServerEvent], WireTypes] = {
     VideoStarted: WireTypes("response.output_video.started",
                             "response.output_video.started"),
     VideoChunk: WireTypes("response.output_video.chunk", "response.output_video.chunk"),
+    VideoUpdated: WireTypes("response.output_video.updated",
+                            "response.output_video.updated"),
     VideoDone: WireTypes("response.output_video.done", "response.output_video.done"),
 }
 

@@ -14,6 +14,13 @@ per-request state on a `HeliosRender`, so several requests interleave on one pip
   scheduler's steps (with classifier-free guidance above 1.0: a second, unconditional
   transformer call), then the VAE decode of the chunk's 9 latent frames to 33 frames.
 
+Steering (`HeliosRender.steer`, the engine's `SteerVideo`): the next chunk to start swaps
+the request's prompt and its embeddings (through the cache) and keeps everything else, the
+history window and the first chunk's latent prefix included, so the picture morphs into
+the new prompt rather than restarting. The steps a request runs when it names none are the
+driver's per-path defaults (`request_steps`: real-time or not; per pyramid stage on the
+pyramid driver, the recommended steps here, which has no stages).
+
 The random draws happen in the pipeline's order (the noise of chunk k, then chunk k's
 scheduler steps), which is what makes the seed reproduce a plain call. The history is
 kept to the window the next chunk reads, so a long video holds bounded state.
@@ -24,6 +31,7 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -37,6 +45,8 @@ from .chunks import LATENT_FRAMES_PER_CHUNK, VideoSpec, chunk_frame_counts, vali
 from .prompt_cache import PromptCache, PromptKey
 from .step_cache import CacheBackend, CacheChoice, ResidualRecorder, StepCaches, parse_choice
 
+NO_PYRAMID = ("the checkpoint runs Helios' standard sampler, which has no pyramid stages "
+              "(helios-pyramid:DIR runs it through the pyramid sampler)")
 HISTORY_SIZES = (16, 2, 1)  # long, mid, 1x: latent frames of history each chunk reads
 FBC_UNDER_COMPILE = ("first_block_cache does not run with video_compile (its hooks make "
                      "torch.compile recompile the blocks: on an H200 a chunk took twice as "
@@ -57,6 +67,9 @@ class HeliosRender:
         self.generator = torch.Generator(device=driver.device).manual_seed(seed)
         self.scheduler = copy.deepcopy(driver.pipe.scheduler)
         self.embeds: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        # (prompt, negative prompt) the next chunk should show: set by `steer` on the loop
+        # thread, read once per chunk by the worker (one reference swap, so never torn)
+        self.steering: tuple[str, str] | None = None
         self.history: torch.Tensor | None = None  # the last sum(HISTORY_SIZES) latent frames
         self.first_latent: torch.Tensor | None = None  # the prefix every later chunk sees
 
@@ -67,6 +80,13 @@ class HeliosRender:
     @property
     def finished(self) -> bool:
         return self.chunks_done >= self.total_chunks
+
+    def steer(self, prompt: str, negative_prompt: str | None = None) -> None:
+        """Make the chunks not yet started show `prompt` over the history made so far."""
+        if not prompt.strip():
+            raise ValueError("SteerVideo.prompt: must not be empty")
+        current = self.steering or (self.spec.prompt, self.spec.negative_prompt)
+        self.steering = (prompt, current[1] if negative_prompt is None else negative_prompt)
 
     def next_chunk(self) -> np.ndarray:
         """The next chunk's frames, uint8 (frames, height, width, 3). An out-of-memory
@@ -85,8 +105,12 @@ class HeliosChunkDriver:
 
     def __init__(self, pipe: HeliosPipeline, prompt_cache: PromptCache | None = None,
                  max_sequence_length: int = 512, step_caches: StepCaches | None = None,
-                 compile: bool = False) -> None:
+                 compile: bool = False, realtime_steps_per_stage: int = 1,
+                 steps_per_stage: int | None = None) -> None:
         self.pipe = pipe
+        # the per-path defaults a pyramid checkpoint runs (`CreateVideo.steps_per_stage`)
+        self.realtime_steps_per_stage = realtime_steps_per_stage
+        self.steps_per_stage = steps_per_stage
         self.step_caches = (step_caches if step_caches is not None
                             else StepCaches(pipe.transformer, CacheChoice()))
         self.compiled = compile
@@ -122,14 +146,47 @@ class HeliosChunkDriver:
         """The settings a request that names none runs: HeliosPipeline's defaults."""
         return {"num_inference_steps": 50, "guidance_scale": 5.0}
 
+    def check_step_settings(self) -> None:
+        """Refuse, naming the setting, a per-stage step setting this sampler cannot run.
+        The engine sees the settings by value, so only a non-default value is refused."""
+        if self.realtime_steps_per_stage != 1:
+            raise ValueError(f"video_realtime_steps_per_stage={self.realtime_steps_per_stage}: "
+                             f"{NO_PYRAMID}; real-time videos run its recommended steps "
+                             f"({self.recommended['num_inference_steps']}) unless they name "
+                             "num_inference_steps")
+        if self.steps_per_stage is not None:
+            raise ValueError(f"video_steps_per_stage={self.steps_per_stage}: {NO_PYRAMID}")
+
+    def stage_steps_total(self, per_stage: int, field: str) -> int:
+        """A chunk's steps over all stages for `per_stage` steps a stage (`field` names the
+        request's field when refused)."""
+        raise ValueError(f"{field}: {NO_PYRAMID}; use num_inference_steps")
+
+    def request_steps(self, msg: CreateVideo) -> int:
+        """The chunk's steps a request runs (see `CreateVideo`'s docstring for the order)."""
+        if msg.steps_per_stage is not None:
+            if msg.num_inference_steps is not None:
+                raise ValueError("CreateVideo.steps_per_stage: send it or num_inference_steps, "
+                                 "not both")
+            if msg.steps_per_stage < 1:
+                raise ValueError(f"CreateVideo.steps_per_stage: {msg.steps_per_stage} is less "
+                                 "than 1")
+            return self.stage_steps_total(msg.steps_per_stage, "CreateVideo.steps_per_stage")
+        if msg.num_inference_steps is not None:
+            return msg.num_inference_steps
+        return self.default_steps(msg.realtime)
+
+    def default_steps(self, realtime: bool) -> int:
+        """The steps of a request naming none (the standard sampler: its recommended)."""
+        return int(self.recommended["num_inference_steps"])
+
     def begin_video(self, msg: CreateVideo) -> HeliosRender:
         """`begin` for the engine's request (the video stage's model interface)."""
         recommended = self.recommended
-        steps, guidance = msg.num_inference_steps, msg.guidance_scale
+        guidance = msg.guidance_scale
         return self.begin(VideoSpec(
             prompt=msg.prompt, width=msg.width, height=msg.height, num_frames=msg.num_frames,
-            num_inference_steps=(int(recommended["num_inference_steps"]) if steps is None
-                                 else steps),
+            num_inference_steps=self.request_steps(msg),
             guidance_scale=(float(recommended["guidance_scale"]) if guidance is None
                             else guidance),
             negative_prompt=msg.negative_prompt, seed=msg.seed,
@@ -149,8 +206,15 @@ class HeliosChunkDriver:
         """Refuse a finished render; encode the prompt before the first chunk."""
         if render.finished:
             raise RuntimeError(f"video: all {render.total_chunks} chunks are already made")
+        steering = render.steering
+        if steering is not None and steering != (render.spec.prompt,
+                                                 render.spec.negative_prompt):
+            # a new prompt from this chunk on; the history (and the first latent) stay
+            render.spec = replace(render.spec, prompt=steering[0], negative_prompt=steering[1])
+            render.embeds = None
         if render.embeds is None:
             render.embeds = self.encode(render.spec)
+        if render.history is None:
             render.history = self._empty_history(render.spec)
 
     def denoise_chunk(self, render: HeliosRender) -> torch.Tensor:

@@ -71,6 +71,20 @@ class HeliosPyramidDriver(HeliosChunkDriver):
             return {"num_inference_steps": 2 * self.stages, "guidance_scale": 1.0}
         return {"num_inference_steps": 20 * self.stages, "guidance_scale": 5.0}
 
+    def check_step_settings(self) -> None:
+        return  # every stage runs the per-stage steps
+
+    def stage_steps_total(self, per_stage: int, field: str) -> int:
+        return per_stage * self.stages  # [per_stage] * stages, split back by `stage_steps`
+
+    def default_steps(self, realtime: bool) -> int:
+        """Real-time: `realtime_steps_per_stage` a stage (Helios' real-time setting, one a
+        stage, by default); otherwise `steps_per_stage`, None: the recommended."""
+        per_stage = self.realtime_steps_per_stage if realtime else self.steps_per_stage
+        if per_stage is None:
+            return int(self.recommended["num_inference_steps"])
+        return per_stage * self.stages
+
     def begin(self, spec: VideoSpec) -> HeliosRender:
         if spec.num_inference_steps < self.stages:
             raise ValueError(f"CreateVideo.num_inference_steps: {spec.num_inference_steps} is "

@@ -49,7 +49,7 @@ def test_video_streams_explicit_then_cpu_then_a_measured_row_else_one():
 def test_the_start_logs_the_video_capacity_beside_the_voice_line(caplog, tmp_path):
     from voxline.engines.sizing import sized_for_device
 
-    with caplog.at_level(logging.INFO, logger="voxline.engines.factory"):
+    with caplog.at_level(logging.INFO, logger="voxline.engines.sizing"):
         sized = sized_for_device(Settings(video=f"helios:{tmp_path}"))
     assert sized.video_streams == 1
     line, = [r.getMessage() for r in caplog.records if "video capacity" in r.getMessage()]

@@ -195,14 +195,14 @@ def test_a_video_that_waits_for_a_slot_starts_when_one_frees_first_in_first_out(
            video("s1", "a"), video("s2", "b", wait_for_slot=True),
            video("s3", "c", wait_for_slot=True), video("s4", "d", wait_for_slot=True))
     h.run_until(has(p.VideoChunk, video_id="a"))
-    assert h.core.videos.in_progress() == 1 and h.core.videos.waiting() == 3
+    assert h.core.parts["video"].owner.in_progress() == 1 and h.core.parts["video"].owner.waiting() == 3
     h.send(p.CancelVideo("s3", "c"), p.CloseStream("s4"))  # waiting ones leave the line
     h.run_until(lambda outs: len(h.of(p.VideoDone)) == 3)
     order = [c.video_id for c in h.of(p.VideoChunk)]
     assert order == ["a"] * 3 + ["b"] * 3 and not h.of(p.StreamError)
     assert [(d.video_id, d.status) for d in h.of(p.VideoDone)] == [
         ("c", DONE.CANCELLED), ("a", DONE.COMPLETED), ("b", DONE.COMPLETED)]
-    assert h.core.videos.waiting() == 0 and h.core.videos.in_progress() == 0
+    assert h.core.parts["video"].owner.waiting() == 0 and h.core.parts["video"].owner.in_progress() == 0
     h.close()
 
 

@@ -63,7 +63,8 @@ def stream_config(settings: SessionSettings,
     elif td is not None:
         vad = ep.TurnParams(td.threshold, td.prefix_padding_ms, td.silence_duration_ms)
     # what the session will ask for when a turn ends: the engine may start it early
-    auto = response_config(settings, settings) if td is not None and td.create_response else None
+    answers = td is not None and td.create_response and settings.responds
+    auto = response_config(settings, settings) if answers else None
     tr = settings.transcription
     return ep.StreamConfig(
         instructions=settings.instructions,

@@ -320,6 +320,9 @@ class SessionActor:
         prev = self.previous_item(item.id)
         self.emit(ev.ItemAdded(item=item, previous_item_id=prev))
         self.emit(ev.ItemDone(item=item, previous_item_id=prev))
+        if isinstance(item, it.FunctionCallOutputItem) and (held := self.calls.answered(
+                item.call_id)):
+            self.receive(held, now)  # its own errors carry its own event_id
 
     def _check_tool_item(self, item: it.FunctionCallItem | it.FunctionCallOutputItem) -> None:
         if not self.tools_supported:
@@ -375,6 +378,8 @@ class SessionActor:
         params = e.overrides
         if not self.settings.responds:
             raise ts.refuse_response()
+        if self.calls.hold(e):  # parallel calls: the reply waits for every output
+            return
         if params is not None and params.out_of_band:
             raise ProtocolError("response.create: out-of-band responses (conversation: 'none') "
                                 "are not supported", code="invalid_value",

@@ -5,6 +5,12 @@ arguments) and one `FunctionCallDone`. Each call becomes a `function_call` item,
 on first sight as the reply's next output (the reply's message is output 0), filled in
 delta by delta, and done with its final arguments (``incomplete`` when the reply was cut
 off). Calls to MCP tools go to `sessions.mcp` instead; the client runs these.
+
+Parallel calls: a reply may make several calls at once (the remote model's ``tool_calls``
+list); each is its own item, in the model's order, and the client may answer them in any
+order. A ``response.create`` that arrives while some of the completed calls still lack
+their ``function_call_output`` waits (:meth:`FunctionCalls.hold`) and starts once the last
+one is answered, as OpenAI's API does: the model always reads every call with its output.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from voxline.engines import protocol as ep
+from voxline.errors import ProtocolError
+from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
 from voxline.sessions import items as it
 from voxline.sessions.actor_view import ActorView
@@ -37,6 +45,29 @@ def output_call_item(host: ActorView, r: ActiveResponse, item_id: str,
 class FunctionCalls:
     def __init__(self, actor: ActorView) -> None:
         self._actor = actor
+        self.unanswered: list[str] = []  # call_ids of completed calls with no output yet
+        self.held: cmd.ResponseCreate | None = None  # waits for `unanswered` to empty
+
+    def hold(self, e: cmd.ResponseCreate) -> bool:
+        """True when `e` must wait for outputs of calls still unanswered (it is kept, and
+        :meth:`answered` gives it back once the last output arrives)."""
+        if not self.unanswered:
+            return False
+        if self.held is not None:
+            raise ProtocolError("response.create: a response is already waiting for the "
+                                "outputs of calls " + ", ".join(map(repr, self.unanswered)),
+                                code="conversation_already_has_active_response")
+        self.held = e
+        return True
+
+    def answered(self, call_id: str) -> cmd.ResponseCreate | None:
+        """Note an output for `call_id`; the held response.create once no call waits."""
+        if call_id in self.unanswered:
+            self.unanswered.remove(call_id)
+        if self.unanswered or self.held is None:
+            return None
+        held, self.held = self.held, None
+        return held
 
     def _record(self, r: ActiveResponse, out: ep.FunctionCallDelta | ep.FunctionCallDone
                 ) -> tuple[ItemRecord, int]:
@@ -66,6 +97,8 @@ class FunctionCalls:
                                    arguments=out.arguments,
                                    status="completed" if out.completed else "incomplete")
         record.item = item
+        if out.completed and out.call_id not in self.unanswered:
+            self.unanswered.append(out.call_id)
         actor = self._actor
         actor.emit(ev.FunctionCallArgumentsDone(
             response_id=r.response.id, item_id=out.item_id, output_index=index,

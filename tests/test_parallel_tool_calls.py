@@ -1,0 +1,142 @@
+"""Parallel tool calls and reasoning effort with a remote reply model: a scripted
+OpenAI-compatible server on loopback (tests/fake_openai.py) returns two tool calls in one
+turn, over a real voxline app's /v1/realtime WebSocket; every event validates strictly
+against the `openai` package's GA types."""
+
+from __future__ import annotations
+
+import pytest
+from fake_openai import Reply, fake_openai
+from live_server import free_port, serve_app
+from openai_types import strict_problems
+from test_mcp_tools import _mcp_app, _mcp_tool
+from test_remote_llm import ready, realtime_app
+
+TOOLS = [
+    {"type": "function", "name": "get_weather", "description": "Weather in a city",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+    {"type": "function", "name": "get_time", "description": "Local time in a city",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+]
+TWO_CALLS = [("get_weather", ['{"city": ', '"Paris"}']), ("get_time", ['{"city": "Tokyo"}'])]
+
+
+@pytest.fixture
+def server():
+    with fake_openai() as (fake, url):
+        yield fake, url
+
+
+def until(ws, kind: str, seen: list[dict], *, errors_ok: bool = False) -> dict:
+    while True:
+        event = ws.receive_json()
+        seen.append(event)
+        assert errors_ok or event["type"] != "error", event
+        if event["type"] == kind:
+            return event
+
+
+def open_session(ws, seen: list[dict], **session: object) -> None:
+    until(ws, "session.created", seen)
+    ws.send_json({"type": "session.update", "session": {
+        "type": "realtime", "output_modalities": ["text"],
+        "audio": {"input": {"turn_detection": None}}, **session}})
+    until(ws, "session.updated", seen)
+
+
+def ask(ws, text: str, **response: object) -> None:
+    ws.send_json({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+    ws.send_json({"type": "response.create", **({"response": response} if response else {})})
+
+
+def output(call_id: str, text: str) -> dict:
+    return {"type": "conversation.item.create",
+            "item": {"type": "function_call_output", "call_id": call_id, "output": text}}
+
+
+def test_two_calls_in_one_turn_answered_out_of_order_and_the_reply_waits_for_both(server):
+    fake, url = server
+    fake.plan.append(Reply(text=[], calls=TWO_CALLS))
+    fake.plan.append(Reply(text=["Sunny in Paris, ", "nine in Tokyo."]))
+    seen: list[dict] = []
+    with realtime_app(url) as client, ready(client).websocket_connect("/v1/realtime") as ws:
+        open_session(ws, seen, tools=TOOLS)
+        ask(ws, "Weather in Paris and the time in Tokyo?")
+        done = until(ws, "response.done", seen)
+        calls = [o for o in done["response"]["output"] if o["type"] == "function_call"]
+        assert [(c["name"], c["call_id"], c["arguments"], c["status"]) for c in calls] == [
+            ("get_weather", "call_fake0", '{"city": "Paris"}', "completed"),
+            ("get_time", "call_fake1", '{"city": "Tokyo"}', "completed")]
+        added = [e for e in seen if e["type"] == "response.output_item.added"
+                 and e["item"]["type"] == "function_call"]
+        assert [(e["output_index"], e["item"]["call_id"]) for e in added] == [
+            (1, "call_fake0"), (2, "call_fake1")]
+        args_done = [e for e in seen if e["type"] == "response.function_call_arguments.done"]
+        assert [(e["call_id"], e["output_index"]) for e in args_done] == [
+            ("call_fake0", 1), ("call_fake1", 2)]
+        # the second call answered first; a response.create before the first is answered
+        # waits for it
+        ws.send_json(output("call_fake1", '{"time": "21:00"}'))
+        until(ws, "conversation.item.done", seen)
+        ws.send_json({"type": "response.create", "event_id": "evt_follow"})
+        ws.send_json(output("call_fake0", '{"sky": "sunny"}'))
+        waited = until(ws, "conversation.item.done", seen)
+        assert waited["item"]["call_id"] == "call_fake0"
+        assert len(fake.bodies) == 1  # nothing was asked of the model before both outputs
+        follow = until(ws, "response.done", seen)
+        assert follow["response"]["status"] == "completed"
+        order = [e["type"] for e in seen[-12:]]
+        assert order.index("conversation.item.done") < order.index("response.created")
+    messages = fake.bodies[1]["messages"]
+    assert messages[-3] == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_fake0", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+        {"id": "call_fake1", "type": "function",
+         "function": {"name": "get_time", "arguments": '{"city": "Tokyo"}'}}]}
+    assert messages[-2:] == [
+        {"role": "tool", "tool_call_id": "call_fake1", "content": '{"time": "21:00"}'},
+        {"role": "tool", "tool_call_id": "call_fake0", "content": '{"sky": "sunny"}'}]
+    assert [p for e in seen for p in strict_problems(e, "ga")] == []
+
+
+def test_answering_before_asking_replies_at_once_and_a_second_wait_is_refused(server):
+    fake, url = server
+    fake.plan.append(Reply(text=[], calls=TWO_CALLS))
+    fake.plan.append(Reply(text=["Done."]))
+    seen: list[dict] = []
+    with realtime_app(url) as client, ready(client).websocket_connect("/v1/realtime") as ws:
+        open_session(ws, seen, tools=TOOLS)
+        ask(ws, "Weather in Paris and the time in Tokyo?")
+        until(ws, "response.done", seen)
+        ws.send_json({"type": "response.create", "event_id": "evt_1"})
+        ws.send_json({"type": "response.create", "event_id": "evt_2"})
+        err = until(ws, "error", seen, errors_ok=True)["error"]
+        assert err["event_id"] == "evt_2" and "waiting for the outputs" in err["message"]
+        ws.send_json(output("call_fake0", "sunny"))
+        ws.send_json(output("call_fake1", "21:00"))
+        assert until(ws, "response.done", seen)["response"]["status"] == "completed"
+    assert len(fake.bodies) == 2
+
+
+def test_parallel_mcp_calls_both_run_before_the_follow_up():
+    port = free_port()
+    with fake_openai() as (fake, url), serve_app(_mcp_app(), port, name="mcp") as base:
+        fake.plan.append(Reply(text=[], calls=[("add", ['{"a": 2, "b": 3}']),
+                                               ("add", ['{"a": 4, ', '"b": 5}'])]))
+        fake.plan.append(Reply(text=["Five and nine."]))
+        seen: list[dict] = []
+        with realtime_app(url) as client, ready(client).websocket_connect("/v1/realtime") as ws:
+            open_session(ws, seen, tools=[_mcp_tool(base + "/mcp")])
+            until(ws, "mcp_list_tools.completed", seen)
+            ask(ws, "What are 2 + 3 and 4 + 5?")
+            first = until(ws, "response.done", seen)
+            calls = [o for o in first["response"]["output"] if o["type"] == "mcp_call"]
+            assert [(c["arguments"], c["output"]) for c in calls] == [
+                ('{"a": 2, "b": 3}', "5"), ('{"a": 4, "b": 5}', "9")]
+            follow = until(ws, "response.done", seen)
+            assert follow["response"]["status"] == "completed"
+    tools = [m for m in fake.bodies[1]["messages"] if m["role"] == "tool"]
+    assert sorted(m["content"] for m in tools) == ["5", "9"]  # in the order they finished
+    assert len(fake.bodies[1]["messages"][-3]["tool_calls"]) == 2
+    assert [p for e in seen for p in strict_problems(e, "ga")] == []

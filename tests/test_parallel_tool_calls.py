@@ -83,11 +83,10 @@ def test_two_calls_in_one_turn_answered_out_of_order_and_the_reply_waits_for_bot
         ws.send_json(output("call_fake0", '{"sky": "sunny"}'))
         waited = until(ws, "conversation.item.done", seen)
         assert waited["item"]["call_id"] == "call_fake0"
-        assert len(fake.bodies) == 1  # nothing was asked of the model before both outputs
         follow = until(ws, "response.done", seen)
         assert follow["response"]["status"] == "completed"
-        order = [e["type"] for e in seen[-12:]]
-        assert order.index("conversation.item.done") < order.index("response.created")
+        created = [i for i, e in enumerate(seen) if e["type"] == "response.created"]
+        assert len(created) == 2 and created[1] > seen.index(waited)  # it waited for both
     messages = fake.bodies[1]["messages"]
     assert messages[-3] == {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_fake0", "type": "function",
@@ -140,3 +139,54 @@ def test_parallel_mcp_calls_both_run_before_the_follow_up():
     assert sorted(m["content"] for m in tools) == ["5", "9"]  # in the order they finished
     assert len(fake.bodies[1]["messages"][-3]["tool_calls"]) == 2
     assert [p for e in seen for p in strict_problems(e, "ga")] == []
+
+
+# --------------------------------------------------------------------- reasoning effort
+
+
+def test_reasoning_effort_reaches_the_remote_model_from_the_session_and_a_response(server):
+    fake, url = server
+    fake.plan += [Reply(text=["Fine."]), Reply(text=["Thought hard."]), Reply(text=["Ok."])]
+    seen: list[dict] = []
+    with realtime_app(url) as client, ready(client).websocket_connect("/v1/realtime") as ws:
+        open_session(ws, seen, reasoning={"effort": "low"})
+        assert seen[-1]["session"]["reasoning"] == {"effort": "low"}
+        ask(ws, "Hello?")
+        until(ws, "response.done", seen)
+        ask(ws, "Prove it.", reasoning={"effort": "high"})
+        until(ws, "response.done", seen)
+        ws.send_json({"type": "session.update", "session": {"type": "realtime",
+                                                            "reasoning": {"effort": None}}})
+        assert "reasoning" not in until(ws, "session.updated", seen)["session"]
+        ask(ws, "And now?")
+        until(ws, "response.done", seen)
+        ws.send_json({"type": "session.update", "event_id": "evt_e", "session": {
+            "type": "realtime", "reasoning": {"effort": "maximal"}}})
+        err = until(ws, "error", seen, errors_ok=True)["error"]
+        assert (err["event_id"], err["param"]) == ("evt_e", "session.reasoning.effort")
+    assert [b.get("reasoning_effort") for b in fake.bodies] == ["low", "high", None]
+    assert [p for e in seen for p in strict_problems(e, "ga")] == []
+
+
+def test_the_embedded_model_refuses_reasoning_effort_by_name():
+    from starlette.testclient import TestClient
+
+    from voxline.config import load_settings
+    from voxline.engines.client import InProcessEngineClient
+    from voxline.realtime.app import create_app
+
+    engine = InProcessEngineClient("fakes:make_fake_core", {})
+    seen: list[dict] = []
+    with TestClient(create_app(load_settings(), engine)) as client, \
+            ready(client).websocket_connect("/v1/realtime") as ws:
+        until(ws, "session.created", seen)
+        ws.send_json({"type": "session.update", "session": {"type": "realtime",
+                                                            "reasoning": {"effort": "low"}}})
+        err = until(ws, "error", seen, errors_ok=True)["error"]
+        assert err["param"] == "session.reasoning.effort" and "embedded model" in err["message"]
+        ws.send_json({"type": "response.create", "event_id": "evt_r",
+                      "response": {"reasoning": {"effort": "high"}}})
+        err = until(ws, "error", seen, errors_ok=True)["error"]
+        assert (err["event_id"], err["param"]) == ("evt_r", "response.reasoning.effort")
+        ws.send_json({"type": "session.update", "session": {"type": "realtime"}})
+        assert "reasoning" not in until(ws, "session.updated", seen)["session"]

@@ -119,6 +119,7 @@ class ResponseOverrides:
     tool_choice: str | dict[str, Any] | None = None
     video_modality: bool = False  # "video" is in output_modalities (a voxline extension)
     video: VideoParams | None = None  # response.video
+    reasoning_effort: str | None = None  # response.reasoning.effort
 
     @property
     def out_of_band(self) -> bool:
@@ -146,6 +147,8 @@ class ResponseOverrides:
             changes["tools"] = self.tools
         if self.tool_choice is not None:
             changes["tool_choice"] = self.tool_choice
+        if self.reasoning_effort is not None:
+            changes["reasoning_effort"] = self.reasoning_effort
         return replace(settings, **changes)
 
 

@@ -225,7 +225,8 @@ TruncationWire = Annotated[
 
 # Fields where an explicit ``null`` means "turn off"; a null anywhere else means "unchanged".
 _NULL_MEANS_OFF = frozenset(
-    {"turn_detection", "transcription", "noise_reduction", "tracing", "idle_timeout_ms"}
+    {"turn_detection", "transcription", "noise_reduction", "tracing", "idle_timeout_ms",
+     "reasoning", "effort"}
 )
 _BETA_ONLY_FIELDS = frozenset(
     {

@@ -156,3 +156,20 @@ async def test_transcription_call_over_webrtc_with_a_client_secret(server):
         await call.hangup()
     finally:
         await call.close()
+
+
+async def test_an_unknown_intent_is_refused_naming_it(server):
+    import httpx
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    ws_url = server.replace("http://", "ws://") + "/v1/realtime?intent=translate"
+    with pytest.raises(InvalidStatus) as refused:
+        async with connect(ws_url):
+            pass
+    assert refused.value.response.status_code == 400
+    assert json.loads(refused.value.response.body)["error"]["param"] == "intent"
+    async with httpx.AsyncClient(base_url=server) as http:
+        r = await http.post("/v1/realtime/calls?intent=translate",
+                            content="v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n", headers={"Content-Type": "application/sdp"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "intent"

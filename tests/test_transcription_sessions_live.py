@@ -112,6 +112,15 @@ async def test_sdk_transcription_session_over_the_websocket(server):
         await rt.input_audio_buffer.commit()
         manual = await s.until(lambda e: e.type == COMPLETED)
         assert said(manual.transcript), manual.transcript
+        # a third turn, ended by semantic turn detection
+        await rt.session.update(session={"type": "transcription", "audio": {"input": {
+            "turn_detection": {"type": "semantic_vad", "eagerness": "high"}}}})
+        await s.until(lambda e: e.type == "session.updated")
+        for i in range(0, len(pcm), 4800):
+            await rt.input_audio_buffer.append(audio=b64(pcm[i:i + 4800]))
+            await asyncio.sleep(0.1)
+        semantic = await s.until(lambda e: e.type == COMPLETED)
+        assert said(semantic.transcript), semantic.transcript
     types = s.types()
     print("SDK transcription session:", types)
     assert s.problems() == []
@@ -125,7 +134,7 @@ async def test_sdk_transcription_session_over_the_websocket(server):
     for t in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
               "input_audio_buffer.committed"):
         assert types.index(t) < types.index(COMPLETED), types
-    assert manual.item_id != first
+    assert len({first, manual.item_id, semantic.item_id}) == 3
 
 
 async def test_transcription_call_over_webrtc_with_a_client_secret(server):

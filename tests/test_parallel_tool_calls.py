@@ -141,6 +141,25 @@ def test_parallel_mcp_calls_both_run_before_the_follow_up():
     assert [p for e in seen for p in strict_problems(e, "ga")] == []
 
 
+def test_parallel_tool_calls_setting_reaches_the_remote_model_with_the_tools(server):
+    fake, url = server
+    fake.plan += [Reply(text=["One."]), Reply(text=["Two."]), Reply(text=["Three."])]
+    seen: list[dict] = []
+    with realtime_app(url) as client, ready(client).websocket_connect("/v1/realtime") as ws:
+        open_session(ws, seen, tools=TOOLS, parallel_tool_calls=False)
+        assert seen[-1]["session"]["parallel_tool_calls"] is False
+        ask(ws, "Weather?")
+        until(ws, "response.done", seen)
+        ask(ws, "And again?", parallel_tool_calls=True)
+        until(ws, "response.done", seen)
+        ws.send_json({"type": "session.update", "session": {"type": "realtime", "tools": []}})
+        until(ws, "session.updated", seen)
+        ask(ws, "No tools now.")
+        until(ws, "response.done", seen)
+    assert [b.get("parallel_tool_calls") for b in fake.bodies] == [False, True, None]
+    assert [p for e in seen for p in strict_problems(e, "ga")] == []
+
+
 # --------------------------------------------------------------------- reasoning effort
 
 

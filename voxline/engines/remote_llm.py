@@ -376,6 +376,8 @@ class RemoteLLMStage:
         if req.tools:
             body["tools"] = list(req.tools)
             body["tool_choice"] = req.tool_choice
+            if req.parallel_tool_calls is not None:
+                body["parallel_tool_calls"] = req.parallel_tool_calls
         if req.reasoning_effort is not None:
             body["reasoning_effort"] = req.reasoning_effort
         return body

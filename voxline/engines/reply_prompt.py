@@ -76,6 +76,8 @@ class ReplyPrompts:
             tools=tuple(tools),
             tool_choice=tool_choice,
             reasoning_effort=effort,
+            parallel_tool_calls=stream.config.parallel_tool_calls
+            if cfg.parallel_tool_calls is None else cfg.parallel_tool_calls,
         )
         return ResponseRun(response_id, item_id, cfg, request, new_chunker(self.tts.streams_text),
                            stream.config.speed)

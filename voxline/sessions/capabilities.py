@@ -51,7 +51,9 @@ def response_config(settings: SessionSettings, session: SessionSettings) -> ep.R
         audio=settings.audio_output, temperature=settings.temperature,
         max_output_tokens=settings.max_output_tokens, voice=settings.voice,
         reasoning_effort=settings.reasoning_effort
-        if settings.reasoning_effort != session.reasoning_effort else None)
+        if settings.reasoning_effort != session.reasoning_effort else None,
+        parallel_tool_calls=settings.parallel_tool_calls
+        if settings.parallel_tool_calls != session.parallel_tool_calls else None)
 
 
 def stream_config(settings: SessionSettings,
@@ -83,6 +85,7 @@ def stream_config(settings: SessionSettings,
         transcription_language=tr.language if tr is not None else None,
         transcription_prompt=(tr.prompt or None) if tr is not None else None,
         reasoning_effort=settings.reasoning_effort,
+        parallel_tool_calls=settings.parallel_tool_calls,
     )
 
 

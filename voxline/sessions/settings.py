@@ -184,6 +184,7 @@ class SessionSettings:
     kind: SessionKind = "realtime"
     include: tuple[str, ...] = ()
     reasoning_effort: ReasoningEffort | None = None  # None: the reply model's own default
+    parallel_tool_calls: bool | None = None  # None: the reply model's own default
 
     @classmethod
     def transcription_session(cls, model: str = DEFAULT_MODEL) -> SessionSettings:
@@ -242,6 +243,7 @@ class SessionSettings:
             kind=d.get("type", "realtime"),
             include=tuple(d.get("include") or ()),
             reasoning_effort=(d.get("reasoning") or {}).get("effort"),
+            parallel_tool_calls=d.get("parallel_tool_calls"),
         )
 
     def document(self) -> dict[str, Any]:
@@ -276,6 +278,7 @@ class SessionSettings:
             "temperature": self.temperature,
             "include": list(self.include),
             "reasoning": {"effort": self.reasoning_effort},
+            "parallel_tool_calls": self.parallel_tool_calls,
         }
 
 

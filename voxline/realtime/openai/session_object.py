@@ -243,7 +243,7 @@ _BETA_ONLY_FIELDS = frozenset(
     }
 )
 _GA_ONLY_FIELDS = frozenset({"type", "audio", "output_modalities", "max_output_tokens", "truncation",
-                             "include", "reasoning"})
+                             "include", "reasoning", "parallel_tool_calls"})
 
 
 class SessionPatch(WireModel):
@@ -260,6 +260,7 @@ class SessionPatch(WireModel):
     type: Literal["realtime", "transcription"] | None = None
     include: list[Literal["item.input_audio_transcription.logprobs"]] | None = None
     reasoning: ReasoningWire | None = None
+    parallel_tool_calls: bool | None = None
     output_modalities: Modalities | None = None
     audio: AudioWire | None = None
     max_output_tokens: MaxTokens | None = None
@@ -482,6 +483,8 @@ def render_session(settings: SessionSettings, dialect: Dialect) -> dict[str, Any
         del out["include"]  # a transcription session's field
         if settings.reasoning_effort is None:
             del out["reasoning"]
+        if settings.parallel_tool_calls is None:
+            del out["parallel_tool_calls"]
         return out
     td = settings.turn_detection.to_document() if settings.turn_detection else None
     if td is not None:

@@ -48,10 +48,7 @@ AUDIO_MODALITIES: frozenset[str] = frozenset({"text", "audio"})
 TEXT_MODALITIES: frozenset[str] = frozenset({"text"})
 
 SessionKind = Literal["realtime", "transcription"]
-# what a session may `include` in its events (OpenAI's name); the ASR's logprobs
-INCLUDE_LOGPROBS = "item.input_audio_transcription.logprobs"
-ReasoningEffort = Literal["minimal", "low", "medium", "high", "xhigh"]
-REASONING_EFFORTS: tuple[str, ...] = ("minimal", "low", "medium", "high", "xhigh")
+ReasoningEffort = Literal["minimal", "low", "medium", "high", "xhigh"]  # OpenAI's names
 
 AudioEncoding = Literal["pcm16", "ulaw", "alaw"]
 _DOCUMENT_FORMATS: dict[str, AudioEncoding] = {
@@ -182,7 +179,7 @@ class SessionSettings:
     tracing: str | dict[str, Any] | None = None
     truncation: str | dict[str, Any] = "auto"
     kind: SessionKind = "realtime"
-    include: tuple[str, ...] = ()
+    include: tuple[str, ...] = ()  # e.g. "item.input_audio_transcription.logprobs"
     reasoning_effort: ReasoningEffort | None = None  # None: the reply model's own default
     parallel_tool_calls: bool | None = None  # None: the reply model's own default
 

@@ -209,3 +209,54 @@ def test_the_embedded_model_refuses_reasoning_effort_by_name():
         assert (err["event_id"], err["param"]) == ("evt_r", "response.reasoning.effort")
         ws.send_json({"type": "session.update", "session": {"type": "realtime"}})
         assert "reasoning" not in until(ws, "session.updated", seen)["session"]
+
+
+# ------------------------------------------------------------ the wait, at the actor
+
+
+def test_a_later_reply_or_a_deleted_call_waits_for_nothing():
+    import json
+
+    from voxline.engines import protocol as ep
+    from voxline.realtime.openai.client_events import parse_command
+    from voxline.sessions.actor import SessionActor
+
+    actor = SessionActor("sess_1", "s1", tools_supported=True)
+    actor.start(0.0)
+    actor.take_commands()
+
+    def send(**event: object) -> list[ep.EngineInput]:
+        actor.receive(parse_command(json.dumps(event)), 0.0)
+        return actor.take_commands()
+
+    def engine(*outs: ep.EngineOutput) -> list[ep.EngineInput]:
+        for out in outs:
+            actor.on_engine(out, 0.0)
+        return actor.take_commands()
+
+    def reply_with_calls(create: ep.CreateResponse, *call_ids: str) -> None:
+        rid = create.response_id
+        engine(*(ep.FunctionCallDone("s1", rid, f"item_{c}", n, c, "get_time", "{}", True)
+                 for n, c in enumerate(call_ids)),
+               ep.ResponseFinished("s1", rid, ep.ResponseStatus.COMPLETED, "", 5, 1))
+
+    def created(cmds: list[ep.EngineInput]) -> ep.CreateResponse | None:
+        return next((c for c in cmds if isinstance(c, ep.CreateResponse)), None)
+
+    send(type="session.update", session={"type": "realtime", "tools": TOOLS[1:],
+                                         "audio": {"input": {"turn_detection": None}}})
+    reply_with_calls(created(send(type="response.create")), "call_a", "call_b")
+    assert actor.calls.unanswered() == ["call_a", "call_b"]
+    assert created(send(type="response.create")) is None  # held
+    send(type="conversation.item.delete", item_id="item_call_a")
+    follow = created(send(type="conversation.item.create", item={
+        "type": "function_call_output", "call_id": "call_b", "output": "9"}))
+    assert follow is not None  # the deleted call waits for nothing
+    reply_with_calls(follow, "call_c")
+    assert actor.calls.unanswered() == ["call_c"]
+    # the user speaks on instead: server VAD's reply to the turn leaves call_c behind
+    send(type="session.update", session={"type": "realtime", "audio": {"input": {
+        "turn_detection": {"type": "server_vad"}}}})
+    engine(ep.VoiceStarted("s1", 100, "item_u2"))
+    assert created(engine(ep.VoiceStopped("s1", 1500, "item_u2"))) is not None
+    assert actor.calls.unanswered() == []

@@ -320,8 +320,7 @@ class SessionActor:
         prev = self.previous_item(item.id)
         self.emit(ev.ItemAdded(item=item, previous_item_id=prev))
         self.emit(ev.ItemDone(item=item, previous_item_id=prev))
-        if isinstance(item, it.FunctionCallOutputItem) and (held := self.calls.answered(
-                item.call_id)):
+        if isinstance(item, it.FunctionCallOutputItem) and (held := self.calls.answered()):
             self.receive(held, now)  # its own errors carry its own event_id
 
     def _check_tool_item(self, item: it.FunctionCallItem | it.FunctionCallOutputItem) -> None:

@@ -45,26 +45,38 @@ def output_call_item(host: ActorView, r: ActiveResponse, item_id: str,
 class FunctionCalls:
     def __init__(self, actor: ActorView) -> None:
         self._actor = actor
-        self.unanswered: list[str] = []  # call_ids of completed calls with no output yet
-        self.held: cmd.ResponseCreate | None = None  # waits for `unanswered` to empty
+        self.made: set[str] = set()  # call_ids of the calls replies made (not the client's)
+        self.held: cmd.ResponseCreate | None = None  # waits for `unanswered()` to empty
+
+    def unanswered(self) -> list[str]:
+        """The call_ids of the latest reply's completed calls that have no output yet. The
+        conversation is the record: a call deleted, or one from before a later reply (the
+        user spoke on), waits for nothing."""
+        a = self._actor
+        items = [a.items[i].item for i in a.order]
+        last_reply = max((n for n, item in enumerate(items) if isinstance(item, it.MessageItem)
+                          and item.role == "assistant"), default=-1)
+        answered = {i.call_id for i in items if isinstance(i, it.FunctionCallOutputItem)}
+        return [i.call_id for i in items[last_reply + 1:]
+                if isinstance(i, it.FunctionCallItem) and i.status == "completed"
+                and i.call_id in self.made and i.call_id not in answered]
 
     def hold(self, e: cmd.ResponseCreate) -> bool:
         """True when `e` must wait for outputs of calls still unanswered (it is kept, and
         :meth:`answered` gives it back once the last output arrives)."""
-        if not self.unanswered:
+        waiting = self.unanswered()
+        if not waiting:
             return False
         if self.held is not None:
             raise ProtocolError("response.create: a response is already waiting for the "
-                                "outputs of calls " + ", ".join(map(repr, self.unanswered)),
+                                "outputs of calls " + ", ".join(map(repr, waiting)),
                                 code="conversation_already_has_active_response")
         self.held = e
         return True
 
-    def answered(self, call_id: str) -> cmd.ResponseCreate | None:
-        """Note an output for `call_id`; the held response.create once no call waits."""
-        if call_id in self.unanswered:
-            self.unanswered.remove(call_id)
-        if self.unanswered or self.held is None:
+    def answered(self) -> cmd.ResponseCreate | None:
+        """After an output arrived: the held response.create, once no call waits."""
+        if self.held is None or self.unanswered():
             return None
         held, self.held = self.held, None
         return held
@@ -97,8 +109,8 @@ class FunctionCalls:
                                    arguments=out.arguments,
                                    status="completed" if out.completed else "incomplete")
         record.item = item
-        if out.completed and out.call_id not in self.unanswered:
-            self.unanswered.append(out.call_id)
+        if out.completed:
+            self.made.add(out.call_id)
         actor = self._actor
         actor.emit(ev.FunctionCallArgumentsDone(
             response_id=r.response.id, item_id=out.item_id, output_index=index,

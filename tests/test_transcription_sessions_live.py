@@ -40,7 +40,10 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def said(transcript: str, text: str = "What is the capital of France?") -> bool:
+QUESTION = "What is the capital of France, and how many people live there?"
+
+
+def said(transcript: str, text: str = QUESTION) -> bool:
     """ASR of espeak speech is not word-perfect: most of the words said is the question."""
     def words(t: str) -> set[str]:
         return {w.strip(".,!?").lower() for w in t.split() if len(w.strip(".,!?")) >= 3}
@@ -92,7 +95,7 @@ async def test_sdk_transcription_session_over_the_websocket(server):
                 "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}}})
         updated = await s.until(lambda e: e.type == "session.updated")
         assert updated.session.audio.input.transcription.language == "en"
-        pcm = float_to_pcm16(spoken("What is the capital of France?"))
+        pcm = float_to_pcm16(spoken(QUESTION))
         for i in range(0, len(pcm), 4800):  # 100 ms chunks, as a speaker says them
             await rt.input_audio_buffer.append(audio=b64(pcm[i:i + 4800]))
             await asyncio.sleep(0.1)
@@ -150,7 +153,7 @@ async def test_transcription_call_over_webrtc_with_a_client_secret(server):
     call = await CallClient.place(server, headers={"Authorization": f"Bearer {secret.value}"})
     try:
         await call.open()
-        call.mic.say(spoken("What is the capital of France?", rate=48000, lead_s=0.2))
+        call.mic.say(spoken(QUESTION, rate=48000, lead_s=0.2))
         final = await call.until_type(COMPLETED)
         assert said(final["transcript"]), final["transcript"]
         call.send(type="response.create", event_id="evt_r")

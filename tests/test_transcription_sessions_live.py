@@ -119,8 +119,10 @@ async def test_sdk_transcription_session_over_the_websocket(server):
         await rt.session.update(session={"type": "transcription", "audio": {"input": {
             "turn_detection": {"type": "semantic_vad", "eagerness": "high"}}}})
         await s.until(lambda e: e.type == "session.updated")
-        for i in range(0, len(pcm), 4800):
-            await rt.input_audio_buffer.append(audio=b64(pcm[i:i + 4800]))
+        # a microphone keeps sending silence: enough for semantic_vad's longest wait (2 s)
+        speech_then_silence = pcm + bytes(3 * 24000 * 2)
+        for i in range(0, len(speech_then_silence), 4800):
+            await rt.input_audio_buffer.append(audio=b64(speech_then_silence[i:i + 4800]))
             await asyncio.sleep(0.1)
         semantic = await s.until(lambda e: e.type == COMPLETED)
         assert said(semantic.transcript), semantic.transcript

@@ -408,7 +408,7 @@ def test_field_errors(obj: dict, code: str, param: str) -> None:
         ({"max_response_output_tokens": 5000}, "session.max_response_output_tokens", "4096"),
         ({"turn_detection": {"type": "push_to_talk"}}, "session.turn_detection.type",
          "'server_vad' or 'semantic_vad'"),
-        ({"type": "transcription"}, "session.type", "'realtime'"),
+        ({"type": "translation"}, "session.type", "'realtime' or 'transcription'"),
     ],
 )
 def test_out_of_range_values(session: dict, param: str, needle: str) -> None:

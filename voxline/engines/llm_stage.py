@@ -161,6 +161,8 @@ class GenerationRequest:
     # Set by a backend that supports tools (remote); the embedded stage has none.
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] = "auto"
+    reasoning_effort: str | None = None  # remote backend: chat completions' reasoning_effort
+    parallel_tool_calls: bool | None = None  # remote backend, with tools
     calls: list[ToolCall] = field(default_factory=list)  # function calls the model made
     error: str | None = None  # why the backend failed it (FinishReason.ERROR), if it says
     first_token_ms: float | None = None  # remote backend: request sent -> first token

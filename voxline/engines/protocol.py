@@ -69,6 +69,8 @@ class ResponseConfig(msgspec.Struct, frozen=True):
     reference: VoiceReference | None = None  # a voice to clone (Base checkpoints)
     tools: tuple[dict[str, Any], ...] | None = None  # None: the stream's tools
     tool_choice: str | dict[str, Any] | None = None
+    reasoning_effort: str | None = None  # None: the stream's
+    parallel_tool_calls: bool | None = None  # None: the stream's
 
 
 class Truncation(msgspec.Struct, frozen=True):
@@ -113,6 +115,12 @@ class StreamConfig(msgspec.Struct, frozen=True):
     # them for an ASR that cannot (Moonshine), so a stream never carries an ignored one.
     transcription_language: str | None = None
     transcription_prompt: str | None = None
+    # How hard a reasoning reply model thinks ("minimal" ... "xhigh", OpenAI's names; None:
+    # the model's default). Only a remote backend takes it (as `reasoning_effort`).
+    reasoning_effort: str | None = None
+    # Whether the reply model may make several tool calls in one turn (None: its default);
+    # sent with the tools to a remote backend (as `parallel_tool_calls`).
+    parallel_tool_calls: bool | None = None
 
 
 # ----------------------------------------------------------------------------- inputs

@@ -117,6 +117,7 @@ class RemoteChat:
     context_unit = "characters"  # what `max_len` counts (named in context errors)
     max_token_chars = 1  # characters per "token" (the engine's cheap length check)
     supports_tools = True
+    supports_reasoning_effort = True  # sent as `reasoning_effort`; the server may refuse it
 
     def __init__(self, config: RemoteLLMConfig) -> None:
         self.config = config
@@ -375,6 +376,10 @@ class RemoteLLMStage:
         if req.tools:
             body["tools"] = list(req.tools)
             body["tool_choice"] = req.tool_choice
+            if req.parallel_tool_calls is not None:
+                body["parallel_tool_calls"] = req.parallel_tool_calls
+        if req.reasoning_effort is not None:
+            body["reasoning_effort"] = req.reasoning_effort
         return body
 
     # HTTP thread side -------------------------------------------------------------------

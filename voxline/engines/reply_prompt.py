@@ -57,6 +57,12 @@ class ReplyPrompts:
                             "(a remote OpenAI-compatible server); the embedded model has none",
                             p.ErrorCode.INVALID_VALUE)
             return None
+        effort = cfg.reasoning_effort or stream.config.reasoning_effort
+        if effort is not None and not getattr(llm, "supports_reasoning_effort", False):
+            self.book.error(stream, "response: reasoning.effort needs a reasoning reply model (a "
+                            "remote OpenAI-compatible server); the embedded model does not "
+                            "reason", p.ErrorCode.INVALID_VALUE)
+            return None
         request = GenerationRequest(
             request_id=f"{stream.internal_id}/{stream.responses}",
             slot=stream.slot,
@@ -69,6 +75,9 @@ class ReplyPrompts:
             stream_id=stream.internal_id,
             tools=tuple(tools),
             tool_choice=tool_choice,
+            reasoning_effort=effort,
+            parallel_tool_calls=stream.config.parallel_tool_calls
+            if cfg.parallel_tool_calls is None else cfg.parallel_tool_calls,
         )
         return ResponseRun(response_id, item_id, cfg, request, new_chunker(self.tts.streams_text),
                            stream.config.speed)

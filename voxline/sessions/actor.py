@@ -33,6 +33,7 @@ from voxline.sessions import capabilities
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
 from voxline.sessions import items as it
+from voxline.sessions import transcription_sessions as ts
 from voxline.sessions.audio import InputConverter, OutputEncoder
 from voxline.sessions.capabilities import (
     check_overrides,
@@ -198,7 +199,8 @@ class SessionActor:
 
     def _session_update(self, e: cmd.SessionUpdate, now: float) -> None:
         old = self.settings
-        new = old.apply(e.changes)
+        new = ts.check_session_kind(old, old.apply(e.changes), conversation_started=bool(
+            self.order))
         # refused: the session keeps its settings
         check_supported(new, tools_supported=self.tools_supported,
                         transcription=self.transcription)
@@ -318,6 +320,8 @@ class SessionActor:
         prev = self.previous_item(item.id)
         self.emit(ev.ItemAdded(item=item, previous_item_id=prev))
         self.emit(ev.ItemDone(item=item, previous_item_id=prev))
+        if isinstance(item, it.FunctionCallOutputItem) and (held := self.calls.answered()):
+            self.receive(held, now)  # its own errors carry its own event_id
 
     def _check_tool_item(self, item: it.FunctionCallItem | it.FunctionCallOutputItem) -> None:
         if not self.tools_supported:
@@ -371,6 +375,10 @@ class SessionActor:
 
     def _response_create(self, e: cmd.ResponseCreate, now: float) -> None:
         params = e.overrides
+        if not self.settings.responds:
+            raise ts.refuse_response()
+        if self.calls.hold(e):  # parallel calls: the reply waits for every output
+            return
         if params is not None and params.out_of_band:
             raise ProtocolError("response.create: out-of-band responses (conversation: 'none') "
                                 "are not supported", code="invalid_value",
@@ -611,7 +619,7 @@ class SessionActor:
         self.emit(ev.SpeechStopped(audio_end_ms=out.audio_end_ms, item_id=out.item_id))
         self._user_audio_item(out.item_id)
         td = self.settings.turn_detection
-        if td is None or not td.create_response:
+        if td is None or not td.create_response or not self.settings.responds:
             return
         if self.response is None:
             self._start_response(self.settings, now, trigger=now)
@@ -755,7 +763,8 @@ class SessionActor:
     def _check_idle(self, now: float) -> None:
         td = self.settings.turn_detection
         if (td is None or td.idle_timeout_ms is None or self.response is not None
-                or self.in_speech is not None or self.pacer.buffered_ms(now) > 0):
+                or not self.settings.responds or self.in_speech is not None
+                or self.pacer.buffered_ms(now) > 0):
             return
         if now - self.last_activity >= td.idle_timeout_ms / 1000:
             # As OpenAI does: the silent stretch is committed as an (empty) user audio

@@ -49,7 +49,11 @@ def response_config(settings: SessionSettings, session: SessionSettings) -> ep.R
         instructions=settings.instructions if settings.instructions != session.instructions
         else None,
         audio=settings.audio_output, temperature=settings.temperature,
-        max_output_tokens=settings.max_output_tokens, voice=settings.voice)
+        max_output_tokens=settings.max_output_tokens, voice=settings.voice,
+        reasoning_effort=settings.reasoning_effort
+        if settings.reasoning_effort != session.reasoning_effort else None,
+        parallel_tool_calls=settings.parallel_tool_calls
+        if settings.parallel_tool_calls != session.parallel_tool_calls else None)
 
 
 def stream_config(settings: SessionSettings,
@@ -63,7 +67,8 @@ def stream_config(settings: SessionSettings,
     elif td is not None:
         vad = ep.TurnParams(td.threshold, td.prefix_padding_ms, td.silence_duration_ms)
     # what the session will ask for when a turn ends: the engine may start it early
-    auto = response_config(settings, settings) if td is not None and td.create_response else None
+    answers = td is not None and td.create_response and settings.responds
+    auto = response_config(settings, settings) if answers else None
     tr = settings.transcription
     return ep.StreamConfig(
         instructions=settings.instructions,
@@ -79,6 +84,8 @@ def stream_config(settings: SessionSettings,
         noise_reduction=settings.noise_reduction,  # RNNoise before VAD and ASR
         transcription_language=tr.language if tr is not None else None,
         transcription_prompt=(tr.prompt or None) if tr is not None else None,
+        reasoning_effort=settings.reasoning_effort,
+        parallel_tool_calls=settings.parallel_tool_calls,
     )
 
 
@@ -106,6 +113,15 @@ def check_supported(settings: SessionSettings, event: str = "session.update", *,
                       "full)")
     _check_transcription(event, settings, transcription)
     _check_tools(event, "session", settings.tools, settings.tool_choice, tools_supported)
+    _check_reasoning(event, "session", settings.reasoning_effort, tools_supported)
+
+
+def _check_reasoning(event: str, root: str, effort: str | None, supported: bool) -> None:
+    """Reasoning effort is honoured by a remote reply model (the condition tools have)."""
+    if effort is not None and not supported:
+        raise _refuse(event, f"{root}.reasoning.effort", f"reasoning effort {effort!r} with the "
+                      "embedded model, which does not reason (start the server with "
+                      "--llm openai:<url> for a reasoning reply model)")
 
 
 def _check_transcription(event: str, settings: SessionSettings,
@@ -131,6 +147,7 @@ def check_overrides(overrides: ResponseOverrides, *, session_tools: tuple[dict, 
     """The same for one response's overrides (a tool_choice may name a session tool)."""
     tools = overrides.tools if overrides.tools is not None else session_tools
     _check_tools("response.create", "response", tools, overrides.tool_choice, tools_supported)
+    _check_reasoning("response.create", "response", overrides.reasoning_effort, tools_supported)
     check_video_overrides(overrides)
 
 

@@ -119,6 +119,8 @@ class ResponseOverrides:
     tool_choice: str | dict[str, Any] | None = None
     video_modality: bool = False  # "video" is in output_modalities (a voxline extension)
     video: VideoParams | None = None  # response.video
+    reasoning_effort: str | None = None  # response.reasoning.effort
+    parallel_tool_calls: bool | None = None
 
     @property
     def out_of_band(self) -> bool:
@@ -146,6 +148,10 @@ class ResponseOverrides:
             changes["tools"] = self.tools
         if self.tool_choice is not None:
             changes["tool_choice"] = self.tool_choice
+        if self.reasoning_effort is not None:
+            changes["reasoning_effort"] = self.reasoning_effort
+        if self.parallel_tool_calls is not None:
+            changes["parallel_tool_calls"] = self.parallel_tool_calls
         return replace(settings, **changes)
 
 

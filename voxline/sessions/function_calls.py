@@ -5,6 +5,12 @@ arguments) and one `FunctionCallDone`. Each call becomes a `function_call` item,
 on first sight as the reply's next output (the reply's message is output 0), filled in
 delta by delta, and done with its final arguments (``incomplete`` when the reply was cut
 off). Calls to MCP tools go to `sessions.mcp` instead; the client runs these.
+
+Parallel calls: a reply may make several calls at once (the remote model's ``tool_calls``
+list); each is its own item, in the model's order, and the client may answer them in any
+order. A ``response.create`` that arrives while some of the completed calls still lack
+their ``function_call_output`` waits (:meth:`FunctionCalls.hold`) and starts once the last
+one is answered, as OpenAI's API does: the model always reads every call with its output.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from voxline.engines import protocol as ep
+from voxline.errors import ProtocolError
+from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
 from voxline.sessions import items as it
 from voxline.sessions.actor_view import ActorView
@@ -37,6 +45,41 @@ def output_call_item(host: ActorView, r: ActiveResponse, item_id: str,
 class FunctionCalls:
     def __init__(self, actor: ActorView) -> None:
         self._actor = actor
+        self.made: set[str] = set()  # call_ids of the calls replies made (not the client's)
+        self.held: cmd.ResponseCreate | None = None  # waits for `unanswered()` to empty
+
+    def unanswered(self) -> list[str]:
+        """The call_ids of the latest reply's completed calls that have no output yet. The
+        conversation is the record: a call deleted, or one from before a later reply (the
+        user spoke on), waits for nothing."""
+        a = self._actor
+        items = [a.items[i].item for i in a.order]
+        last_reply = max((n for n, item in enumerate(items) if isinstance(item, it.MessageItem)
+                          and item.role == "assistant"), default=-1)
+        answered = {i.call_id for i in items if isinstance(i, it.FunctionCallOutputItem)}
+        return [i.call_id for i in items[last_reply + 1:]
+                if isinstance(i, it.FunctionCallItem) and i.status == "completed"
+                and i.call_id in self.made and i.call_id not in answered]
+
+    def hold(self, e: cmd.ResponseCreate) -> bool:
+        """True when `e` must wait for outputs of calls still unanswered (it is kept, and
+        :meth:`answered` gives it back once the last output arrives)."""
+        waiting = self.unanswered()
+        if not waiting:
+            return False
+        if self.held is not None:
+            raise ProtocolError("response.create: a response is already waiting for the "
+                                "outputs of calls " + ", ".join(map(repr, waiting)),
+                                code="conversation_already_has_active_response")
+        self.held = e
+        return True
+
+    def answered(self) -> cmd.ResponseCreate | None:
+        """After an output arrived: the held response.create, once no call waits."""
+        if self.held is None or self.unanswered():
+            return None
+        held, self.held = self.held, None
+        return held
 
     def _record(self, r: ActiveResponse, out: ep.FunctionCallDelta | ep.FunctionCallDone
                 ) -> tuple[ItemRecord, int]:
@@ -66,6 +109,8 @@ class FunctionCalls:
                                    arguments=out.arguments,
                                    status="completed" if out.completed else "incomplete")
         record.item = item
+        if out.completed:
+            self.made.add(out.call_id)
         actor = self._actor
         actor.emit(ev.FunctionCallArgumentsDone(
             response_id=r.response.id, item_id=out.item_id, output_index=index,

@@ -9,6 +9,10 @@ its own wire shape into that patch (``voxline.realtime`` maps both OpenAI dialec
 
 Voxline extensions: ``temperature`` (OpenAI's GA sessions have none) and PCM at the rates
 in :data:`PCM_RATES`, not only 24 kHz.
+
+A session is of one :data:`SessionKind`: ``realtime`` (a conversation: turns are answered)
+or ``transcription`` (OpenAI's transcription sessions: input audio is transcribed turn by
+turn and nothing answers; see :mod:`voxline.sessions.transcription_sessions`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ _ENGINE_VAD = EngineVAD()  # the VAD defaults (OpenAI's) have their one home in 
 Modality = Literal["text", "audio"]
 AUDIO_MODALITIES: frozenset[str] = frozenset({"text", "audio"})
 TEXT_MODALITIES: frozenset[str] = frozenset({"text"})
+
+SessionKind = Literal["realtime", "transcription"]
+ReasoningEffort = Literal["minimal", "low", "medium", "high", "xhigh"]  # OpenAI's names
 
 AudioEncoding = Literal["pcm16", "ulaw", "alaw"]
 _DOCUMENT_FORMATS: dict[str, AudioEncoding] = {
@@ -171,6 +178,22 @@ class SessionSettings:
     tool_choice: str | dict[str, Any] = "auto"
     tracing: str | dict[str, Any] | None = None
     truncation: str | dict[str, Any] = "auto"
+    kind: SessionKind = "realtime"
+    include: tuple[str, ...] = ()  # e.g. "item.input_audio_transcription.logprobs"
+    reasoning_effort: ReasoningEffort | None = None  # None: the reply model's own default
+    parallel_tool_calls: bool | None = None  # None: the reply model's own default
+
+    @classmethod
+    def transcription_session(cls, model: str = DEFAULT_MODEL) -> SessionSettings:
+        """A transcription session's defaults: server VAD turns, transcribed by the
+        server's ASR, never answered."""
+        return cls(model=model, kind="transcription", transcription=Transcription(),
+                   output_modalities=TEXT_MODALITIES)
+
+    @property
+    def responds(self) -> bool:
+        """Whether the session answers turns (False: a transcription session)."""
+        return self.kind == "realtime"
 
     @property
     def audio_output(self) -> bool:
@@ -214,12 +237,16 @@ class SessionSettings:
             tool_choice=d["tool_choice"],
             tracing=d["tracing"],
             truncation=d["truncation"],
+            kind=d.get("type", "realtime"),
+            include=tuple(d.get("include") or ()),
+            reasoning_effort=(d.get("reasoning") or {}).get("effort"),
+            parallel_tool_calls=d.get("parallel_tool_calls"),
         )
 
     def document(self) -> dict[str, Any]:
         """The complete settings as one nested mapping (GA nesting plus ``temperature``)."""
         return {
-            "type": "realtime",
+            "type": self.kind,
             "model": self.model,
             "output_modalities": ["audio"] if self.audio_output else ["text"],
             "instructions": self.instructions,
@@ -246,6 +273,9 @@ class SessionSettings:
             "tracing": copy.deepcopy(self.tracing),
             "truncation": copy.deepcopy(self.truncation),
             "temperature": self.temperature,
+            "include": list(self.include),
+            "reasoning": {"effort": self.reasoning_effort},
+            "parallel_tool_calls": self.parallel_tool_calls,
         }
 
 

@@ -29,6 +29,7 @@ from voxline.realtime.openai.client_events import parse_command
 from voxline.sessions import commands as cmd
 from voxline.sessions.capabilities import MOONSHINE, TranscriptionSupport, check_supported
 from voxline.sessions.settings import SessionSettings
+from voxline.sessions.transcription_sessions import check_session_kind
 
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 SECRET_PREFIX = "ek_"
@@ -66,7 +67,8 @@ def settings_from_session(doc: Any, base: SessionSettings | None = None, *,
     """A GA `session` object as settings, checked as `session.update` would (ProtocolError)."""
     update = parse_command({"type": "session.update", "session": doc})
     assert isinstance(update, cmd.SessionUpdate)
-    settings = (base or SessionSettings()).apply(update.changes)
+    base = base or SessionSettings()
+    settings = check_session_kind(base, base.apply(update.changes), conversation_started=False)
     check_supported(settings, "session", tools_supported=tools_supported,
                     transcription=transcription)
     return settings

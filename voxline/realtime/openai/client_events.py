@@ -35,6 +35,7 @@ from voxline.realtime.openai.session_object import (
     MaxTokens,
     Milliseconds,
     Modalities,
+    ReasoningWire,
     SessionPatch,
     Temperature,
     Voice,
@@ -173,7 +174,8 @@ def _item(item: MessageItemWire | FunctionCallItem | FunctionCallOutputItem
 _RESPONSE_BETA_FIELDS = frozenset(
     {"modalities", "max_response_output_tokens", "voice", "output_audio_format", "temperature"}
 )
-_RESPONSE_GA_FIELDS = frozenset({"output_modalities", "max_output_tokens", "audio"})
+_RESPONSE_GA_FIELDS = frozenset({"output_modalities", "max_output_tokens", "audio", "reasoning",
+                                 "parallel_tool_calls"})
 
 
 class ResponseAudioOutputParams(WireModel):
@@ -236,6 +238,8 @@ class ResponseParams(WireModel):
     input: list[ResponseInputItem] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    reasoning: ReasoningWire | None = None
+    parallel_tool_calls: bool | None = None
 
     @property
     def out_of_band(self) -> bool:
@@ -272,6 +276,8 @@ class ResponseParams(WireModel):
             tool_choice=self.tool_choice,
             video_modality="video" in (modalities or ()),
             video=self.video.to_params() if self.video is not None else None,
+            reasoning_effort=self.reasoning.effort if self.reasoning is not None else None,
+            parallel_tool_calls=self.parallel_tool_calls,
         )
 
 

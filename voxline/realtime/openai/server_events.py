@@ -250,7 +250,8 @@ def _render_session(event: SessionCreated | SessionUpdated, dialect: Dialect) ->
     # (its published examples do) although the GA SDK type declares neither.
     head: dict[str, Any] = {"id": event.session_id}
     if dialect is Dialect.GA:
-        head["object"] = "realtime.session"
+        head["object"] = ("realtime.transcription_session" if event.session.kind == "transcription"
+                          else "realtime.session")
     return {"session": {**head, **render_session(event.session, dialect)}}
 
 

@@ -44,6 +44,7 @@ from voxline.sessions.settings import (
     AudioEncoding,
     AudioFormat,
     Modality,
+    ReasoningEffort,
     SessionSettings,
     merge_session,
 )
@@ -200,6 +201,12 @@ class TokenLimitsWire(WireModel):
     post_instructions: Annotated[int, Field(ge=1)] | None = None
 
 
+class ReasoningWire(WireModel):
+    """``reasoning``: how hard a reasoning reply model thinks (OpenAI's ``effort`` names)."""
+
+    effort: ReasoningEffort | None = None
+
+
 class RetentionRatioWire(WireModel):
     """``truncation: {"type": "retention_ratio", ...}``: drop the oldest turns in one cut."""
 
@@ -218,7 +225,8 @@ TruncationWire = Annotated[
 
 # Fields where an explicit ``null`` means "turn off"; a null anywhere else means "unchanged".
 _NULL_MEANS_OFF = frozenset(
-    {"turn_detection", "transcription", "noise_reduction", "tracing", "idle_timeout_ms"}
+    {"turn_detection", "transcription", "noise_reduction", "tracing", "idle_timeout_ms",
+     "reasoning", "effort"}
 )
 _BETA_ONLY_FIELDS = frozenset(
     {
@@ -234,7 +242,8 @@ _BETA_ONLY_FIELDS = frozenset(
         "max_response_output_tokens",
     }
 )
-_GA_ONLY_FIELDS = frozenset({"type", "audio", "output_modalities", "max_output_tokens", "truncation"})
+_GA_ONLY_FIELDS = frozenset({"type", "audio", "output_modalities", "max_output_tokens", "truncation",
+                             "include", "reasoning", "parallel_tool_calls"})
 
 
 class SessionPatch(WireModel):
@@ -248,7 +257,10 @@ class SessionPatch(WireModel):
     tracing: Literal["auto"] | dict[str, Any] | None = None
     temperature: Temperature | None = None
     # GA
-    type: Literal["realtime"] | None = None
+    type: Literal["realtime", "transcription"] | None = None
+    include: list[Literal["item.input_audio_transcription.logprobs"]] | None = None
+    reasoning: ReasoningWire | None = None
+    parallel_tool_calls: bool | None = None
     output_modalities: Modalities | None = None
     audio: AudioWire | None = None
     max_output_tokens: MaxTokens | None = None
@@ -303,7 +315,8 @@ class SessionPatch(WireModel):
                 audio_out[name] = sent.pop(name)
         if audio_in or audio_out:
             beta["audio"] = {"input": audio_in, "output": audio_out}
-        sent.pop("type", None)
+        if sent.get("type") is None:
+            sent.pop("type", None)
         return _drop_nulls(merge_session(beta, sent))
 
 
@@ -462,9 +475,16 @@ def settings_from_wire(session: Mapping[str, Any]) -> SessionSettings:
 
 def render_session(settings: SessionSettings, dialect: Dialect) -> dict[str, Any]:
     """The ``session`` payload of ``session.created`` / ``session.updated``."""
+    if dialect is Dialect.GA and settings.kind == "transcription":
+        return render_transcription_session(settings)
     if dialect is Dialect.GA:
         out = settings.document()
         del out["temperature"]  # a voxline extension GA sessions do not have
+        del out["include"]  # a transcription session's field
+        if settings.reasoning_effort is None:
+            del out["reasoning"]
+        if settings.parallel_tool_calls is None:
+            del out["parallel_tool_calls"]
         return out
     td = settings.turn_detection.to_document() if settings.turn_detection else None
     if td is not None:
@@ -494,3 +514,27 @@ def render_session(settings: SessionSettings, dialect: Dialect) -> dict[str, Any
         "tool_choice": settings.tool_choice,
         "tracing": settings.tracing,
     }
+
+
+def render_transcription_session(settings: SessionSettings) -> dict[str, Any]:
+    """A transcription session's object (GA ``type: "transcription"``): its input audio
+    settings and ``include``; it has no output, model or instructions."""
+    audio_in = settings.document()["audio"]["input"]
+    return {"type": "transcription", "audio": {"input": audio_in},
+            "include": list(settings.include)}
+
+
+INTENTS = ("transcription",)
+
+
+def session_for_intent(intent: str | None, settings: SessionSettings) -> SessionSettings:
+    """The session a connection opened with ``?intent=`` starts with: ``transcription``
+    gives a transcription session (a client secret's transcription session stays as it is).
+    Raises ProtocolError (param ``intent``) for an intent this server does not know."""
+    if intent is None or intent == "" or settings.kind == "transcription":
+        return settings
+    if intent not in INTENTS:
+        raise ProtocolError(f"unknown intent {intent!r}; supported: "
+                            + ", ".join(repr(i) for i in INTENTS),
+                            code="invalid_value", param="intent")
+    return SessionSettings.transcription_session(settings.model)

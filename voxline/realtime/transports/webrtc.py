@@ -48,6 +48,7 @@ from voxline.realtime.openai.client_events import parse_command
 from voxline.realtime.openai.dialect import Dialect
 from voxline.realtime.openai.error_body import error_response
 from voxline.realtime.openai.server_events import render_json
+from voxline.realtime.openai.session_object import session_for_intent
 from voxline.realtime.ops.owned_ids import not_here_reason
 from voxline.realtime.session_host import Admission, Refusal, SessionEnd, SessionRefused
 from voxline.realtime.state import ServerState, get_state
@@ -434,7 +435,8 @@ async def _answer_call(request: Request, access: Access, admission: Admission) -
     try:
         sdp, session_doc = await _read_offer(request)
         _check_offer(sdp)
-        settings = access.settings or SessionSettings()
+        settings = session_for_intent(request.query_params.get("intent"),
+                                      access.settings or SessionSettings())
         if session_doc is not None:
             settings = settings_from_session(session_doc, settings,
                                              tools_supported=config.remote_llm,

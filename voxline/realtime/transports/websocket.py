@@ -19,6 +19,7 @@ from voxline.realtime.openai.client_events import parse_command
 from voxline.realtime.openai.dialect import detect_dialect
 from voxline.realtime.openai.error_body import error_response
 from voxline.realtime.openai.server_events import render_json
+from voxline.realtime.openai.session_object import session_for_intent
 from voxline.realtime.session_host import (
     CLOSE_POLICY,
     SHUTDOWN_REASON,
@@ -69,6 +70,14 @@ async def realtime(ws: WebSocket) -> None:
         host.count_refusal()
         await ws.close(code=CLOSE_POLICY, reason=access)
         return
+    try:  # ?intent=transcription: a transcription session (the client secret's, if any)
+        initial = session_for_intent(ws.query_params.get("intent"),
+                                     access.settings or SessionSettings())
+    except ProtocolError as exc:
+        host.count_refusal()
+        await ws.send_denial_response(error_response(400, str(exc), code=exc.code,
+                                                     param=exc.param))
+        return
     if host.draining:  # HTTP 503, not a close after 101: a balancer retries elsewhere
         host.count_refusal()
         await ws.send_denial_response(error_response(503, SHUTDOWN_REASON,
@@ -79,16 +88,15 @@ async def realtime(ws: WebSocket) -> None:
     if admission is None:
         return
     with admission:  # the slot is released however the session ends
-        await _serve(ws, admission, access)
+        await _serve(ws, admission, initial)
 
 
-async def _serve(ws: WebSocket, admission: Admission, access: Access) -> None:
+async def _serve(ws: WebSocket, admission: Admission, initial: SessionSettings) -> None:
     state = get_state(ws)
     settings = state.settings
     dialect = detect_dialect(list(ws.headers.items()))
     # the session echoes the model the client asked for (`?model=`), as OpenAI does
     requested = ws.query_params.get("model")
-    initial = access.settings or SessionSettings()  # a client secret's session, if any
     if requested:
         initial = replace(initial, model=requested)
     outbox = Outbox(ws.send_text, settings.send_buffer_kb * 1024)

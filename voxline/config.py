@@ -342,6 +342,17 @@ class Settings(BaseSettings):
                              "429/5xx)")
     twilio_auth_token: str | None = Field(default=None, description="validate "
                                           "X-Twilio-Signature on /v1/telephony/twilio* if set")
+    sip_port: int | None = Field(default=None, ge=1, le=65535, description="answer phone "
+                                 "calls over SIP on this port, UDP and TCP (unset: no SIP)")
+    sip_allow: str = Field(default="127.0.0.1,::1", description="SIP: comma-separated "
+                           "addresses or networks (10.0.0.0/8) whose INVITEs are answered; "
+                           "others get 403")
+    sip_rtp_ports: str = Field(default="10000-20000", pattern=r"^\d{1,5}-\d{1,5}$",
+                               description="SIP: the UDP port range for calls' RTP (two ports "
+                               "a call: RTP and RTCP)")
+    sip_media_host: str | None = Field(default=None, description="SIP: the address put in "
+                                       "SDP answers for RTP (unset: --host, or 127.0.0.1 when "
+                                       "that is a wildcard)")
     ice_hosts: str = Field(default="", description="WebRTC: comma-separated host addresses "
                            "offered as ICE candidates (empty: 127.0.0.1 and every interface "
                            "address)")

@@ -1,0 +1,328 @@
+"""``voxline serve --sip-port 5060``: phone calls over SIP (UDP and TCP), each a voice
+session hosted like every other transport's.
+
+SIP signalling is aiosipua's (message parsing, transactions, dialogs, 2xx retransmission,
+CANCEL, in-dialog checks: a BYE or re-INVITE that matches no dialog gets 481); media is
+:mod:`sip_media` (aiortp). This module decides who is answered and owns each call's life:
+
+- An INVITE from a source outside ``sip_allow`` gets 403 and a log line; an unparsable
+  request gets 400 (or is dropped and logged when it cannot be answered); an INVITE
+  without a usable SDP offer (none, no audio, no PCMU/PCMA) gets 488.
+- Admission is the session host's, decided before anything is awaited: past
+  ``max_sessions`` a call gets 486 Busy Here; while the engine starts or the server
+  drains, 503 with Retry-After.
+- An admitted call rings (180), gets an RTP port from ``sip_rtp_ports`` and is answered
+  (200 + SDP) with the server's default session in the call's G.711 law.
+- A BYE from the caller ends the session and its engine stream; a session that ends on
+  the server's side (its time limit, a drain, an error) sends BYE. Either way the RTP
+  port and the session slot are released.
+- A re-INVITE (hold, resume, a moved media address) is answered with the same port and
+  law; RFC 4733 telephone-events are logged and recorded on the call (``SipCall.dtmf``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiortp import PortAllocator
+from aiosipua import transport as aiosipua_transport
+from aiosipua import (
+    IncomingCall,
+    SipMessage,
+    SipRequest,
+    SipResponse,
+    SipUAS,
+    TcpSipTransport,
+    UdpSipTransport,
+    parse_sdp,
+)
+
+from voxline.config import Settings
+from voxline.realtime.http.voices import session_voice_check
+from voxline.realtime.session_host import Admission, Refusal, SessionEnd, SessionRefused
+from voxline.realtime.state import ServerState
+from voxline.realtime.transports.sip_media import (
+    MediaPlan,
+    MediaRefused,
+    RtpBridge,
+    RtpLeg,
+    answer_offer,
+)
+from voxline.sessions import commands as cmd
+from voxline.sessions import events as ev
+from voxline.sessions.settings import AudioFormat, SessionSettings, Transcription
+
+logger = logging.getLogger(__name__)
+
+COMMAND_LIMIT = 1024  # caller frames the session has not taken yet (20 s of audio)
+RETRY_AFTER_S = 5  # 503's Retry-After while the engine starts or the server drains
+USER_AGENT = "voxline"
+
+
+def allowed_sources(spec: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """``sip_allow``: comma-separated addresses or networks (``10.0.0.0/8``)."""
+    return [ipaddress.ip_network(part.strip(), strict=False)
+            for part in spec.split(",") if part.strip()]
+
+
+def port_range(spec: str) -> tuple[int, int]:
+    low, _, high = spec.partition("-")
+    return int(low), int(high)
+
+
+@dataclass
+class SipCall:
+    """One answered (or ringing) call: its SIP side, session slot and media."""
+
+    invite: IncomingCall
+    admission: Admission
+    leg: RtpLeg | None = None
+    plan: MediaPlan | None = None
+    dtmf: list[str] = field(default_factory=list)  # digits received, in order
+    inbox: asyncio.Queue[cmd.ClientCommand | None] = field(
+        default_factory=lambda: asyncio.Queue(COMMAND_LIMIT + 8))
+    task: asyncio.Task[None] | None = None
+    ended: bool = False
+
+    @property
+    def call_id(self) -> str:
+        return self.invite.call_id
+
+    @property
+    def ids(self) -> str:
+        return f"sip call {self.call_id} ({self.admission.session_id})"
+
+    def end(self) -> None:
+        """The caller hung up (BYE or CANCEL): the session's input ends."""
+        if not self.ended:
+            self.ended = True
+            self.inbox.put_nowait(None)  # room is kept for it
+
+    def frame(self, payload: bytes) -> None:
+        if self.ended:
+            return
+        if self.inbox.qsize() >= COMMAND_LIMIT:
+            logger.warning("%s: the session is behind; a caller frame was dropped", self.ids)
+            return
+        self.inbox.put_nowait(cmd.InputAudioAppend(audio=payload))
+
+    async def commands(self) -> AsyncIterator[cmd.ClientCommand]:
+        while (command := await self.inbox.get()) is not None:
+            yield command
+
+
+class _UdpProtocol(aiosipua_transport._UdpProtocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # aiosipua asserts an asyncio.DatagramTransport; uvloop's UDP transport is not one
+        self._owner._udp_transport = transport  # type: ignore[assignment]
+
+
+class UdpTransport(UdpSipTransport):
+    """aiosipua's UDP transport, also under uvloop (``voxline serve``'s loop)."""
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(lambda: _UdpProtocol(self),
+                                                           local_addr=self.local_addr)
+        self._udp_transport = transport
+
+
+class SipServer:
+    """The SIP user agent server of one voxline server: UDP and TCP on one port."""
+
+    def __init__(self, app_state: Any) -> None:
+        self.app_state = app_state  # the app's state: the voice check reads it
+        state: ServerState = app_state.voxline
+        self.state = state
+        settings: Settings = state.settings
+        self.settings = settings
+        self.allow = allowed_sources(settings.sip_allow)
+        self.ports = PortAllocator(port_range(settings.sip_rtp_ports))
+        self.bind_host = settings.host
+        self.media_host = settings.sip_media_host or (
+            settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1")
+        self.calls: dict[str, SipCall] = {}
+        self._uas: list[SipUAS] = []
+
+    @property
+    def rtp_ports_in_use(self) -> int:
+        return len(self.ports._allocated)
+
+    async def start(self) -> None:
+        port = self.settings.sip_port
+        assert port is not None
+        for transport in (UdpTransport(local_addr=(self.bind_host, port)),
+                          TcpSipTransport(local_addr=(self.bind_host, port))):
+            uas = SipUAS(transport, user_agent=USER_AGENT)
+            uas.on_invite = self._on_invite
+            uas.on_reinvite = self._on_reinvite
+            uas.on_bye = self._on_bye
+            uas.on_cancel = self._on_cancel
+            await uas.start()
+            transport.on_message = self._guard(uas)
+            self._uas.append(uas)
+        logger.info("SIP listening on %s:%d (UDP, TCP); RTP ports %s; answering %s",
+                    self.bind_host, port, self.settings.sip_rtp_ports, self.settings.sip_allow)
+
+    async def close(self) -> None:
+        """Hang up every call, wait for their sessions to end, stop listening."""
+        for call in list(self.calls.values()):
+            call.end()
+        tasks = [c.task for c in self.calls.values() if c.task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for uas in self._uas:
+            await uas.stop()
+
+    # -- admission ------------------------------------------------------------------
+
+    def _guard(self, uas: SipUAS):  # noqa: ANN202 - aiosipua's callback type
+        """The transport's message callback: refuse unknown sources and bad SDP before
+        aiosipua builds a dialog, then hand the message on."""
+        deliver = uas._on_message
+
+        def on_message(msg: SipMessage, addr: tuple[str, int]) -> None:
+            if isinstance(msg, SipRequest) and msg.method.upper() == "INVITE":
+                if not self._allowed(addr[0]):
+                    logger.warning("SIP INVITE from %s:%d refused (403): not in sip_allow",
+                                   addr[0], addr[1])
+                    self.state.host.count_refusal()
+                    uas._send_error(msg, 403, "Forbidden")
+                    return
+                if msg.body and msg.content_type == "application/sdp":
+                    try:
+                        parse_sdp(msg.text)
+                    except Exception as exc:  # aiosipua raises several types
+                        logger.warning("SIP INVITE %s from %s: bad SDP (%s)", msg.call_id,
+                                       addr[0], exc)
+                        uas._send_error(msg, 400, "Bad SDP")
+                        return
+            elif isinstance(msg, SipResponse) and uas.uac is None:
+                return
+            deliver(msg, addr)
+
+        return on_message
+
+    def _allowed(self, host: str) -> bool:
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return any(address in net for net in self.allow)
+
+    def _on_invite(self, invite: IncomingCall) -> None:
+        call_id = invite.call_id
+        try:
+            answer_offer(invite.sdp_offer, self.media_host, 0)  # refused before admission
+        except MediaRefused as exc:
+            logger.warning("SIP call %s from %s refused (488): %s", call_id,
+                           invite.source_addr[0], exc)
+            invite.reject(488, "Not Acceptable Here")
+            return
+        try:
+            admission = self.state.host.admit(prefix="sip")
+        except SessionRefused as refused:
+            logger.warning("SIP call %s refused: %s", call_id, refused.reason)
+            if refused.refusal is Refusal.AT_LIMIT:
+                invite.reject(486, "Busy Here")
+            else:
+                invite._send_response(503, "Service Unavailable",
+                                      extra_headers={"Retry-After": str(RETRY_AFTER_S)})
+                invite.dialog.terminate()
+            return
+        call = SipCall(invite, admission)
+        self.calls[call_id] = call
+        invite.ringing()
+        call.task = asyncio.create_task(self._run(call), name=f"sip-{call_id}")
+
+    def _on_reinvite(self, invite: IncomingCall) -> None:
+        call = self.calls.get(invite.call_id)
+        if call is None or call.leg is None:
+            invite._send_response(481, "Call/Transaction Does Not Exist")
+            return
+        try:
+            plan = answer_offer(invite.sdp_offer, self.media_host, call.leg.port)
+        except MediaRefused as exc:
+            logger.warning("%s: re-INVITE refused (488): %s", call.ids, exc)
+            invite._send_response(488, "Not Acceptable Here")
+            return
+        if call.plan is not None and plan.payload_type != call.plan.payload_type:
+            invite._send_response(488, "Not Acceptable Here")  # the law is the session's
+            return
+        call.plan = plan
+        call.leg.update(plan)
+        logger.info("%s: re-INVITE, %s", call.ids, "on hold" if plan.on_hold else "media on")
+        invite.accept(plan.answer)
+
+    def _on_bye(self, invite: IncomingCall, request: SipRequest) -> None:
+        call = self.calls.get(invite.call_id)
+        if call is not None:
+            logger.info("%s: the caller hung up", call.ids)
+            call.end()
+
+    def _on_cancel(self, request: SipRequest, addr: tuple[str, int]) -> None:
+        call = self.calls.get(request.call_id or "")
+        if call is not None:
+            logger.info("%s: the caller cancelled", call.ids)
+            call.end()
+
+    # -- one call -------------------------------------------------------------------
+
+    async def _run(self, call: SipCall) -> None:
+        try:
+            with call.admission:  # the slot is released however the call ends
+                call.leg = await RtpLeg.open(self.ports)
+                try:
+                    await self._answer_and_serve(call)
+                finally:
+                    await call.leg.close()
+        except Exception:
+            logger.exception("%s failed", call.ids)
+            if not call.invite._answered:
+                call.invite.reject(500, "Server Internal Error")
+        finally:
+            self.calls.pop(call.call_id, None)
+            logger.info("%s: released", call.ids)
+
+    async def _answer_and_serve(self, call: SipCall) -> None:
+        assert call.leg is not None
+        plan = answer_offer(call.invite.sdp_offer, self.media_host, call.leg.port)
+        call.plan = plan
+        await call.leg.start(self.bind_host, plan, call.frame, lambda d, ms: self._dtmf(call, d))
+        if call.ended:  # cancelled while ringing (aiosipua answered 487)
+            return
+        call.invite.accept(plan.answer)
+        logger.info("%s from %s answered: %s, RTP %d <-> %s:%d", call.ids,
+                    call.invite.caller, "PCMU" if plan.law == "ulaw" else "PCMA",
+                    call.leg.port, *plan.remote)
+        bridge = RtpBridge(call.ids)
+        leg = call.leg
+
+        async def send(event: ev.ServerEvent) -> None:
+            frames, drop, commands = bridge.on_event(event, leg.queued_frames)
+            if drop:
+                leg.drop_queued()
+            leg.send(frames)
+            for command in commands:
+                await call.inbox.put(command)
+
+        async def close(end: SessionEnd) -> None:
+            if call.invite.hangup() is not None:
+                logger.info("%s: hung up (BYE)%s", call.ids,
+                            f": {end.reason}" if end.reason else "")
+
+        fmt = AudioFormat.of(plan.law)
+        settings = SessionSettings(input_format=fmt, output_format=fmt,
+                                   transcription=Transcription())
+        runner = call.admission.runner(send, settings=settings, transport_reports_playout=True,
+                                       voice_error=session_voice_check(self.app_state))
+        await self.state.host.serve(call.admission, runner, call.commands(), close=close)
+
+    def _dtmf(self, call: SipCall, digit: str) -> None:
+        call.dtmf.append(digit)
+        logger.info("%s: caller pressed %s", call.ids, digit)
+

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiortp import PortAllocator
-from aiosipua import transport as aiosipua_transport
 from aiosipua import (
     IncomingCall,
     SipMessage,
@@ -41,6 +40,7 @@ from aiosipua import (
     UdpSipTransport,
     parse_sdp,
 )
+from aiosipua import transport as aiosipua_transport
 
 from voxline.config import Settings
 from voxline.realtime.http.voices import session_voice_check

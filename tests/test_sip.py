@@ -1,0 +1,175 @@
+"""SIP: a real user agent (Debian's baresip) calls the server over loopback — G.711 RTP both
+ways through the session host, RFC 4733 digits, BYE from either side, every resource
+released — and hand-made requests no polite user agent sends (garbage, INVITEs the server
+must refuse, a flood past max_sessions). Fast tests run over tests/fakes.py's stand-in
+models; one slow call uses the shipped models and transcribes what the caller heard."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import TIME_FACTOR
+from fakes import tone
+from live_server import free_port, serve_app
+from sip_peer import RATE, RawSip, baresip_call, sdp_offer
+
+from voxline.config import load_settings
+from voxline.engines.client import InProcessEngineClient
+from voxline.realtime.app import create_app
+
+LOGGER = "voxline.realtime.transports"
+
+
+@contextmanager
+def sip_server(core_options: dict[str, object] | None = None,
+               **settings: object) -> Iterator[tuple[Any, InProcessEngineClient]]:
+    """The real app with SIP on loopback over the stand-in models; yields (app, engine)."""
+    rtp = free_port() & ~1
+    conf = load_settings(host="127.0.0.1", port=free_port(), engine="inprocess",
+                         sip_port=free_port(), sip_rtp_ports=f"{rtp}-{rtp + 20}", **settings)
+    engine = InProcessEngineClient("fakes:make_fake_core", {"stop_after": 60,
+                                                            **(core_options or {})})
+    app = create_app(conf, engine)
+    with serve_app(app, conf.port, name="sip-server"):
+        yield app, engine
+
+
+@pytest.fixture(scope="module")
+def server():
+    with sip_server(max_sessions=2) as running:
+        yield running
+
+
+def speech(seconds: float, silence: float = 0.8) -> np.ndarray:
+    return np.concatenate([tone(seconds, RATE), np.zeros(int(silence * RATE), np.float32)])
+
+
+async def eventually(check, timeout: float = 10.0) -> None:  # noqa: ANN001
+    for _ in range(int(timeout * TIME_FACTOR / 0.05)):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    assert check()
+
+
+async def released(app: Any, engine: InProcessEngineClient) -> None:
+    """Every session slot, RTP port and engine stream is given back."""
+    sip = app.state.sip
+    await eventually(lambda: not sip.calls and sip.rtp_ports_in_use == 0
+                     and app.state.voxline.host.active == 0
+                     and not engine.status()["open_streams"])
+
+
+def logged(caplog, pattern: str) -> list[str]:
+    return re.findall(pattern, caplog.text)
+
+
+# ------------------------------------------------------------------ a real user agent
+
+
+async def test_a_real_user_agent_talks_presses_digits_and_hangs_up(server, caplog) -> None:
+    app, engine = server
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    port = app.state.voxline.settings.sip_port
+    audio = np.concatenate([np.zeros(int(0.3 * RATE), np.float32), speech(0.6, 30.0)])
+    async with baresip_call(port, audio) as ua:
+        await ua.until("Call established")
+        assert app.state.voxline.host.active == 1
+        await eventually(lambda: logged(caplog, r"bot said '(.+)'"), 30)
+        await ua.keys("15#")
+        await eventually(lambda: len(logged(caplog, r"caller pressed (\S)")) == 3)
+        assert logged(caplog, r"caller pressed (\S)") == ["1", "5", "#"]
+        await ua.hangup()
+        await released(app, engine)
+        await eventually(lambda: ua.heard().size > RATE // 2)  # written when the call ends
+        heard = ua.heard()
+    assert np.abs(heard).max() > 0.05, "the caller heard only silence"
+    assert logged(caplog, r"caller said 'hello there friend'")
+    assert logged(caplog, r"sip call \S+ \(\S+\): the caller hung up")
+
+
+async def test_the_server_hangs_up_when_the_session_ends(caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    with sip_server(max_session_seconds=1.5) as (app, engine):
+        port = app.state.voxline.settings.sip_port
+        async with baresip_call(port, np.zeros(RATE * 30, np.float32)) as ua:
+            await ua.until("Call established")
+            await ua.until("terminated", 20)  # the server's BYE
+            await released(app, engine)
+    assert logged(caplog, r"hung up \(BYE\)")
+
+
+# ------------------------------------------------------------------ refusals and bad input
+
+
+def tag_of(response) -> str:  # noqa: ANN001
+    return response.headers.get_first("to").split("tag=")[1].split(";")[0]
+
+
+async def test_bad_requests_get_4xx_and_the_server_goes_on(server, caplog) -> None:
+    app, engine = server
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    raw = RawSip(app.state.voxline.settings.sip_port)
+    try:
+        for garbage in (b"\x00\xff" * 40, b"INVITE\r\n\r\n", b"SIP/2.0 200 OK\r\n\r\n",
+                        "INVITE sip:x SIP/2.0\r\nVia: nonsense\r\n\r\n"):
+            raw.send(garbage)
+        raw.request("INVITE", "no-sdp")
+        assert (await raw.response("no-sdp")).status_code == 488
+        raw.request("INVITE", "no-codec", body=sdp_offer(4000, "9 111"))
+        assert (await raw.response("no-codec")).status_code == 488
+        raw.request("INVITE", "bad-sdp", body="this is not SDP at all\r\nm=audio x\r\n")
+        assert (await raw.response("bad-sdp")).status_code in (400, 488)
+        raw.request("BYE", "nobody", to_tag="x")
+        assert (await raw.response("nobody")).status_code == 481
+        raw.request("OPTIONS", "alive", content_type="")
+        assert (await raw.response("alive")).status_code == 200
+    finally:
+        raw.close()
+    await released(app, engine)
+
+
+async def test_a_flood_of_invites_is_bounded_by_max_sessions(server) -> None:
+    app, engine = server
+    raw = RawSip(app.state.voxline.settings.sip_port)
+    try:
+        ids = [f"flood-{i}" for i in range(4)]
+        for call_id in ids:
+            raw.request("INVITE", call_id, body=sdp_offer(4000 + 2 * ids.index(call_id)))
+        answers = {call_id: await raw.response(call_id) for call_id in ids}
+        codes = sorted(r.status_code for r in answers.values())
+        assert codes == [200, 200, 486, 486], codes
+        assert app.state.voxline.host.active == 2
+        assert app.state.sip.rtp_ports_in_use == 2
+        for call_id, answer in answers.items():
+            if answer.status_code == 200:
+                raw.request("ACK", call_id, to_tag=tag_of(answer), content_type="")
+                # a second INVITE for the same Call-ID from another dialog
+                raw.request("INVITE", call_id, cseq=1, from_tag="intruder",
+                            body=sdp_offer(5000))
+                assert (await raw.response(call_id)).status_code == 481
+                raw.request("BYE", call_id, cseq=2, to_tag=tag_of(answer), content_type="")
+                assert (await raw.response(call_id)).status_code == 200
+        await released(app, engine)
+    finally:
+        raw.close()
+
+
+async def test_unknown_sources_get_403_and_a_log_line(caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    with sip_server(sip_allow="10.0.0.0/8") as (app, engine):
+        raw = RawSip(app.state.voxline.settings.sip_port)
+        try:
+            raw.request("INVITE", "stranger", body=sdp_offer(4000))
+            assert (await raw.response("stranger")).status_code == 403
+        finally:
+            raw.close()
+        assert logged(caplog, r"SIP INVITE from 127\.0\.0\.1:\d+ refused \(403\)")
+        assert app.state.voxline.host.active == 0

@@ -173,3 +173,63 @@ async def test_unknown_sources_get_403_and_a_log_line(caplog) -> None:
             raw.close()
         assert logged(caplog, r"SIP INVITE from 127\.0\.0\.1:\d+ refused \(403\)")
         assert app.state.voxline.host.active == 0
+
+
+# ------------------------------------------------------------------ real models
+
+
+@pytest.mark.slow
+async def test_real_call_over_sip_answers_the_question_and_barge_in_cuts(caplog) -> None:
+    """baresip asks a spoken question as G.711 RTP; what it heard, transcribed with the
+    shipped ASR, is the bot's answer; digits arrive; a caller talking over a long reply
+    cuts it; baresip hangs up at the end of its audio and everything is released."""
+    import soxr
+    from speech import espeak
+    from test_realtime_e2e import sounds_like
+
+    from voxline.engines.launch import make_engine
+    from voxline.engines.models.moonshine_asr import MoonshineASR
+
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    asr = MoonshineASR.load()
+
+    def gap(seconds: float) -> np.ndarray:
+        return np.zeros(int(seconds * RATE), np.float32)
+
+    audio = np.concatenate([
+        gap(0.4), espeak("What is the capital of France?", rate=RATE), gap(9.0),
+        espeak("Tell me a long story about a dragon.", rate=RATE), gap(4.0),
+        espeak("Stop. Thank you.", rate=RATE), gap(6.0)])
+    rtp = free_port() & ~1
+    conf = load_settings(host="127.0.0.1", port=free_port(), engine="inprocess",
+                         sip_port=free_port(), sip_rtp_ports=f"{rtp}-{rtp + 20}",
+                         sip_instructions="You are a voice assistant on a phone call. "
+                                      "Answer in at most eight words.")
+    engine = make_engine(conf)
+    app = create_app(conf, engine)
+    with serve_app(app, conf.port, startup_timeout=300, name="live-sip-server"):
+        async with baresip_call(conf.sip_port, audio) as ua:
+            await ua.until("Call established", 30)
+            said = (await _first(caplog, r"bot said '(.+)'", 60))
+            await ua.keys("42")
+            await ua.until("terminated", 60 * TIME_FACTOR)  # baresip's audio ended: BYE
+            await released(app, engine)
+            await eventually(lambda: ua.heard().size > RATE)
+            heard_audio = ua.heard()
+    heard = asr.transcribe(soxr.resample(heard_audio, RATE, 16000).astype(np.float32))
+    print(f"\nbot said: {said!r}\ncaller heard (ASR): {heard!r}")
+    assert sounds_like(heard, said), (heard, said)
+    assert "paris" in (said + heard).lower() or "france" in (said + heard).lower(), said
+    assert logged(caplog, r"caller pressed (\S)") == ["4", "2"]
+    cut = logged(caplog, r"barge-in, reply \S+ heard to (\d+) ms")
+    print(f"barge-in cut: {cut}")
+    assert cut or len(logged(caplog, r"bot said '(.+)'")) >= 2
+
+
+async def _first(caplog, pattern: str, timeout: float) -> str:  # noqa: ANN001
+    for _ in range(int(timeout * TIME_FACTOR / 0.1)):
+        found = re.findall(pattern, caplog.text)
+        if found:
+            return found[0]
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"never logged: {pattern}")

@@ -350,6 +350,9 @@ class Settings(BaseSettings):
     sip_rtp_ports: str = Field(default="10000-20000", pattern=r"^\d{1,5}-\d{1,5}$",
                                description="SIP: the UDP port range for calls' RTP (two ports "
                                "a call: RTP and RTCP)")
+    sip_instructions: str | None = Field(default=None, description="SIP: the instructions of "
+                                         "calls answered with the default session (unset: "
+                                         "the default session's)")
     sip_media_host: str | None = Field(default=None, description="SIP: the address put in "
                                        "SDP answers for RTP (unset: --host, or 127.0.0.1 when "
                                        "that is a wildcard)")

@@ -26,7 +26,7 @@ import asyncio
 import ipaddress
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiortp import PortAllocator
@@ -318,6 +318,8 @@ class SipServer:
         fmt = AudioFormat.of(plan.law)
         settings = SessionSettings(input_format=fmt, output_format=fmt,
                                    transcription=Transcription())
+        if self.settings.sip_instructions is not None:
+            settings = replace(settings, instructions=self.settings.sip_instructions)
         runner = call.admission.runner(send, settings=settings, transport_reports_playout=True,
                                        voice_error=session_voice_check(self.app_state))
         await self.state.host.serve(call.admission, runner, call.commands(), close=close)

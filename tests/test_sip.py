@@ -92,7 +92,7 @@ async def test_a_real_user_agent_talks_presses_digits_and_hangs_up(server, caplo
         heard = ua.heard()
     assert np.abs(heard).max() > 0.05, "the caller heard only silence"
     assert logged(caplog, r"caller said 'hello there friend'")
-    assert logged(caplog, r"sip call \S+ \(\S+\): the caller hung up")
+    assert logged(caplog, r"sip call rtc_\S+ \(Call-ID \S+\): the caller hung up")
 
 
 async def test_the_server_hangs_up_when_the_session_ends(caplog) -> None:

@@ -353,6 +353,20 @@ class Settings(BaseSettings):
     sip_instructions: str | None = Field(default=None, description="SIP: the instructions of "
                                          "calls answered with the default session (unset: "
                                          "the default session's)")
+    sip_webhook_url: str | None = Field(default=None, description="SIP: where each incoming "
+                                        "call's realtime.call.incoming webhook is POSTed; the "
+                                        "app answers with /v1/realtime/calls/{call_id}/accept "
+                                        "or /reject (unset: calls are accepted with the "
+                                        "default session)")
+    sip_webhook_secret: str | None = Field(default=None, description="SIP: the Standard "
+                                           "Webhooks secret (whsec_...) that signs the webhook")
+    sip_webhook_timeout: float = Field(default=5.0, gt=0, description="SIP: seconds one "
+                                       "webhook delivery may take")
+    sip_webhook_retries: int = Field(default=2, ge=0, description="SIP: retries of a webhook "
+                                     "that failed (connection error, timeout, 429/5xx)")
+    sip_accept_timeout: float = Field(default=15.0, gt=0, description="SIP: seconds a call "
+                                      "rings waiting for the app's accept or reject; then it "
+                                      "is rejected with 480")
     sip_media_host: str | None = Field(default=None, description="SIP: the address put in "
                                        "SDP answers for RTP (unset: --host, or 127.0.0.1 when "
                                        "that is a wildcard)")
@@ -467,6 +481,7 @@ NOT_FLAGS: dict[str, str] = {
     "twilio_auth_token": "a secret, and a command line is visible to every local user (ps)",
     "turn_credential": "a secret, and a command line is visible to every local user (ps)",
     "client_secret_keys": "a secret, and a command line is visible to every local user (ps)",
+    "sip_webhook_secret": "a secret, and a command line is visible to every local user (ps)",
 }
 """Fields with no ``voxline serve`` flag, and why (their environment variable still works)."""
 

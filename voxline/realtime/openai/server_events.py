@@ -29,6 +29,7 @@ from voxline.sessions.events import (
     ContentPartAdded,
     ContentPartDone,
     ConversationCreated,
+    DtmfEventReceived,
     ErrorEvent,
     FunctionCallArgumentsDelta,
     FunctionCallArgumentsDone,
@@ -140,6 +141,8 @@ _WIRE_TYPES: dict[type[ServerEvent], WireTypes] = {
     OutputAudioBufferCleared: WireTypes(
         "output_audio_buffer.cleared", "output_audio_buffer.cleared"
     ),
+    DtmfEventReceived: WireTypes("input_audio_buffer.dtmf_event_received",
+                                 "input_audio_buffer.dtmf_event_received"),
     RateLimitsUpdated: WireTypes("rate_limits.updated", "rate_limits.updated"),
     ErrorEvent: WireTypes("error", "error"),
     mcp_ev.McpListToolsInProgress: WireTypes("mcp_list_tools.in_progress", None),

@@ -25,8 +25,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from aiortp import PortAllocator
@@ -44,22 +43,21 @@ from aiosipua import transport as aiosipua_transport
 
 from voxline.config import Settings
 from voxline.realtime.http.voices import session_voice_check
-from voxline.realtime.session_host import Admission, Refusal, SessionEnd, SessionRefused
+from voxline.realtime.session_host import Refusal, SessionEnd, SessionRefused
 from voxline.realtime.state import ServerState
+from voxline.realtime.transports import sip_webhook
+from voxline.realtime.transports.sip_call import Accept, Decision, Reject, SipCall
 from voxline.realtime.transports.sip_media import (
-    MediaPlan,
     MediaRefused,
     RtpBridge,
     RtpLeg,
     answer_offer,
 )
-from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
 from voxline.sessions.settings import AudioFormat, SessionSettings, Transcription
 
 logger = logging.getLogger(__name__)
 
-COMMAND_LIMIT = 1024  # caller frames the session has not taken yet (20 s of audio)
 RETRY_AFTER_S = 5  # 503's Retry-After while the engine starts or the server drains
 USER_AGENT = "voxline"
 
@@ -73,47 +71,6 @@ def allowed_sources(spec: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Net
 def port_range(spec: str) -> tuple[int, int]:
     low, _, high = spec.partition("-")
     return int(low), int(high)
-
-
-@dataclass
-class SipCall:
-    """One answered (or ringing) call: its SIP side, session slot and media."""
-
-    invite: IncomingCall
-    admission: Admission
-    leg: RtpLeg | None = None
-    plan: MediaPlan | None = None
-    dtmf: list[str] = field(default_factory=list)  # digits received, in order
-    inbox: asyncio.Queue[cmd.ClientCommand | None] = field(
-        default_factory=lambda: asyncio.Queue(COMMAND_LIMIT + 8))
-    task: asyncio.Task[None] | None = None
-    ended: bool = False
-
-    @property
-    def call_id(self) -> str:
-        return self.invite.call_id
-
-    @property
-    def ids(self) -> str:
-        return f"sip call {self.call_id} ({self.admission.session_id})"
-
-    def end(self) -> None:
-        """The caller hung up (BYE or CANCEL): the session's input ends."""
-        if not self.ended:
-            self.ended = True
-            self.inbox.put_nowait(None)  # room is kept for it
-
-    def frame(self, payload: bytes) -> None:
-        if self.ended:
-            return
-        if self.inbox.qsize() >= COMMAND_LIMIT:
-            logger.warning("%s: the session is behind; a caller frame was dropped", self.ids)
-            return
-        self.inbox.put_nowait(cmd.InputAudioAppend(audio=payload))
-
-    async def commands(self) -> AsyncIterator[cmd.ClientCommand]:
-        while (command := await self.inbox.get()) is not None:
-            yield command
 
 
 class _UdpProtocol(aiosipua_transport._UdpProtocol):
@@ -172,7 +129,7 @@ class SipServer:
     async def close(self) -> None:
         """Hang up every call, wait for their sessions to end, stop listening."""
         for call in list(self.calls.values()):
-            call.end()
+            call.hangup()
         tasks = [c.task for c in self.calls.values() if c.task is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
         for uas in self._uas:
@@ -224,7 +181,7 @@ class SipServer:
             invite.reject(488, "Not Acceptable Here")
             return
         try:
-            admission = self.state.host.admit(prefix="sip")
+            admission = self.state.host.admit(prefix=f"rtc_{self.state.server_id}")
         except SessionRefused as refused:
             logger.warning("SIP call %s refused: %s", call_id, refused.reason)
             if refused.refusal is Refusal.AT_LIMIT:
@@ -236,8 +193,9 @@ class SipServer:
             return
         call = SipCall(invite, admission)
         self.calls[call_id] = call
+        self.state.calls[call.id] = call  # /v1/realtime/calls/{id}/... find it there
         invite.ringing()
-        call.task = asyncio.create_task(self._run(call), name=f"sip-{call_id}")
+        call.task = asyncio.create_task(self._run(call), name=f"sip-{call.id}")
 
     def _on_reinvite(self, invite: IncomingCall) -> None:
         call = self.calls.get(invite.call_id)
@@ -275,9 +233,15 @@ class SipServer:
     async def _run(self, call: SipCall) -> None:
         try:
             with call.admission:  # the slot is released however the call ends
+                decision = await self._decide(call)
+                if isinstance(decision, Reject):
+                    if decision.status:
+                        logger.info("%s: rejected (%d)", call.ids, decision.status)
+                        call.invite.reject(decision.status)
+                    return
                 call.leg = await RtpLeg.open(self.ports)
                 try:
-                    await self._answer_and_serve(call)
+                    await self._answer_and_serve(call, decision.settings)
                 finally:
                     await call.leg.close()
         except Exception:
@@ -285,15 +249,45 @@ class SipServer:
             if not call.invite._answered:
                 call.invite.reject(500, "Server Internal Error")
         finally:
-            self.calls.pop(call.call_id, None)
+            self.calls.pop(call.sip_call_id, None)
+            self.state.calls.pop(call.id, None)
+            call.done.set()
             logger.info("%s: released", call.ids)
 
-    async def _answer_and_serve(self, call: SipCall) -> None:
+    async def _decide(self, call: SipCall) -> Decision:
+        """The app's answer through the webhook, or the default session without one."""
+        url = self.settings.sip_webhook_url
+        if url is None:
+            return Accept(None)
+        event = sip_webhook.incoming_call_event(call.id, call.sip_headers())
+        delivery = asyncio.create_task(sip_webhook.deliver(
+            url, self.settings.sip_webhook_secret, event,
+            timeout=self.settings.sip_webhook_timeout, retries=self.settings.sip_webhook_retries))
+        delivery.add_done_callback(lambda task: self._undelivered(call, task))
+        try:
+            return await asyncio.wait_for(asyncio.shield(call.decision),
+                                          self.settings.sip_accept_timeout)
+        except TimeoutError:
+            logger.warning("%s: not accepted within %.0f s: rejected (480)", call.ids,
+                           self.settings.sip_accept_timeout)
+            call.decide(Reject(480))
+            return Reject(480)
+        finally:
+            if not delivery.done():
+                delivery.cancel()
+
+    def _undelivered(self, call: SipCall, delivery: asyncio.Task[bool]) -> None:
+        if delivery.cancelled() or delivery.exception() is not None or delivery.result():
+            return
+        if call.decide(Reject(480)):
+            logger.warning("%s: the webhook was not delivered: rejected (480)", call.ids)
+
+    async def _answer_and_serve(self, call: SipCall, chosen: SessionSettings | None) -> None:
         assert call.leg is not None
         plan = answer_offer(call.invite.sdp_offer, self.media_host, call.leg.port)
         call.plan = plan
-        await call.leg.start(self.bind_host, plan, call.frame, lambda d, ms: self._dtmf(call, d))
-        if call.ended:  # cancelled while ringing (aiosipua answered 487)
+        await call.leg.start(self.bind_host, plan, call.frame, lambda d, _ms: call.digit(d))
+        if call.ended:  # hung up while the media opened
             return
         call.invite.accept(plan.answer)
         logger.info("%s from %s answered: %s, RTP %d <-> %s:%d", call.ids,
@@ -303,6 +297,7 @@ class SipServer:
         leg = call.leg
 
         async def send(event: ev.ServerEvent) -> None:
+            call.publish(event)
             frames, drop, commands = bridge.on_event(event, leg.queued_frames)
             if drop:
                 leg.drop_queued()
@@ -315,16 +310,14 @@ class SipServer:
                 logger.info("%s: hung up (BYE)%s", call.ids,
                             f": {end.reason}" if end.reason else "")
 
-        fmt = AudioFormat.of(plan.law)
-        settings = SessionSettings(input_format=fmt, output_format=fmt,
-                                   transcription=Transcription())
-        if self.settings.sip_instructions is not None:
-            settings = replace(settings, instructions=self.settings.sip_instructions)
+        fmt = AudioFormat.of(plan.law)  # the call's law, whatever the app's config said
+        if chosen is not None:
+            settings = replace(chosen, input_format=fmt, output_format=fmt)
+        else:
+            settings = SessionSettings(input_format=fmt, output_format=fmt,
+                                       transcription=Transcription())
+            if self.settings.sip_instructions is not None:
+                settings = replace(settings, instructions=self.settings.sip_instructions)
         runner = call.admission.runner(send, settings=settings, transport_reports_playout=True,
                                        voice_error=session_voice_check(self.app_state))
         await self.state.host.serve(call.admission, runner, call.commands(), close=close)
-
-    def _dtmf(self, call: SipCall, digit: str) -> None:
-        call.dtmf.append(digit)
-        logger.info("%s: caller pressed %s", call.ids, digit)
-

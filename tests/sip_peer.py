@@ -215,3 +215,24 @@ class RawSip:
         except TimeoutError:
             return True
         return False
+
+
+async def next_request(raw: RawSip, method: str, timeout: float = 5.0):  # noqa: ANN201
+    """The next request `method` the server sent to `raw` (responses are kept for later)."""
+    from aiosipua import SipRequest
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout * TIME_FACTOR
+    while True:
+        left = deadline - loop.time()
+        if left <= 0:
+            raise TimeoutError(f"no {method} came")
+        try:
+            data = await asyncio.wait_for(loop.sock_recv(raw.sock, 65535), left)
+        except TimeoutError:
+            raise TimeoutError(f"no {method} came") from None
+        msg = SipMessage.parse(data)
+        if isinstance(msg, SipResponse):
+            raw.unclaimed.append(msg)
+        elif isinstance(msg, SipRequest) and msg.method == method:
+            return msg

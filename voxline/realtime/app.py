@@ -18,7 +18,7 @@ from voxline.realtime.auth import client_secrets
 from voxline.realtime.http import demo_page, speech, transcription, videos, voices
 from voxline.realtime.ops import routes as ops
 from voxline.realtime.state import ServerState
-from voxline.realtime.transports import sip, twilio, webrtc, websocket
+from voxline.realtime.transports import sip, sip_routes, twilio, webrtc, websocket
 from voxline.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -109,6 +109,7 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
     app.include_router(websocket.router)
     app.include_router(twilio.router)
     app.include_router(webrtc.router)
+    app.include_router(sip_routes.router)
     app.include_router(client_secrets.router)
     app.include_router(demo_page.router)
     return app

@@ -19,6 +19,7 @@ import websockets
 from conftest import TIME_FACTOR
 from fastapi import FastAPI, Request, Response
 from live_server import serve_app
+from openai_types import strict_problems
 from sip_peer import RATE, RawSip, baresip_call, next_request, sdp_offer
 from test_sip import eventually, released, sip_server, tag_of
 
@@ -103,6 +104,7 @@ async def test_accept_with_a_session_watch_digits_steer_and_hang_up(world) -> No
             await ua.keys("7")
             dtmf = await until_event(ws, "input_audio_buffer.dtmf_event_received")
             assert dtmf["event"] == "7" and isinstance(dtmf["received_at"], int)
+            assert strict_problems(dtmf, "ga") == []
             await ws.send(json.dumps({"type": "response.create"}))  # the app steers
             await until_event(ws, "response.created")
             async with httpx.AsyncClient(base_url=api(app)) as http:

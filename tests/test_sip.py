@@ -162,6 +162,52 @@ async def test_a_flood_of_invites_is_bounded_by_max_sessions(server) -> None:
         raw.close()
 
 
+async def test_re_invite_holds_and_resumes_the_call(server, caplog) -> None:
+    app, engine = server
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    raw = RawSip(app.state.voxline.settings.sip_port)
+    try:
+        raw.request("INVITE", "hold-me", body=sdp_offer(4000))
+        ok = await raw.response("hold-me")
+        assert ok.status_code == 200 and "a=sendrecv" in ok.text
+        tag = tag_of(ok)
+        raw.request("ACK", "hold-me", to_tag=tag, content_type="")
+        leg = app.state.sip.calls["hold-me"].leg
+        for cseq, (offered, answered, held) in enumerate(
+                [("sendonly", "recvonly", True), ("sendrecv", "sendrecv", False)], start=2):
+            raw.request("INVITE", "hold-me", cseq=cseq, to_tag=tag,
+                        body=sdp_offer(4000, direction=offered, version=cseq))
+            answer = await raw.response("hold-me")
+            assert answer.status_code == 200 and f"a={answered}" in answer.text, answer.text
+            assert f"m=audio {leg.port} " in answer.text  # the same port
+            raw.request("ACK", "hold-me", cseq=cseq, to_tag=tag, content_type="")
+            assert leg.on_hold is held
+        raw.request("BYE", "hold-me", cseq=9, to_tag=tag, content_type="")
+        assert (await raw.response("hold-me")).status_code == 200
+        await released(app, engine)
+    finally:
+        raw.close()
+    assert logged(caplog, r"re-INVITE, (on hold|media on)") == ["on hold", "media on"]
+
+
+async def test_sip_over_tcp_is_answered(server) -> None:
+    app, _ = server
+    port = app.state.voxline.settings.sip_port
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        local = writer.get_extra_info("sockname")[1]
+        writer.write((f"OPTIONS sip:bot@127.0.0.1:{port} SIP/2.0\r\n"
+                      f"Via: SIP/2.0/TCP 127.0.0.1:{local};branch=z9hG4bKtcp1\r\n"
+                      "From: <sip:caller@127.0.0.1>;tag=t1\r\nTo: <sip:bot@127.0.0.1>\r\n"
+                      "Call-ID: over-tcp\r\nCSeq: 1 OPTIONS\r\nMax-Forwards: 70\r\n"
+                      "Content-Length: 0\r\n\r\n").encode())
+        await writer.drain()
+        status = await asyncio.wait_for(reader.readline(), 5 * TIME_FACTOR)
+        assert status.startswith(b"SIP/2.0 200"), status
+    finally:
+        writer.close()
+
+
 async def test_unknown_sources_get_403_and_a_log_line(caplog) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)
     with sip_server(sip_allow="10.0.0.0/8") as (app, engine):

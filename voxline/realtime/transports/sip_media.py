@@ -139,6 +139,7 @@ class RtpLeg:
         self._ports = ports
         self.port = port
         self.session: RTPSession | None = None
+        self.on_hold = False  # the caller does not take audio: reply frames are dropped
 
     @classmethod
     async def open(cls, ports: PortAllocator) -> RtpLeg:
@@ -156,7 +157,8 @@ class RtpLeg:
         self.session.on_dtmf = on_dtmf
 
     def update(self, plan: MediaPlan) -> None:
-        """A re-INVITE moved the caller's media."""
+        """A re-INVITE: hold, resume, or the caller's media moved."""
+        self.on_hold = plan.on_hold
         if self.session is not None and not plan.on_hold:
             self.session.update_remote(plan.remote)
 
@@ -165,7 +167,7 @@ class RtpLeg:
         return int(self.session.stats.get("queue_depth", 0)) if self.session else 0
 
     def send(self, frames: list[bytes]) -> None:
-        if self.session is not None:
+        if self.session is not None and not self.on_hold:
             for frame in frames:
                 self.session.send_audio_auto(frame)
 

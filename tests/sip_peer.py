@@ -100,7 +100,8 @@ class Baresip:
 
 
 @contextlib.asynccontextmanager
-async def baresip_call(sip_port: int, speech: np.ndarray) -> AsyncIterator[Baresip]:
+async def baresip_call(sip_port: int, speech: np.ndarray,
+                       auth: tuple[str, str] | None = None) -> AsyncIterator[Baresip]:
     """baresip dials sip:bot@127.0.0.1:`sip_port` and plays `speech` (8 kHz) as G.711;
     when the file ends baresip hangs up by itself."""
     exe = shutil.which("baresip")
@@ -113,7 +114,9 @@ async def baresip_call(sip_port: int, speech: np.ndarray) -> AsyncIterator[Bares
     (folder / "config").write_text(BARESIP_CONFIG.format(
         sip_port=free_port(), source=folder / "speech.wav", dump=folder / "dump",
         rtp_low=rtp_low, rtp_high=rtp_low + 4))
-    (folder / "accounts").write_text("<sip:caller@127.0.0.1>;regint=0;audio_codecs=PCMU\n")
+    creds = f";auth_user={auth[0]};auth_pass={auth[1]}" if auth else ""
+    (folder / "accounts").write_text(
+        f"<sip:caller@127.0.0.1>;regint=0;audio_codecs=PCMU{creds}\n")
     proc = await asyncio.create_subprocess_exec(
         exe, "-f", str(folder), "-e", f"/dial sip:bot@127.0.0.1:{sip_port}",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -168,13 +171,14 @@ class RawSip:
 
     def request(self, method: str, call_id: str, *, cseq: int = 1, body: str = "",
                 from_tag: str = "caller1", to_tag: str | None = None,
-                content_type: str = "application/sdp") -> str:
+                content_type: str = "application/sdp", extra: tuple[str, ...] = ()) -> str:
         to = f"<sip:bot@127.0.0.1:{self.server[1]}>" + (f";tag={to_tag}" if to_tag else "")
         head = [f"{method} sip:bot@127.0.0.1:{self.server[1]} SIP/2.0",
                 f"Via: SIP/2.0/UDP 127.0.0.1:{self.port};branch=z9hG4bK{uuid.uuid4().hex[:12]}",
                 "Max-Forwards: 70", f"From: <sip:caller@127.0.0.1>;tag={from_tag}", f"To: {to}",
                 f"Call-ID: {call_id}", f"CSeq: {cseq} {method}",
                 f"Contact: <sip:caller@127.0.0.1:{self.port}>"]
+        head += extra
         if body:
             head.append(f"Content-Type: {content_type}")
         head.append(f"Content-Length: {len(body.encode())}")
@@ -205,7 +209,7 @@ class RawSip:
             except TimeoutError:
                 raise TimeoutError(f"no response for {call_id}") from None
             msg = SipMessage.parse(data)
-            if isinstance(msg, SipResponse) and msg.status_code >= 200:
+            if isinstance(msg, SipResponse):
                 self.unclaimed.append(msg)
 
     async def silence(self, seconds: float) -> bool:

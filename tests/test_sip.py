@@ -279,3 +279,31 @@ async def _first(caplog, pattern: str, timeout: float) -> str:  # noqa: ANN001
             return found[0]
         await asyncio.sleep(0.1)
     raise AssertionError(f"never logged: {pattern}")
+
+
+async def test_digest_authentication_lets_a_trunk_in_and_keeps_others_out(caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    with sip_server(sip_allow="", sip_digest_user="trunk",
+                    sip_digest_password="s3cret") as (app, engine):
+        port = app.state.voxline.settings.sip_port
+        async with baresip_call(port, np.zeros(RATE * 30, np.float32),
+                                auth=("trunk", "s3cret")) as ua:
+            await ua.until("Call established")
+            await ua.hangup()
+            await released(app, engine)
+        raw = RawSip(port)
+        try:
+            raw.request("INVITE", "no-creds", body=sdp_offer(4000))
+            challenge = await raw.response("no-creds")
+            assert challenge.status_code == 401
+            assert 'realm="voxline"' in challenge.headers.get_first("www-authenticate")
+            nonce = challenge.headers.get_first("www-authenticate").split('nonce="')[1][:-1]
+            nonce = nonce.split('"')[0]
+            raw.request("INVITE", "bad-creds", body=sdp_offer(4000), extra=(
+                f'Authorization: Digest username="trunk", realm="voxline", nonce="{nonce}", '
+                f'uri="sip:bot@127.0.0.1:{port}", response="0123456789abcdef0123456789abcdef"',))
+            assert (await raw.response("bad-creds")).status_code == 403
+        finally:
+            raw.close()
+        assert app.state.voxline.host.active == 0
+    assert logged(caplog, r"refused \(403\): not in sip_allow and no valid digest credentials")

@@ -145,6 +145,28 @@ async def test_reject_answers_the_status_and_default_603(world) -> None:
     await released(app, engine)
 
 
+async def test_a_second_invite_for_a_ringing_call_is_refused_and_a_resend_is_not(
+        world) -> None:
+    app, engine, hooks = world
+    raw = RawSip(app.state.voxline.settings.sip_port)
+    try:
+        before = len(hooks)
+        first = raw.request("INVITE", "twice", body=sdp_offer(4000))
+        call_id = (await incoming(hooks, before + 1))["data"]["call_id"]
+        raw.request("INVITE", "twice", body=sdp_offer(4002))  # another transaction
+        assert (await raw.response("twice")).status_code == 482
+        raw.unclaimed.clear()  # the first INVITE's 100 and 180
+        raw.send(first)  # a retransmission: it rings again, no new session
+        assert (await raw.response("twice", final=False)).status_code == 180
+        assert app.state.voxline.host.active == 1 and len(hooks) == before + 1
+        async with httpx.AsyncClient(base_url=api(app)) as http:
+            assert (await http.post(f"/v1/realtime/calls/{call_id}/reject")).status_code == 200
+        assert (await raw.response("twice")).status_code == 603
+    finally:
+        raw.close()
+    await released(app, engine)
+
+
 async def test_a_call_nobody_accepts_is_rejected_with_480(world, caplog) -> None:
     app, engine, hooks = world
     caplog.set_level(logging.INFO, logger="voxline.realtime.transports")

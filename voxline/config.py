@@ -347,6 +347,12 @@ class Settings(BaseSettings):
     sip_allow: str = Field(default="127.0.0.1,::1", description="SIP: comma-separated "
                            "addresses or networks (10.0.0.0/8) whose INVITEs are answered; "
                            "others get 403")
+    sip_digest_user: str | None = Field(default=None, description="SIP: callers outside "
+                                        "sip_allow may authenticate with this digest user "
+                                        "and sip_digest_password (unset: they get 403)")
+    sip_digest_password: str | None = Field(default=None, description="SIP: the digest "
+                                            "password of sip_digest_user")
+    sip_digest_realm: str = Field(default="voxline", description="SIP: the digest realm")
     sip_rtp_ports: str = Field(default="10000-20000", pattern=r"^\d{1,5}-\d{1,5}$",
                                description="SIP: the UDP port range for calls' RTP (two ports "
                                "a call: RTP and RTCP)")
@@ -482,6 +488,7 @@ NOT_FLAGS: dict[str, str] = {
     "turn_credential": "a secret, and a command line is visible to every local user (ps)",
     "client_secret_keys": "a secret, and a command line is visible to every local user (ps)",
     "sip_webhook_secret": "a secret, and a command line is visible to every local user (ps)",
+    "sip_digest_password": "a secret, and a command line is visible to every local user (ps)",
 }
 """Fields with no ``voxline serve`` flag, and why (their environment variable still works)."""
 

@@ -23,7 +23,6 @@ CANCEL, in-dialog checks: a BYE or re-INVITE that matches no dialog gets 481); m
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 from dataclasses import replace
 from typing import Any
@@ -46,6 +45,7 @@ from voxline.realtime.http.voices import session_voice_check
 from voxline.realtime.session_host import Refusal, SessionEnd, SessionRefused
 from voxline.realtime.state import ServerState
 from voxline.realtime.transports import sip_webhook
+from voxline.realtime.transports.sip_auth import CallerCheck, Verdict
 from voxline.realtime.transports.sip_call import Accept, Decision, Reject, SipCall
 from voxline.realtime.transports.sip_media import (
     MediaRefused,
@@ -60,12 +60,6 @@ logger = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 5  # 503's Retry-After while the engine starts or the server drains
 USER_AGENT = "voxline"
-
-
-def allowed_sources(spec: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    """``sip_allow``: comma-separated addresses or networks (``10.0.0.0/8``)."""
-    return [ipaddress.ip_network(part.strip(), strict=False)
-            for part in spec.split(",") if part.strip()]
 
 
 def port_range(spec: str) -> tuple[int, int]:
@@ -98,7 +92,8 @@ class SipServer:
         self.state = state
         settings: Settings = state.settings
         self.settings = settings
-        self.allow = allowed_sources(settings.sip_allow)
+        self.callers = CallerCheck(settings.sip_allow, settings.sip_digest_user,
+                                   settings.sip_digest_password, settings.sip_digest_realm)
         self.ports = PortAllocator(port_range(settings.sip_rtp_ports))
         self.bind_host = settings.host
         self.media_host = settings.sip_media_host or (
@@ -143,10 +138,22 @@ class SipServer:
         deliver = uas._on_message
 
         def on_message(msg: SipMessage, addr: tuple[str, int]) -> None:
-            if isinstance(msg, SipRequest) and msg.method.upper() == "INVITE":
-                if not self._allowed(addr[0]):
-                    logger.warning("SIP INVITE from %s:%d refused (403): not in sip_allow",
-                                   addr[0], addr[1])
+            ringing = self.calls.get(msg.call_id or "") if isinstance(msg, SipRequest) else None
+            if ringing is not None and msg.method.upper() == "INVITE" \
+                    and not ringing.invite._answered:
+                self._repeated_invite(uas, ringing, msg)
+                return
+            if isinstance(msg, SipRequest) and msg.method.upper() == "INVITE" \
+                    and msg.call_id not in self.calls:  # a new call, not a re-INVITE
+                verdict = self.callers.verdict(msg, addr[0])
+                if verdict is Verdict.CHALLENGE:
+                    uas._send_error(msg, 401, "Unauthorized", extra_headers={
+                        "WWW-Authenticate": self.callers.challenge()})
+                    return
+                if verdict is Verdict.FORBIDDEN:
+                    logger.warning("SIP INVITE from %s:%d refused (403): not in sip_allow%s",
+                                   addr[0], addr[1], " and no valid digest credentials"
+                                   if self.callers.auth is not None else "")
                     self.state.host.count_refusal()
                     uas._send_error(msg, 403, "Forbidden")
                     return
@@ -164,12 +171,17 @@ class SipServer:
 
         return on_message
 
-    def _allowed(self, host: str) -> bool:
-        try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
-            return False
-        return any(address in net for net in self.allow)
+    def _repeated_invite(self, uas: SipUAS, call: SipCall, msg: SipRequest) -> None:
+        """An INVITE for a call still ringing: a retransmission (the same transaction) is
+        answered by the provisional responses already sent; another transaction is a
+        merged request (RFC 3261 §8.2.2.2): 482."""
+        if msg.headers.get_first("via") == call.invite.invite.headers.get_first("via"):
+            logger.debug("%s: INVITE retransmitted while ringing", call.ids)
+            call.invite.ringing()
+            return
+        logger.warning("%s: a second INVITE for Call-ID %s refused (482)", call.ids,
+                       msg.call_id)
+        uas._send_error(msg, 482, "Loop Detected")
 
     def _on_invite(self, invite: IncomingCall) -> None:
         call_id = invite.call_id

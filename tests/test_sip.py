@@ -13,12 +13,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from conftest import TIME_FACTOR
 from fakes import tone
 from live_server import free_port, serve_app
-from sip_peer import RATE, RawSip, baresip_call, sdp_offer
+from sip_peer import RATE, RawSip, baresip_call, next_request, sdp_offer
 
 from voxline.config import load_settings
 from voxline.engines.client import InProcessEngineClient
@@ -39,6 +40,19 @@ def sip_server(core_options: dict[str, object] | None = None,
     app = create_app(conf, engine)
     with serve_app(app, conf.port, name="sip-server"):
         yield app, engine
+
+
+@contextmanager
+def stand_in_hooks() -> Iterator[str]:
+    """A webhook receiver that takes every event and answers 200 (the app decides later)."""
+    from fastapi import FastAPI, Response
+
+    hooks = FastAPI()
+    hooks.get("/health")(lambda: Response(status_code=200))
+    hooks.post("/hooks")(lambda: Response(status_code=200))
+    port = free_port()
+    with serve_app(hooks, port, name="hooks") as base:
+        yield base + "/hooks"
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +174,40 @@ async def test_a_flood_of_invites_is_bounded_by_max_sessions(server) -> None:
         await released(app, engine)
     finally:
         raw.close()
+
+
+async def test_a_caller_that_goes_silent_is_hung_up_and_cancel_frees_a_ringing_call(
+        caplog) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    with stand_in_hooks() as url, sip_server(sip_media_timeout=1.0,
+                                             sip_webhook_url=url) as (app, engine):
+        raw = RawSip(app.state.voxline.settings.sip_port)
+        try:
+            invite = raw.request("INVITE", "cancel-me", body=sdp_offer(4000))
+            assert (await raw.response("cancel-me", final=False)).status_code in (100, 180)
+            await eventually(lambda: app.state.voxline.host.active == 1)
+            cancel = invite.replace("INVITE sip:", "CANCEL sip:", 1).replace(
+                "CSeq: 1 INVITE", "CSeq: 1 CANCEL").split("Content-Type:")[0] \
+                + "Content-Length: 0\r\n\r\n"
+            raw.send(cancel)
+            assert (await raw.response("cancel-me")).status_code in (200, 487)
+            await released(app, engine)
+            # a call that the app accepts, then no RTP ever comes: the server hangs up
+            raw.request("INVITE", "silent", body=sdp_offer(4000))
+            await eventually(lambda: app.state.voxline.calls)
+            call_id = next(iter(app.state.voxline.calls))
+            base = f"http://127.0.0.1:{app.state.voxline.settings.port}"
+            async with httpx.AsyncClient(base_url=base) as http:
+                assert (await http.post(f"/v1/realtime/calls/{call_id}/accept",
+                                        json={"type": "realtime"})).status_code == 200
+            ok = await raw.response("silent")
+            raw.request("ACK", "silent", to_tag=tag_of(ok), content_type="")
+            bye = await next_request(raw, "BYE", timeout=15)
+            assert bye.call_id == "silent"
+            await released(app, engine)
+        finally:
+            raw.close()
+    assert logged(caplog, r"no RTP from the caller for 1 s; hanging up")
 
 
 async def test_re_invite_holds_and_resumes_the_call(server, caplog) -> None:

@@ -373,6 +373,9 @@ class Settings(BaseSettings):
     sip_accept_timeout: float = Field(default=15.0, gt=0, description="SIP: seconds a call "
                                       "rings waiting for the app's accept or reject; then it "
                                       "is rejected with 480")
+    sip_media_timeout: float = Field(default=60.0, gt=0, description="SIP: seconds without "
+                                     "RTP from a caller (not on hold) before the call is hung "
+                                     "up")
     sip_media_host: str | None = Field(default=None, description="SIP: the address put in "
                                        "SDP answers for RTP (unset: --host, or 127.0.0.1 when "
                                        "that is a wildcard)")

@@ -115,6 +115,7 @@ class SipServer:
             uas.on_reinvite = self._on_reinvite
             uas.on_bye = self._on_bye
             uas.on_cancel = self._on_cancel
+            uas.on_ack_timeout = self._on_ack_timeout
             await uas.start()
             transport.on_message = self._guard(uas)
             self._uas.append(uas)
@@ -234,6 +235,12 @@ class SipServer:
             logger.info("%s: the caller hung up", call.ids)
             call.end()
 
+    def _on_ack_timeout(self, invite: IncomingCall) -> None:
+        call = self.calls.get(invite.call_id)
+        if call is not None:
+            logger.warning("%s: the caller never ACKed the 200 OK; ending the call", call.ids)
+            call.end()
+
     def _on_cancel(self, request: SipRequest, addr: tuple[str, int]) -> None:
         call = self.calls.get(request.call_id or "")
         if call is not None:
@@ -332,4 +339,27 @@ class SipServer:
                 settings = replace(settings, instructions=self.settings.sip_instructions)
         runner = call.admission.runner(send, settings=settings, transport_reports_playout=True,
                                        voice_error=session_voice_check(self.app_state))
-        await self.state.host.serve(call.admission, runner, call.commands(), close=close)
+        watchdog = asyncio.create_task(self._watch_media(call), name=f"sip-media-{call.id}")
+
+        async def stop_watchdog() -> None:
+            watchdog.cancel()
+            await asyncio.gather(watchdog, return_exceptions=True)
+
+        await self.state.host.serve(call.admission, runner, call.commands(), close=close,
+                                    cleanup=stop_watchdog)
+
+    async def _watch_media(self, call: SipCall) -> None:
+        """End a call whose caller sent no RTP for ``sip_media_timeout`` seconds while not
+        on hold: a caller that vanished without a BYE."""
+        timeout = self.settings.sip_media_timeout
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(timeout / 4, 5.0))
+            held = call.leg is not None and call.leg.on_hold
+            if held:
+                call.heard_at = loop.time()
+            elif loop.time() - call.heard_at > timeout:
+                logger.warning("%s: no RTP from the caller for %.0f s; hanging up", call.ids,
+                               timeout)
+                call.end()
+                return

@@ -59,6 +59,7 @@ class SipCall:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     ended: bool = False
+    heard_at: float = field(default_factory=lambda: asyncio.get_running_loop().time())  # RTP
 
     @property
     def id(self) -> str:
@@ -120,6 +121,7 @@ class SipCall:
     # -- media and events -----------------------------------------------------------
 
     def frame(self, payload: bytes) -> None:
+        self.heard_at = asyncio.get_running_loop().time()
         if self.ended:
             return
         if self.inbox.qsize() >= COMMAND_LIMIT:

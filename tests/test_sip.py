@@ -24,6 +24,9 @@ from sip_peer import RATE, RawSip, baresip_call, next_request, sdp_offer
 from voxline.config import load_settings
 from voxline.engines.client import InProcessEngineClient
 from voxline.realtime.app import create_app
+from voxline.realtime.transports.sip_media import RtpBridge
+from voxline.sessions import commands as cmd
+from voxline.sessions import events as ev
 
 LOGGER = "voxline.realtime.transports"
 
@@ -254,6 +257,37 @@ async def test_sip_over_tcp_is_answered(server) -> None:
         assert status.startswith(b"SIP/2.0 200"), status
     finally:
         writer.close()
+
+
+async def test_while_the_engine_is_not_ready_calls_get_503_with_retry_after(server) -> None:
+    app, engine = server
+    raw = RawSip(app.state.voxline.settings.sip_port)
+    engine._ready = False  # as while it starts or restarts (the host asks engine.ready)
+    try:
+        raw.request("INVITE", "too-early", body=sdp_offer(4000))
+        answer = await raw.response("too-early")
+        assert answer.status_code == 503
+        assert answer.headers.get_first("retry-after") == "5"
+    finally:
+        engine._ready = True
+        raw.close()
+    await released(app, engine)
+
+
+def test_the_rtp_bridge_frames_replies_and_truncates_to_what_was_sent() -> None:
+    bridge = RtpBridge("call")
+    frames, drop, commands = bridge.on_event(
+        ev.AudioDelta(response_id="r1", item_id="i1", output_index=0, content_index=0,
+                      delta=bytes(800)), queued_frames=0)
+    assert [len(f) for f in frames] == [160] * 5 and not drop and commands == []
+    assert bridge.on_frame(b"\xff" * 160) == [cmd.InputAudioAppend(audio=b"\xff" * 160)]
+    # barge-in with 2 of the 5 frames still queued: 60 ms went out, the rest is dropped
+    frames, drop, commands = bridge.on_event(ev.OutputAudioBufferCleared(response_id="r1"),
+                                             queued_frames=2)
+    assert frames == [] and drop
+    assert commands == [cmd.ItemTruncate(item_id="i1", audio_end_ms=60)]
+    # a second clear for the same reply cuts nothing more
+    assert bridge.on_event(ev.OutputAudioBufferCleared(response_id="r1"), 0)[2] == []
 
 
 async def test_unknown_sources_get_403_and_a_log_line(caplog) -> None:

@@ -1,23 +1,27 @@
 """``voxline serve --sip-port 5060``: phone calls over SIP (UDP and TCP), each a voice
-session hosted like every other transport's.
+session hosted through the session host like every other transport's.
 
 SIP signalling is aiosipua's (message parsing, transactions, dialogs, 2xx retransmission,
 CANCEL, in-dialog checks: a BYE or re-INVITE that matches no dialog gets 481); media is
-:mod:`sip_media` (aiortp). This module decides who is answered and owns each call's life:
+:mod:`sip_media` (aiortp); the app's call control is :mod:`sip_routes`. This module
+decides who is answered and owns each call's life:
 
-- An INVITE from a source outside ``sip_allow`` gets 403 and a log line; an unparsable
-  request gets 400 (or is dropped and logged when it cannot be answered); an INVITE
-  without a usable SDP offer (none, no audio, no PCMU/PCMA) gets 488.
+- A new INVITE is checked first (:mod:`sip_auth`): outside ``sip_allow`` and without valid
+  digest credentials it gets 403 (or a 401 challenge) and a log line; SDP that does not
+  parse gets 400; an offer without audio or without PCMU/PCMA gets 488. A second INVITE
+  for a call still ringing gets 482 (a retransmission rings again).
 - Admission is the session host's, decided before anything is awaited: past
   ``max_sessions`` a call gets 486 Busy Here; while the engine starts or the server
   drains, 503 with Retry-After.
-- An admitted call rings (180), gets an RTP port from ``sip_rtp_ports`` and is answered
-  (200 + SDP) with the server's default session in the call's G.711 law.
-- A BYE from the caller ends the session and its engine stream; a session that ends on
-  the server's side (its time limit, a drain, an error) sends BYE. Either way the RTP
-  port and the session slot are released.
-- A re-INVITE (hold, resume, a moved media address) is answered with the same port and
-  law; RFC 4733 telephone-events are logged and recorded on the call (``SipCall.dtmf``).
+- An admitted call rings (180) and is listed under its OpenAI call id (``rtc_...``). With
+  ``sip_webhook_url`` the app decides (accept with a session, reject, or 480 after
+  ``sip_accept_timeout``); without, it is accepted with the default session. Accepted, it
+  gets an RTP port from ``sip_rtp_ports`` and a 200 with the SDP answer.
+- A BYE or CANCEL from the caller, ``/hangup``, a caller silent past
+  ``sip_media_timeout`` or a 200 never ACKed ends the session and its engine stream; a
+  session that ends on the server's side (its time limit, a drain, an error) sends BYE.
+  However it ends, the RTP ports, the session slot and the call's listing are released.
+- A re-INVITE (hold, resume, a moved media address) is answered on the same port and law.
 """
 
 from __future__ import annotations
@@ -309,6 +313,7 @@ class SipServer:
         if call.ended:  # hung up while the media opened
             return
         call.invite.accept(plan.answer)
+        call.heard_at = asyncio.get_running_loop().time()  # the media timeout starts now
         logger.info("%s from %s answered: %s, RTP %d <-> %s:%d", call.ids,
                     call.invite.caller, "PCMU" if plan.law == "ulaw" else "PCMA",
                     call.leg.port, *plan.remote)

@@ -101,7 +101,8 @@ class Baresip:
 
 @contextlib.asynccontextmanager
 async def baresip_call(sip_port: int, speech: np.ndarray,
-                       auth: tuple[str, str] | None = None) -> AsyncIterator[Baresip]:
+                       auth: tuple[str, str] | None = None,
+                       codec: str = "PCMU") -> AsyncIterator[Baresip]:
     """baresip dials sip:bot@127.0.0.1:`sip_port` and plays `speech` (8 kHz) as G.711;
     when the file ends baresip hangs up by itself."""
     exe = shutil.which("baresip")
@@ -116,7 +117,7 @@ async def baresip_call(sip_port: int, speech: np.ndarray,
         rtp_low=rtp_low, rtp_high=rtp_low + 4))
     creds = f";auth_user={auth[0]};auth_pass={auth[1]}" if auth else ""
     (folder / "accounts").write_text(
-        f"<sip:caller@127.0.0.1>;regint=0;audio_codecs=PCMU{creds}\n")
+        f"<sip:caller@127.0.0.1>;regint=0;audio_codecs={codec}{creds}\n")
     proc = await asyncio.create_subprocess_exec(
         exe, "-f", str(folder), "-e", f"/dial sip:bot@127.0.0.1:{sip_port}",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,

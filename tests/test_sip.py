@@ -364,15 +364,21 @@ async def _first(caplog, pattern: str, timeout: float) -> str:  # noqa: ANN001
 
 
 async def test_digest_authentication_lets_a_trunk_in_and_keeps_others_out(caplog) -> None:
+    """Also the A-law path: the trunk talks PCMA."""
     caplog.set_level(logging.INFO, logger=LOGGER)
     with sip_server(sip_allow="", sip_digest_user="trunk",
                     sip_digest_password="s3cret") as (app, engine):
         port = app.state.voxline.settings.sip_port
-        async with baresip_call(port, np.zeros(RATE * 30, np.float32),
-                                auth=("trunk", "s3cret")) as ua:
+        async with baresip_call(port, speech(0.6, 30.0), auth=("trunk", "s3cret"),
+                                codec="PCMA") as ua:
             await ua.until("Call established")
+            assert "audio tx pipeline:      aufile ---> sndfile ---> PCMA" in ua.output
+            assert logged(caplog, r"answered: (PCMA)") == ["PCMA"]
+            await eventually(lambda: logged(caplog, r"bot said '(.+)'"), 30)
             await ua.hangup()
             await released(app, engine)
+            await eventually(lambda: ua.heard().size > RATE // 2)
+            assert np.abs(ua.heard()).max() > 0.05  # the A-law reply decoded to sound
         raw = RawSip(port)
         try:
             raw.request("INVITE", "no-creds", body=sdp_offer(4000))

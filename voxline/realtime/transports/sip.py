@@ -123,8 +123,16 @@ class SipServer:
             await uas.start()
             transport.on_message = self._guard(uas)
             self._uas.append(uas)
-        logger.info("SIP listening on %s:%d (UDP, TCP); RTP ports %s; answering %s",
-                    self.bind_host, port, self.settings.sip_rtp_ports, self.settings.sip_allow)
+        logger.info("SIP listening on %s:%d (UDP, TCP); RTP ports %s; answering %s%s",
+                    self.bind_host, port, self.settings.sip_rtp_ports,
+                    self.settings.sip_allow or "no address",
+                    " and digest-authenticated callers" if self.callers.auth else "")
+        if not self.settings.sip_allow.replace("127.0.0.1", "").replace("::1", "").strip(", ") \
+                and self.callers.auth is None:
+            logger.warning("SIP answers only this machine: set --sip-allow to a trunk's "
+                           "addresses, or --sip-digest-user, to take its calls")
+        if self.settings.sip_webhook_url and not self.settings.sip_webhook_secret:
+            logger.warning("SIP webhooks go out unsigned: set VOXLINE_SIP_WEBHOOK_SECRET")
 
     async def close(self) -> None:
         """Hang up every call, wait for their sessions to end, stop listening."""

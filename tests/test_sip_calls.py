@@ -210,3 +210,64 @@ async def test_refer_sends_the_caller_a_refer_with_the_target(world) -> None:
         await released(app, engine)
     finally:
         raw.close()
+
+
+def test_webhook_signatures_follow_standard_webhooks() -> None:
+    import base64
+    import hashlib
+    import hmac
+
+    body = b'{"type":"realtime.call.incoming"}'
+    signature = sip_webhook.sign(SECRET, "evt_1", 1700000000, body)
+    key = base64.b64decode(SECRET.removeprefix("whsec_"))
+    mac = hmac.new(key, b"evt_1.1700000000." + body, hashlib.sha256).digest()
+    assert signature == "v1," + base64.b64encode(mac).decode()
+    headers = {"webhook-id": "evt_1", "webhook-timestamp": "1700000000",
+               "webhook-signature": f"v1,bm90aXQ= {signature}"}  # any listed one may match
+    assert sip_webhook.verify(SECRET, headers, body)
+    assert not sip_webhook.verify(SECRET, headers, body + b" ")
+    assert not sip_webhook.verify("whsec_b3RoZXI=", headers, body)
+
+
+async def test_webhook_delivery_retries_server_errors_and_stops_at_refusals() -> None:
+    from live_server import free_port
+
+    answers = [503, 200, 404]
+    seen: list[str] = []
+    receiver = FastAPI()
+
+    @receiver.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @receiver.post("/hooks")
+    async def hook(request: Request) -> Response:
+        seen.append(request.headers["webhook-id"])
+        return Response(status_code=answers.pop(0))
+
+    event = sip_webhook.incoming_call_event("rtc_1", [("Via", "v"), ("To", "t"), ("From", "f")])
+    assert [h["name"] for h in event["data"]["sip_headers"]] == ["From", "To", "Via"]
+    with serve_app(receiver, free_port(), name="hooks") as base:
+        assert await sip_webhook.deliver(base + "/hooks", SECRET, event, timeout=5, retries=2)
+        assert seen == [event["id"]] * 2  # one 503, then 200: the same webhook id
+        assert not await sip_webhook.deliver(base + "/hooks", SECRET, event, timeout=5,
+                                             retries=2)  # a 404 is not retried
+        assert len(seen) == 3
+        assert not await sip_webhook.deliver(f"http://127.0.0.1:{free_port()}/x", None, event,
+                                             timeout=1, retries=0)  # nobody listening
+
+
+async def test_a_call_whose_webhook_cannot_be_delivered_is_rejected_with_480(caplog) -> None:
+    from live_server import free_port
+
+    caplog.set_level(logging.INFO, logger="voxline.realtime.transports")
+    with sip_server(sip_webhook_url=f"http://127.0.0.1:{free_port()}/hooks",
+                    sip_webhook_retries=0, sip_webhook_timeout=1.0) as (app, engine):
+        raw = RawSip(app.state.voxline.settings.sip_port)
+        try:
+            raw.request("INVITE", "nobody-home", body=sdp_offer(4000))
+            assert (await raw.response("nobody-home")).status_code == 480
+        finally:
+            raw.close()
+        await released(app, engine)
+    assert "the webhook was not delivered: rejected (480)" in caplog.text

@@ -41,6 +41,7 @@ from voxline.sessions.events import (
     ContentPartAdded,
     ContentPartDone,
     ConversationCreated,
+    DtmfEventReceived,
     ErrorEvent,
     FunctionCallArgumentsDelta,
     FunctionCallArgumentsDone,
@@ -722,6 +723,7 @@ def _samples() -> dict[type[ServerEvent], ServerEvent]:
         OutputAudioBufferStarted(response_id="resp_1"),
         OutputAudioBufferStopped(response_id="resp_1"),
         OutputAudioBufferCleared(response_id="resp_1"),
+        DtmfEventReceived(event="7", received_at=1_700_000_000),
         RateLimitsUpdated(rate_limits=[
             RateLimit(name="requests", limit=100, remaining=99, reset_seconds=1.0)]),
         ErrorEvent(error=ErrorDetail(message="bad", code="invalid_value", param="x")),
@@ -775,6 +777,7 @@ GA_NAMES = {
     OutputAudioBufferStarted: "output_audio_buffer.started",
     OutputAudioBufferStopped: "output_audio_buffer.stopped",
     OutputAudioBufferCleared: "output_audio_buffer.cleared",
+    DtmfEventReceived: "input_audio_buffer.dtmf_event_received",  # SIP calls
     RateLimitsUpdated: "rate_limits.updated",
     ErrorEvent: "error",
 }
@@ -791,6 +794,7 @@ BETA_NAMES = {
     TextDone: "response.text.done",
     # MCP tools are GA-only: beta clients get none of their events
     **{cls: None for cls in GA_NAMES if cls.__name__.startswith("Mcp")},
+    DtmfEventReceived: None,  # SIP is GA-only
 }
 
 
@@ -815,7 +819,10 @@ def test_render_type_names(dialect: Dialect) -> None:
             assert wire is None and render_json(event, dialect) is None
             continue
         assert wire["type"] == names[cls], cls
-        assert wire["event_id"] == event.event_id and event.event_id.startswith("event_")
+        if cls is DtmfEventReceived:  # OpenAI's schema gives it none
+            assert "event_id" not in wire
+        else:
+            assert wire["event_id"] == event.event_id and event.event_id.startswith("event_")
         assert json.loads(render_json(event, dialect)) == wire
 
 

@@ -342,6 +342,43 @@ class Settings(BaseSettings):
                              "429/5xx)")
     twilio_auth_token: str | None = Field(default=None, description="validate "
                                           "X-Twilio-Signature on /v1/telephony/twilio* if set")
+    sip_port: int | None = Field(default=None, ge=1, le=65535, description="answer phone "
+                                 "calls over SIP on this port, UDP and TCP (unset: no SIP)")
+    sip_allow: str = Field(default="127.0.0.1,::1", description="SIP: comma-separated "
+                           "addresses or networks (10.0.0.0/8) whose INVITEs are answered; "
+                           "others get 403")
+    sip_digest_user: str | None = Field(default=None, description="SIP: callers outside "
+                                        "sip_allow may authenticate with this digest user "
+                                        "and sip_digest_password (unset: they get 403)")
+    sip_digest_password: str | None = Field(default=None, description="SIP: the digest "
+                                            "password of sip_digest_user")
+    sip_digest_realm: str = Field(default="voxline", description="SIP: the digest realm")
+    sip_rtp_ports: str = Field(default="10000-20000", pattern=r"^\d{1,5}-\d{1,5}$",
+                               description="SIP: the UDP port range for calls' RTP (two ports "
+                               "a call: RTP and RTCP)")
+    sip_instructions: str | None = Field(default=None, description="SIP: the instructions of "
+                                         "calls answered with the default session (unset: "
+                                         "the default session's)")
+    sip_webhook_url: str | None = Field(default=None, description="SIP: where each incoming "
+                                        "call's realtime.call.incoming webhook is POSTed; the "
+                                        "app answers with /v1/realtime/calls/{call_id}/accept "
+                                        "or /reject (unset: calls are accepted with the "
+                                        "default session)")
+    sip_webhook_secret: str | None = Field(default=None, description="SIP: the Standard "
+                                           "Webhooks secret (whsec_...) that signs the webhook")
+    sip_webhook_timeout: float = Field(default=5.0, gt=0, description="SIP: seconds one "
+                                       "webhook delivery may take")
+    sip_webhook_retries: int = Field(default=2, ge=0, description="SIP: retries of a webhook "
+                                     "that failed (connection error, timeout, 429/5xx)")
+    sip_accept_timeout: float = Field(default=15.0, gt=0, description="SIP: seconds a call "
+                                      "rings waiting for the app's accept or reject; then it "
+                                      "is rejected with 480")
+    sip_media_timeout: float = Field(default=60.0, gt=0, description="SIP: seconds without "
+                                     "RTP from a caller (not on hold) before the call is hung "
+                                     "up")
+    sip_media_host: str | None = Field(default=None, description="SIP: the address put in "
+                                       "SDP answers for RTP (unset: --host, or 127.0.0.1 when "
+                                       "that is a wildcard)")
     ice_hosts: str = Field(default="", description="WebRTC: comma-separated host addresses "
                            "offered as ICE candidates (empty: 127.0.0.1 and every interface "
                            "address)")
@@ -453,6 +490,8 @@ NOT_FLAGS: dict[str, str] = {
     "twilio_auth_token": "a secret, and a command line is visible to every local user (ps)",
     "turn_credential": "a secret, and a command line is visible to every local user (ps)",
     "client_secret_keys": "a secret, and a command line is visible to every local user (ps)",
+    "sip_webhook_secret": "a secret, and a command line is visible to every local user (ps)",
+    "sip_digest_password": "a secret, and a command line is visible to every local user (ps)",
 }
 """Fields with no ``voxline serve`` flag, and why (their environment variable still works)."""
 

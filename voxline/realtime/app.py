@@ -18,7 +18,7 @@ from voxline.realtime.auth import client_secrets
 from voxline.realtime.http import demo_page, speech, transcription, videos, voices
 from voxline.realtime.ops import routes as ops
 from voxline.realtime.state import ServerState
-from voxline.realtime.transports import twilio, webrtc, websocket
+from voxline.realtime.transports import sip, sip_routes, twilio, webrtc, websocket
 from voxline.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -77,9 +77,16 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
         background = [keep_voices]
         if watch_loop:
             background.append(asyncio.create_task(report_loop_lag(app.state.voxline)))
+        sip_server = None
+        if settings.sip_port is not None:
+            sip_server = sip.SipServer(app.state)
+            await sip_server.start()
+        app.state.sip = sip_server
         try:
             yield
         finally:
+            if sip_server is not None:
+                await sip_server.close()
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -102,6 +109,7 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
     app.include_router(websocket.router)
     app.include_router(twilio.router)
     app.include_router(webrtc.router)
+    app.include_router(sip_routes.router)
     app.include_router(client_secrets.router)
     app.include_router(demo_page.router)
     return app

@@ -307,6 +307,14 @@ class OutputAudioBufferCleared(ServerEvent):
     response_id: str
 
 
+class DtmfEventReceived(ServerEvent):
+    """A keypress on a SIP call (RFC 4733 telephone-event): OpenAI's
+    ``input_audio_buffer.dtmf_event_received``; the digit does not enter the conversation."""
+
+    event: str
+    received_at: int  # Unix seconds
+
+
 class RateLimitsUpdated(ServerEvent):
     rate_limits: list[RateLimit]
 
@@ -353,6 +361,7 @@ SERVER_EVENT_CLASSES: tuple[type[ServerEvent], ...] = (
     OutputAudioBufferStarted,
     OutputAudioBufferStopped,
     OutputAudioBufferCleared,
+    DtmfEventReceived,
     RateLimitsUpdated,
     ErrorEvent,
     McpListToolsInProgress,

@@ -29,6 +29,7 @@ from voxline.sessions.events import (
     ContentPartAdded,
     ContentPartDone,
     ConversationCreated,
+    DtmfEventReceived,
     ErrorEvent,
     FunctionCallArgumentsDelta,
     FunctionCallArgumentsDone,
@@ -140,6 +141,7 @@ _WIRE_TYPES: dict[type[ServerEvent], WireTypes] = {
     OutputAudioBufferCleared: WireTypes(
         "output_audio_buffer.cleared", "output_audio_buffer.cleared"
     ),
+    DtmfEventReceived: WireTypes("input_audio_buffer.dtmf_event_received", None),  # SIP, GA
     RateLimitsUpdated: WireTypes("rate_limits.updated", "rate_limits.updated"),
     ErrorEvent: WireTypes("error", "error"),
     mcp_ev.McpListToolsInProgress: WireTypes("mcp_list_tools.in_progress", None),
@@ -165,6 +167,8 @@ _PAYLOAD_FIELDS: dict[type[ServerEvent], tuple[str, ...]] = {  # excluded fields
     cls: tuple(name for name, info in cls.model_fields.items()
                if name != "event_id" and not info.exclude) for cls in _WIRE_TYPES
 }
+# OpenAI's schema gives these no event_id
+_WITHOUT_EVENT_ID: frozenset[type[ServerEvent]] = frozenset({DtmfEventReceived})
 _BETA_PART_TYPES = {"output_text": "text", "output_audio": "audio"}
 
 
@@ -328,7 +332,9 @@ def render(event: ServerEvent, dialect: Dialect) -> dict[str, Any] | None:
     name = wire_type(type(event), dialect)
     if name is None:
         return None
-    out: dict[str, Any] = {"type": name, "event_id": event.event_id}
+    out: dict[str, Any] = {"type": name}
+    if type(event) not in _WITHOUT_EVENT_ID:
+        out["event_id"] = event.event_id
     shaper = _SHAPERS.get(type(event))
     if shaper is not None:
         out.update(shaper(event, dialect))

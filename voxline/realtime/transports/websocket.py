@@ -28,6 +28,7 @@ from voxline.realtime.session_host import (
 )
 from voxline.realtime.state import get_state
 from voxline.realtime.transports.outbox import Outbox, admit_or_close, close_after
+from voxline.realtime.transports.sip_routes import watch_call
 from voxline.sessions.commands import ClientCommand
 from voxline.sessions.events import ServerEvent
 from voxline.sessions.settings import SessionSettings
@@ -82,6 +83,10 @@ async def realtime(ws: WebSocket) -> None:
         host.count_refusal()
         await ws.send_denial_response(error_response(503, SHUTDOWN_REASON,
                                                      code="server_shutting_down"))
+        return
+    call_id = ws.query_params.get("call_id")
+    if call_id is not None:  # an app watching and steering a SIP call
+        await watch_call(ws, call_id)
         return
     await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
     admission = await admit_or_close(ws, host)

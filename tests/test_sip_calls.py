@@ -1,0 +1,273 @@
+"""OpenAI's SIP call control against a stand-in app on loopback: the signed
+``realtime.call.incoming`` webhook, accept with a session config, reject, the 480 of a
+call nobody accepts, refer, hangup, and a ``/v1/realtime?call_id=`` WebSocket that sees
+the call's events (digits included) and steers its session. Stand-in models, fast."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import websockets
+from conftest import TIME_FACTOR
+from fastapi import FastAPI, Request, Response
+from live_server import serve_app
+from openai_types import strict_problems
+from sip_peer import RATE, RawSip, baresip_call, next_request, sdp_offer
+from test_sip import eventually, released, sip_server, tag_of
+
+from voxline.realtime.transports import sip_webhook
+from voxline.realtime.transports.sip_call import SipCall
+
+SECRET = "whsec_" + "c2VjcmV0LXNlY3JldC1zZWNyZXQ="  # base64 of a test key
+
+
+@contextmanager
+def stand_in_app() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """An app that takes webhooks (checking their signatures) and answers 200."""
+    from live_server import free_port
+
+    hooks: list[dict[str, Any]] = []
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.post("/hooks")
+    async def hook(request: Request) -> Response:
+        body = await request.body()
+        hooks.append({"valid": sip_webhook.verify(SECRET, request.headers, body),
+                      "event": json.loads(body)})
+        return Response(status_code=200)
+
+    port = free_port()
+    with serve_app(app, port, name="stand-in-app") as base:
+        yield base + "/hooks", hooks
+
+
+@pytest.fixture(scope="module")
+def world():
+    with stand_in_app() as (url, hooks), sip_server(
+            sip_webhook_url=url, sip_webhook_secret=SECRET, sip_accept_timeout=2.0,
+            max_sessions=4) as (app, engine):
+        yield app, engine, hooks
+
+
+async def incoming(hooks: list[dict[str, Any]], count: int) -> dict[str, Any]:
+    await eventually(lambda: len(hooks) >= count)
+    hook = hooks[count - 1]
+    assert hook["valid"], "the webhook's signature does not verify"
+    return hook["event"]
+
+
+def api(app: Any) -> str:
+    return f"http://127.0.0.1:{app.state.voxline.settings.port}"
+
+
+def headers_of(event: dict[str, Any]) -> dict[str, str]:
+    return {h["name"]: h["value"] for h in event["data"]["sip_headers"]}
+
+
+async def test_accept_with_a_session_watch_digits_steer_and_hang_up(world) -> None:
+    app, engine, hooks = world
+    port = app.state.voxline.settings.sip_port
+    before = len(hooks)
+    async with baresip_call(port, np.zeros(RATE * 30, np.float32)) as ua:
+        event = await incoming(hooks, before + 1)
+        assert event["type"] == "realtime.call.incoming" and event["object"] == "event"
+        call_id = event["data"]["call_id"]
+        assert call_id.startswith("rtc_")
+        names = [h["name"] for h in event["data"]["sip_headers"]]
+        assert names[:3] == ["From", "To", "Call-ID"] and "Via" in names
+        assert headers_of(event)["To"].startswith("<sip:bot@127.0.0.1")
+        await ua.until("Ringing")
+        url = api(app).replace("http", "ws") + f"/v1/realtime?call_id={call_id}"
+        async with websockets.connect(url) as ws:
+            async with httpx.AsyncClient(base_url=api(app)) as http:
+                answer = await http.post(f"/v1/realtime/calls/{call_id}/accept", json={
+                    "type": "realtime", "instructions": "You answer the bakery's phone."})
+                assert answer.status_code == 200, answer.text
+                again = await http.post(f"/v1/realtime/calls/{call_id}/reject", json={})
+                assert again.status_code == 409
+            await ua.until("Call established")
+            created = await until_event(ws, "session.created")
+            assert created["session"]["instructions"] == "You answer the bakery's phone."
+            assert created["session"]["audio"]["input"]["format"]["type"] == "audio/pcmu"
+            await ua.keys("7")
+            dtmf = await until_event(ws, "input_audio_buffer.dtmf_event_received")
+            assert dtmf["event"] == "7" and isinstance(dtmf["received_at"], int)
+            assert strict_problems(dtmf, "ga") == []
+            await ws.send(json.dumps({"type": "response.create"}))  # the app steers
+            await until_event(ws, "response.created")
+            async with httpx.AsyncClient(base_url=api(app)) as http:
+                assert (await http.post(f"/v1/realtime/calls/{call_id}/hangup")).status_code \
+                    == 200
+            await ua.until("session closed: Connection reset by peer")  # the server's BYE
+            await released(app, engine)
+
+
+async def until_event(ws: Any, kind: str) -> dict[str, Any]:
+    async with asyncio.timeout(20 * TIME_FACTOR):
+        while True:
+            event = json.loads(await ws.recv())
+            if event["type"] == kind:
+                return event
+
+
+async def test_reject_answers_the_status_and_default_603(world) -> None:
+    app, engine, hooks = world
+    raw = RawSip(app.state.voxline.settings.sip_port)
+    try:
+        async with httpx.AsyncClient(base_url=api(app)) as http:
+            for call, body, status in (("reject-486", {"status_code": 486}, 486),
+                                       ("reject-default", None, 603)):
+                before = len(hooks)
+                raw.request("INVITE", call, body=sdp_offer(4000))
+                call_id = (await incoming(hooks, before + 1))["data"]["call_id"]
+                bad = await http.post(f"/v1/realtime/calls/{call_id}/reject",
+                                      json={"status_code": 99})
+                assert bad.status_code == 400 and "status_code" in bad.text
+                answer = await http.post(f"/v1/realtime/calls/{call_id}/reject", json=body)
+                assert answer.status_code == 200
+                assert (await raw.response(call)).status_code == status
+            missing = await http.post("/v1/realtime/calls/rtc_nope/accept", json={})
+            assert missing.status_code == 404
+    finally:
+        raw.close()
+    await released(app, engine)
+
+
+async def test_a_second_invite_for_a_ringing_call_is_refused_and_a_resend_is_not(
+        world) -> None:
+    app, engine, hooks = world
+    raw = RawSip(app.state.voxline.settings.sip_port)
+    try:
+        before = len(hooks)
+        first = raw.request("INVITE", "twice", body=sdp_offer(4000))
+        call_id = (await incoming(hooks, before + 1))["data"]["call_id"]
+        raw.request("INVITE", "twice", body=sdp_offer(4002))  # another transaction
+        assert (await raw.response("twice")).status_code == 482
+        raw.unclaimed.clear()  # the first INVITE's 100 and 180
+        raw.send(first)  # a retransmission: it rings again, no new session
+        assert (await raw.response("twice", final=False)).status_code == 180
+        assert app.state.voxline.host.active == 1 and len(hooks) == before + 1
+        async with httpx.AsyncClient(base_url=api(app)) as http:
+            assert (await http.post(f"/v1/realtime/calls/{call_id}/reject")).status_code == 200
+        assert (await raw.response("twice")).status_code == 603
+    finally:
+        raw.close()
+    await released(app, engine)
+
+
+async def test_a_call_nobody_accepts_is_rejected_with_480(world, caplog) -> None:
+    app, engine, hooks = world
+    caplog.set_level(logging.INFO, logger="voxline.realtime.transports")
+    raw = RawSip(app.state.voxline.settings.sip_port)
+    try:
+        raw.request("INVITE", "unanswered", body=sdp_offer(4000))
+        assert (await raw.response("unanswered", timeout=10)).status_code == 480
+    finally:
+        raw.close()
+    assert "not accepted within 2 s: rejected (480)" in caplog.text
+    await released(app, engine)
+
+
+async def test_refer_sends_the_caller_a_refer_with_the_target(world) -> None:
+    app, engine, hooks = world
+    raw = RawSip(app.state.voxline.settings.sip_port)
+    try:
+        before = len(hooks)
+        raw.request("INVITE", "transfer-me", body=sdp_offer(4000))
+        call_id = (await incoming(hooks, before + 1))["data"]["call_id"]
+        async with httpx.AsyncClient(base_url=api(app)) as http:
+            early = await http.post(f"/v1/realtime/calls/{call_id}/refer",
+                                    json={"target_uri": "tel:+14155550123"})
+            assert early.status_code == 409  # not answered yet
+            assert (await http.post(f"/v1/realtime/calls/{call_id}/accept",
+                                    json={"type": "realtime"})).status_code == 200
+            ok = await raw.response("transfer-me")
+            assert ok.status_code == 200
+            raw.request("ACK", "transfer-me", to_tag=tag_of(ok), content_type="")
+            bad = await http.post(f"/v1/realtime/calls/{call_id}/refer",
+                                  json={"target_uri": "http://example.com"})
+            assert bad.status_code == 400
+            assert (await http.post(f"/v1/realtime/calls/{call_id}/refer",
+                                    json={"target_uri": "tel:+14155550123"})).status_code == 200
+        refer = await next_request(raw, "REFER")
+        assert refer.headers.get_first("refer-to") == "<tel:+14155550123>"
+        assert refer.call_id == "transfer-me"
+        call = app.state.voxline.calls[call_id]
+        assert isinstance(call, SipCall)
+        raw.request("BYE", "transfer-me", cseq=2, to_tag=tag_of(ok), content_type="")
+        await released(app, engine)
+    finally:
+        raw.close()
+
+
+def test_webhook_signatures_follow_standard_webhooks() -> None:
+    import base64
+    import hashlib
+    import hmac
+
+    body = b'{"type":"realtime.call.incoming"}'
+    signature = sip_webhook.sign(SECRET, "evt_1", 1700000000, body)
+    key = base64.b64decode(SECRET.removeprefix("whsec_"))
+    mac = hmac.new(key, b"evt_1.1700000000." + body, hashlib.sha256).digest()
+    assert signature == "v1," + base64.b64encode(mac).decode()
+    headers = {"webhook-id": "evt_1", "webhook-timestamp": "1700000000",
+               "webhook-signature": f"v1,bm90aXQ= {signature}"}  # any listed one may match
+    assert sip_webhook.verify(SECRET, headers, body)
+    assert not sip_webhook.verify(SECRET, headers, body + b" ")
+    assert not sip_webhook.verify("whsec_b3RoZXI=", headers, body)
+
+
+async def test_webhook_delivery_retries_server_errors_and_stops_at_refusals() -> None:
+    from live_server import free_port
+
+    answers = [503, 200, 404]
+    seen: list[str] = []
+    receiver = FastAPI()
+
+    @receiver.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @receiver.post("/hooks")
+    async def hook(request: Request) -> Response:
+        seen.append(request.headers["webhook-id"])
+        return Response(status_code=answers.pop(0))
+
+    event = sip_webhook.incoming_call_event("rtc_1", [("Via", "v"), ("To", "t"), ("From", "f")])
+    assert [h["name"] for h in event["data"]["sip_headers"]] == ["From", "To", "Via"]
+    with serve_app(receiver, free_port(), name="hooks") as base:
+        assert await sip_webhook.deliver(base + "/hooks", SECRET, event, timeout=5, retries=2)
+        assert seen == [event["id"]] * 2  # one 503, then 200: the same webhook id
+        assert not await sip_webhook.deliver(base + "/hooks", SECRET, event, timeout=5,
+                                             retries=2)  # a 404 is not retried
+        assert len(seen) == 3
+        assert not await sip_webhook.deliver(f"http://127.0.0.1:{free_port()}/x", None, event,
+                                             timeout=1, retries=0)  # nobody listening
+
+
+async def test_a_call_whose_webhook_cannot_be_delivered_is_rejected_with_480(caplog) -> None:
+    from live_server import free_port
+
+    caplog.set_level(logging.INFO, logger="voxline.realtime.transports")
+    with sip_server(sip_webhook_url=f"http://127.0.0.1:{free_port()}/hooks",
+                    sip_webhook_retries=0, sip_webhook_timeout=1.0) as (app, engine):
+        raw = RawSip(app.state.voxline.settings.sip_port)
+        try:
+            raw.request("INVITE", "nobody-home", body=sdp_offer(4000))
+            assert (await raw.response("nobody-home")).status_code == 480
+        finally:
+            raw.close()
+        await released(app, engine)
+    assert "the webhook was not delivered: rejected (480)" in caplog.text

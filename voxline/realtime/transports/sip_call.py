@@ -1,0 +1,155 @@
+"""One SIP call: its INVITE dialog, session slot, media leg, the app's decision while it
+rings, and the WebSockets watching it (``/v1/realtime?call_id=``).
+
+The call is listed in the server state's ``calls`` under its OpenAI call id (``rtc_...``)
+from admission until it is released, beside WebRTC calls: ``POST /v1/realtime/calls/{id}/
+hangup`` reaches either through the same :meth:`SipCall.hangup`, ``done`` and ``close``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from aiosipua import IncomingCall, prettify_header_name
+
+from voxline.realtime.session_host import Admission
+from voxline.realtime.transports.sip_media import MediaPlan, RtpLeg
+from voxline.sessions import commands as cmd
+from voxline.sessions import events as ev
+from voxline.sessions.settings import SessionSettings
+
+logger = logging.getLogger(__name__)
+
+COMMAND_LIMIT = 1024  # caller frames the session has not taken yet (20 s of audio)
+DEFAULT_REJECT = 603  # Decline, OpenAI's default for /reject
+
+
+@dataclass(frozen=True)
+class Accept:
+    settings: SessionSettings | None  # None: the server's default session
+
+
+@dataclass(frozen=True)
+class Reject:
+    status: int  # 0: nothing to send (the caller cancelled; aiosipua answered 487)
+
+
+Decision = Accept | Reject
+Observer = Callable[[ev.ServerEvent], None]  # raises to be dropped
+
+
+@dataclass(eq=False)
+class SipCall:
+    """One ringing or answered call."""
+
+    invite: IncomingCall
+    admission: Admission
+    leg: RtpLeg | None = None
+    plan: MediaPlan | None = None
+    dtmf: list[str] = field(default_factory=list)  # digits received, in order
+    inbox: asyncio.Queue[cmd.ClientCommand | None] = field(
+        default_factory=lambda: asyncio.Queue(COMMAND_LIMIT + 64))
+    decision: asyncio.Future[Decision] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+    observers: list[Observer] = field(default_factory=list)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    ended: bool = False
+    heard_at: float = field(default_factory=lambda: asyncio.get_running_loop().time())  # RTP
+
+    @property
+    def id(self) -> str:
+        """The OpenAI call id (``rtc_...``) the app names the call by."""
+        return self.admission.session_id
+
+    @property
+    def sip_call_id(self) -> str:
+        return self.invite.call_id
+
+    @property
+    def ids(self) -> str:
+        return f"sip call {self.id} (Call-ID {self.sip_call_id})"
+
+    @property
+    def ringing(self) -> bool:
+        return not self.decision.done()
+
+    def sip_headers(self) -> list[tuple[str, str]]:
+        """The INVITE's headers as (name, value) pairs, in the order they came."""
+        return [(prettify_header_name(name), value)
+                for name, values in self.invite.invite.headers.items() for value in values]
+
+    # -- the app's and the caller's doings ------------------------------------------
+
+    def decide(self, decision: Decision) -> bool:
+        """Settle a ringing call; False if it was settled already."""
+        if self.decision.done():
+            return False
+        self.decision.set_result(decision)
+        return True
+
+    def end(self) -> None:
+        """The caller hung up (BYE, CANCEL) or the app did: the session's input ends."""
+        self.decide(Reject(0))
+        if not self.ended:
+            self.ended = True
+            self.inbox.put_nowait(None)  # room is kept for it
+
+    def hangup(self) -> None:
+        """``/hangup``: decline a ringing call, end an answered one (the server sends BYE)."""
+        if not self.decide(Reject(DEFAULT_REJECT)):
+            self.end()
+
+    async def close(self) -> None:
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
+
+    def refer(self, target: str) -> None:
+        """Ask the caller to call `target` instead (REFER, RFC 3515)."""
+        via = self.invite._signaling_addr()
+        request = self.invite.dialog.create_request("REFER", via_host=via[0], via_port=via[1])
+        request.headers.set_single("Refer-To", f"<{target}>")
+        request.headers.set_single("Referred-By", f"<{self.invite.dialog.local_uri}>")
+        assert self.invite.transport is not None
+        self.invite.transport.send(request, self.invite.source_addr)
+        logger.info("%s: REFER to %s", self.ids, target)
+
+    # -- media and events -----------------------------------------------------------
+
+    def frame(self, payload: bytes) -> None:
+        self.heard_at = asyncio.get_running_loop().time()
+        if self.ended:
+            return
+        if self.inbox.qsize() >= COMMAND_LIMIT:
+            logger.warning("%s: the session is behind; a caller frame was dropped", self.ids)
+            return
+        self.inbox.put_nowait(cmd.InputAudioAppend(audio=payload))
+
+    def steer(self, command: cmd.ClientCommand) -> bool:
+        """A command from a watching WebSocket; False if the session is too far behind."""
+        if self.ended or self.inbox.qsize() >= COMMAND_LIMIT + 32:
+            return False
+        self.inbox.put_nowait(command)
+        return True
+
+    def digit(self, digit: str) -> None:
+        """An RFC 4733 telephone-event: recorded, logged and told to the watchers."""
+        self.dtmf.append(digit)
+        logger.info("%s: caller pressed %s", self.ids, digit)
+        self.publish(ev.DtmfEventReceived(event=digit, received_at=int(time.time())))
+
+    def publish(self, event: ev.ServerEvent) -> None:
+        for observe in list(self.observers):
+            try:
+                observe(event)
+            except Exception as exc:  # a watcher that stopped reading; the call goes on
+                logger.warning("%s: dropping a watcher (%s)", self.ids, exc)
+                self.observers.remove(observe)
+
+    async def commands(self) -> AsyncIterator[cmd.ClientCommand]:
+        while (command := await self.inbox.get()) is not None:
+            yield command

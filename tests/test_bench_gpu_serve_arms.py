@@ -1,18 +1,17 @@
 """`bench_gpu_serve.py run --arms`: one server per arm, then the arms side by side (the
-device run's A/B). The servers need a GPU; the arm parsing and the table do not."""
+device run's A/B). The servers need a GPU; the arm parsing and the table
+(``voxline/bench_arms.py``) do not."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH / "gpu_serving"))
+from voxline.bench_arms import compare_arms, level_summary, merge, parse_arms
 
-from bench_gpu_serve import compare_arms, parse_arms  # noqa: E402
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"  # data, not scripts
 
 
 def test_arms_parse_in_order_and_bad_specs_are_refused():
@@ -28,7 +27,7 @@ def test_arms_parse_in_order_and_bad_specs_are_refused():
 def test_the_arms_table_reads_each_arms_merged_report(tmp_path, capsys):
     # a real H200 serve report (64 sessions, 192 turns) as arm "a"; arm "b" with one
     # turn underrun and one error; arm "c" never got as far as a report
-    level = json.loads((BENCH / "results" / "serve_h200_c64_report.json").read_text())["levels"][0]
+    level = json.loads((RESULTS / "serve_h200_c64_report.json").read_text())["levels"][0]
     worse = json.loads(json.dumps(level))
     worse["results"][5]["underruns"] = 2
     worse["errors"] = {"timeout": 1}
@@ -51,9 +50,7 @@ def test_the_arms_table_reads_each_arms_merged_report(tmp_path, capsys):
 
 
 def test_a_level_given_twice_is_merged_from_both_runs_and_shown_twice(tmp_path):
-    from bench_gpu_serve import level_summary, merge
-
-    report = json.loads((BENCH / "results" / "serve_h200_c64_report.json").read_text())
+    report = json.loads((RESULTS / "serve_h200_c64_report.json").read_text())
     second = json.loads(json.dumps(report))
     second["levels"][0]["results"][0]["underruns"] = 1
     (tmp_path / "audio_c64.json").write_text(json.dumps(report))

@@ -28,6 +28,7 @@ from voxline.engines.capacity import (
     plan_capacity,
     with_row,
 )
+from voxline.engines.capacity_record import measured_row, record_row
 from voxline.engines.model_memory import (
     LLM_POSITIONS,
     TTS_POSITIONS,
@@ -360,22 +361,16 @@ def test_a_sized_plan_fits_and_is_either_capped_or_one_session_short_of_full(
 
 
 def test_the_benchmark_records_its_row_where_start_up_finds_it(monkeypatch, checkpoints, tmp_path):
-    import importlib.util
-    import sys
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_serving" / "record_capacity.py"
-    spec = importlib.util.spec_from_file_location("record_capacity", path)
-    record = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(record)
+    # what benchmarks/gpu_serving/record_capacity.py does with its arguments
     tts, llm = checkpoints
     bench = tmp_path / "audio.json"
     bench.write_text(json.dumps({"levels": [], "sessions_held": 24}))
     table = tmp_path / "table.json"
     table.write_text(json.dumps({"working_memory_fraction": 0.5, "rows": []}))
-    monkeypatch.setattr(sys, "argv", ["record_capacity.py", str(bench), "--tts", str(tts),
-                                      "--llm", str(llm), "--gpu", "Tiny GPU", "--table", str(table),
-                                      "--asr-device", "cuda"])
-    assert record.main() == 0
+    record_row(measured_row(bench, tts=tts, llm=llm, gpu="Tiny GPU", asr_device="cuda"), table)
+    (tmp_path / "none.json").write_text(json.dumps({"levels": [], "sessions_held": None}))
+    with pytest.raises(VoxlineError, match="no sessions_held"):
+        measured_row(tmp_path / "none.json", gpu="Tiny GPU")
     FakeCuda(monkeypatch, free=100 * GIB, total=141 * GIB, name="Tiny GPU")
     monkeypatch.setattr(sizing, "load_table", lambda: load_table(table))
     sized = sizing.sized_for_device(_serve_settings(

@@ -1,9 +1,11 @@
 """The documentation: the site builds strictly (no broken link or anchor), the settings page
 is the generated one, no page narrates the history of the work, the README stays short, and
-every benchmark script is documented in benchmarks/README.md."""
+every benchmark script is documented in benchmarks/README.md, and no test imports one (what
+a test exercises lives in the package or a helper under tests/)."""
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -61,3 +63,31 @@ def test_every_benchmark_script_is_documented_and_no_reverted_patch_is_kept():
     assert not missing, f"benchmarks/README.md does not name: {missing}"
     assert not list(BENCHMARKS.rglob("*_tried_*.patch"))
 
+
+def benchmark_imports(text: str, scripts: set[str]) -> list[str]:
+    """Where a test's source imports a benchmark script: an import of a script's module name
+    (after a ``sys.path`` insert), ``sys.path`` given a benchmarks path, or an import by file
+    path (``spec_from_file_location``) in a file that names benchmarks/."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        found += [f"{node.lineno}: imports {n}" for n in names if n.split(".")[0] in scripts | {"benchmarks"}]
+    for n, line in enumerate(text.splitlines(), 1):
+        if re.search(r"sys\.path\.(insert|append)\(|sys\.path\[", line) and "benchmarks" in line:
+            found.append(f"{n}: {line.strip()}")
+        if "spec_from_file_location" in line and "benchmarks" in text:
+            found.append(f"{n}: {line.strip()}")
+    return found
+
+
+def test_no_test_imports_a_benchmark_script():
+    tests = sorted(p for p in Path(__file__).parent.glob("*.py") if p.name != Path(__file__).name)
+    scripts = {p.stem for p in BENCHMARKS.rglob("*.py")} - {p.stem for p in tests}  # tests/ wins
+    assert benchmark_imports("import sys\nsys.path.insert(0, 'benchmarks/gpu_serving')\n"
+                             "from bench_gpu_serve import parse_arms\n", scripts) == [
+        "3: imports bench_gpu_serve", "2: sys.path.insert(0, 'benchmarks/gpu_serving')"]
+    found = [f"{path.name}:{where}" for path in tests for where in benchmark_imports(path.read_text(), scripts)]
+    assert not found, ("tests import benchmark scripts: move what they exercise into voxline/ "
+                       "or a helper under tests/, or run the script as a subprocess:\n"
+                       + "\n".join(found))

@@ -8,7 +8,6 @@ the same seeds). The open-loop benchmark's client accounting is checked here too
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -17,6 +16,8 @@ import numpy as np
 import pytest
 from test_qwen3_tts_stage import TEXTS, audio, make_stage, of, run, write_test_checkpoint
 
+from voxline.bench_arrivals import SCHEDULES as BENCH_SCHEDULES
+from voxline.bench_arrivals import Listener, poisson_arrivals
 from voxline.engines.models.qwen3_tts import TalkerSampling
 from voxline.engines.models.qwen3_tts.scheduling import (
     FIFO,
@@ -337,18 +338,8 @@ def test_the_engine_stage_runs_the_schedule_its_setting_names(model_dir):
 # --------------------------------------------------------------------------- the benchmark
 
 
-def _bench():
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_speech" / "bench_gpu_tts.py"
-    spec = importlib.util.spec_from_file_location("bench_gpu_tts", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules.setdefault("bench_gpu_tts", module)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
 def test_open_loop_listener_counts_underruns_as_a_client_hears_them():
-    bench = _bench()
-    x = bench.Listener(arrival=1.0)
+    x = Listener(arrival=1.0)
     x.chunk(1.05, 0.08)  # first audio 50 ms after arrival; playout starts now
     x.chunk(1.10, 0.08)  # in time (plays until 1.13, then to 1.21)
     x.chunk(1.25, 0.32)  # 40 ms late: an underrun, playout resumes at 1.25
@@ -356,23 +347,30 @@ def test_open_loop_listener_counts_underruns_as_a_client_hears_them():
     assert x.first == pytest.approx(0.05)
     assert x.underruns == 1 and x.longest_wait == pytest.approx(0.04)
     assert x.until == pytest.approx(1.89)
-    times = bench.poisson_arrivals(10.0, 5.0, seed=3)
-    assert times == bench.poisson_arrivals(10.0, 5.0, seed=3) and all(0 <= t < 5 for t in times)
+    times = poisson_arrivals(10.0, 5.0, seed=3)
+    assert times == poisson_arrivals(10.0, 5.0, seed=3) and all(0 <= t < 5 for t in times)
     assert 25 < len(times) < 80 and times == sorted(times)
-    assert set(bench.SCHEDULES) >= {"fifo", "playout"}
-    assert bench.SCHEDULES["playout"] == (True, PLAYOUT)
-    assert dataclasses.asdict(bench.SCHEDULES["fifo"][1]) == dataclasses.asdict(FIFO)
+    assert set(BENCH_SCHEDULES) >= {"fifo", "playout"}
+    assert BENCH_SCHEDULES["playout"] == (True, PLAYOUT)
+    assert dataclasses.asdict(BENCH_SCHEDULES["fifo"][1]) == dataclasses.asdict(FIFO)
 
 
 @pytest.mark.slow
 def test_open_loop_benchmark_runs_on_the_cpu(tmp_path):
+    """The script end to end, run as a user runs it (a subprocess, not an import)."""
     import json
+    import os
+    import subprocess
 
-    bench = _bench()
+    root = Path(__file__).resolve().parent.parent
     out = tmp_path / "open_loop.json"
-    assert bench.main(["--device", "cpu", "--tiny", "--arrivals", "3", "--frames", "8",
-                       "--window", "1", "--drain", "30", "--max-streams", "4", "--buckets", "2,4",
-                       "--max-len", "128", "--out", str(out)]) == 0
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "gpu_speech" / "bench_gpu_tts.py"),
+         "--device", "cpu", "--tiny", "--arrivals", "3", "--frames", "8", "--window", "1",
+         "--drain", "30", "--max-streams", "4", "--buckets", "2,4", "--max-len", "128",
+         "--out", str(out)], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     rows = report["open_loop"]
     assert [r["schedule"] for r in rows] == ["fifo", "playout"]

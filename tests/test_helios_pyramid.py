@@ -221,11 +221,17 @@ def test_real_time_videos_run_one_step_a_stage_and_v1_videos_the_recommended(pip
     d = driver(pipes["distilled"])
     render = d.begin_video(realtime_msg())
     assert render.spec.num_inference_steps == 3  # Helios' real-time [1, 1, 1]
-    # bitwise a plain call with pyramid_num_inference_steps_list=[1, 1, 1]
+    # bitwise a plain call with pyramid_num_inference_steps_list=[1, 1, 1], the first
+    # chunk not amplified (video_realtime_amplify_first_chunk off); /v1/videos amplifies
     assert stage_steps(3, 3) == [1, 1, 1]
-    assert np.array_equal(render.next_chunk(), to_uint8(plain_call(
-        pipes["distilled"], spec(num_frames=33, seed=3, num_inference_steps=3,
-                                 negative_prompt=""), amplify=True)))
+    three = spec(num_frames=33, seed=3, num_inference_steps=3, negative_prompt="")
+    assert np.array_equal(render.next_chunk(),
+                          to_uint8(plain_call(pipes["distilled"], three, amplify=False)))
+    assert d.begin_video(realtime_msg(realtime=False, num_inference_steps=3)).spec \
+        .amplify_first_chunk
+    amplified = driver(pipes["distilled"], realtime_amplify_first_chunk=True)
+    assert np.array_equal(amplified.begin_video(realtime_msg()).next_chunk(),
+                          to_uint8(plain_call(pipes["distilled"], three, amplify=True)))
     steps = {name: d.begin_video(realtime_msg(**changes)).spec.num_inference_steps
              for name, changes in {"batch": {"realtime": False},
                                    "two_a_stage": {"steps_per_stage": 2},

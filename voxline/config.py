@@ -325,6 +325,11 @@ class Settings(BaseSettings):
         "steps: 1 is Helios' real-time setting (pyramid_num_inference_steps_list [1, 1, 1]), "
         "2 the distilled model card's; a request's steps_per_stage picks another; a "
         "standard-sampler checkpoint runs its recommended steps (another value is refused)")
+    video_realtime_amplify_first_chunk: bool = Field(
+        default=False, description="run a real-time video's first chunk at twice the steps, "
+        "as Helios-Distilled's model card does for every video (/v1/videos keeps it): off, "
+        "the first chunk runs as many steps as the later ones and its first frame comes "
+        "about twice as soon (H100, 384x640, 1 step a stage: 1.46 against 2.87 s)")
     video_steps_per_stage: int | None = Field(
         default=None, ge=1, le=50, description="denoising steps per pyramid stage of a "
         "/v1/videos video that names no steps; empty: the checkpoint's recommended (2 a stage "

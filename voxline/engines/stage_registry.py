@@ -147,7 +147,8 @@ def load_video(settings: Settings) -> VideoModel | None:
                              settings.video_cache_backend, settings.video_cache_threshold)
     driver = driver_for(pipe, step_caches=caches, compile=settings.video_compile,
                         realtime_steps_per_stage=settings.video_realtime_steps_per_stage,
-                        steps_per_stage=settings.video_steps_per_stage)
+                        steps_per_stage=settings.video_steps_per_stage,
+                        realtime_amplify_first_chunk=settings.video_realtime_amplify_first_chunk)
     driver.check_step_settings()
     return driver
 

@@ -39,6 +39,9 @@ class VideoSpec:
     max_sequence_length: int = 512
     cache_backend: str = ""  # "" the server's default; none / first_block_cache / mag_cache
     cache_threshold: float | None = None  # None: the backend's default
+    # a distilled checkpoint's first chunk at twice the steps, as its model card runs it
+    # (False: as many as later chunks; a real-time video's default, its first frame sooner)
+    amplify_first_chunk: bool = True
 
 
 def validate_spec(spec: VideoSpec, event: str = "CreateVideo") -> None:

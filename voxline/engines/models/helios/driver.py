@@ -106,10 +106,12 @@ class HeliosChunkDriver:
     def __init__(self, pipe: HeliosPipeline, prompt_cache: PromptCache | None = None,
                  max_sequence_length: int = 512, step_caches: StepCaches | None = None,
                  compile: bool = False, realtime_steps_per_stage: int = 1,
-                 steps_per_stage: int | None = None) -> None:
+                 steps_per_stage: int | None = None,
+                 realtime_amplify_first_chunk: bool = False) -> None:
         self.pipe = pipe
         # the per-path defaults a pyramid checkpoint runs (`CreateVideo.steps_per_stage`)
         self.realtime_steps_per_stage = realtime_steps_per_stage
+        self.realtime_amplify_first_chunk = realtime_amplify_first_chunk
         self.steps_per_stage = steps_per_stage
         self.step_caches = (step_caches if step_caches is not None
                             else StepCaches(pipe.transformer, CacheChoice()))
@@ -191,7 +193,8 @@ class HeliosChunkDriver:
                             else guidance),
             negative_prompt=msg.negative_prompt, seed=msg.seed,
             max_sequence_length=self.max_sequence_length, cache_backend=msg.cache_backend,
-            cache_threshold=msg.cache_threshold))
+            cache_threshold=msg.cache_threshold,
+            amplify_first_chunk=not msg.realtime or self.realtime_amplify_first_chunk))
 
     # ------------------------------------------------------------------ the loop body
 

@@ -13,7 +13,8 @@ interleave the same way. What it takes from the checkpoint, as the pipeline does
 - `is_distilled` (Helios-Distilled, `HeliosDMDScheduler`): the scheduler's step gets the
   DMD arguments (the stage's start point, sigmas and timesteps), and the first chunk runs
   twice the steps (`is_amplify_first_chunk`, on for distilled checkpoints as their model
-  card runs them);
+  card runs them; a real-time video's `VideoSpec.amplify_first_chunk` is off unless
+  `video_realtime_amplify_first_chunk`, so its first frame comes sooner);
 - `is_cfg_zero_star` (Helios-Mid): guidance by CFG-Zero* (optimised scale, the first
   steps of stage 0 zeroed: `use_zero_init`, `zero_steps` 1, the pipeline's defaults).
 
@@ -122,7 +123,8 @@ class HeliosPyramidDriver(HeliosChunkDriver):
         history = {"latents_history_short": short, "latents_history_mid": mid,
                    "latents_history_long": long, **self.indices}
         steps = stage_steps(spec.num_inference_steps, self.stages)
-        amplify = self.amplify_first_chunk and render.chunks_done == 0
+        amplify = (self.amplify_first_chunk and render.spec.amplify_first_chunk
+                   and render.chunks_done == 0)
         for stage in range(self.stages):
             timesteps = self._schedule_stage(render, latents, stage, steps[stage], amplify)
             if stage > 0:

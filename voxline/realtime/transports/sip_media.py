@@ -24,6 +24,7 @@ from aiortp import PortAllocator, RTPSession
 from aiortp.codecs import Codec as RtpCodec
 from aiosipua import SdpMessage, SdpNegotiationError, negotiate_sdp
 
+from voxline.realtime.transports.call_log import log_call_event
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
 from voxline.sessions.settings import AudioEncoding
@@ -120,16 +121,7 @@ class RtpBridge:
         return [cmd.ItemTruncate(item_id=item, audio_end_ms=heard)]
 
     def _log(self, event: ev.ServerEvent) -> None:
-        if isinstance(event, ev.ErrorEvent):
-            logger.warning("%s: session error %s: %s", self.ids, event.error.code,
-                           event.error.message)
-        elif isinstance(event, ev.InputTranscriptionCompleted):
-            logger.info("%s: caller said %r", self.ids, event.transcript)
-        elif isinstance(event, ev.ItemTruncated):
-            logger.info("%s: reply %s truncated at %d ms", self.ids, event.item_id,
-                        event.audio_end_ms)
-        elif isinstance(event, ev.AudioTranscriptDone):
-            logger.info("%s: bot said %r", self.ids, event.transcript)
+        log_call_event(logger, self.ids, event)
 
 
 class RtpLeg:

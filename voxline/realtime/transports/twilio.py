@@ -33,6 +33,7 @@ from voxline.realtime.session_host import (
 )
 from voxline.realtime.state import get_state
 from voxline.realtime.transports import twilio_wire as tw
+from voxline.realtime.transports.call_log import log_call_event
 from voxline.realtime.transports.outbox import Outbox, admit_or_close, close_after
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
@@ -147,16 +148,7 @@ class TwilioBridge:
         return [cmd.ItemTruncate(item_id=item, audio_end_ms=heard)]
 
     def _log(self, event: ev.ServerEvent) -> None:
-        if isinstance(event, ev.ErrorEvent):
-            logger.warning("%s: session error %s: %s", self.ids, event.error.code,
-                           event.error.message)
-        elif isinstance(event, ev.InputTranscriptionCompleted):
-            logger.info("%s: caller said %r", self.ids, event.transcript)
-        elif isinstance(event, ev.ItemTruncated):
-            logger.info("%s: reply %s truncated at %d ms", self.ids, event.item_id,
-                        event.audio_end_ms)
-        elif isinstance(event, ev.AudioTranscriptDone):
-            logger.info("%s: bot said %r", self.ids, event.transcript)
+        log_call_event(logger, self.ids, event)
 
 
 def _public_url(url: str, headers: Any, *, websocket: bool) -> str:

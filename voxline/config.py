@@ -104,6 +104,10 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="VOXLINE_", extra="ignore")
 
+    trace: bool = Field(default=False, description="log each turn's milestones (speech "
+                        "fell silent, transcript, speculation, first token, first audio) on "
+                        "the voxline.trace logger at DEBUG, in the engine's process, for "
+                        "latency work (benchmarks/cpu_latency/bench_pipeline.py --trace)")
     cache: Path = Field(default_factory=default_cache,
                         description="directory of converted weights (the shipped GGUF as "
                                     "safetensors, converted once)")

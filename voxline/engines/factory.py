@@ -32,6 +32,7 @@ from voxline.config import (
     setting_default,
     settings_from_dump,
 )
+from voxline.engines import trace
 from voxline.engines.asr_stage import ASRModel
 from voxline.engines.core import EngineCore, Models
 from voxline.engines.llm_stage import ChatModel
@@ -115,6 +116,8 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
                          "keeps CPython's switch interval")
     set_stream_priority(settings)
     persistent_compile_cache(settings)
+    if settings.trace:
+        trace.enable()
     t0 = time.perf_counter()
     vad = SileroVAD.load(threads=1)
     asr = load_asr(settings, threads)

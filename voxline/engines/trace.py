@@ -7,7 +7,8 @@ first token, first segment, first audio, commit — can be lined up after a run:
 
     logging.getLogger("voxline.trace").setLevel(logging.DEBUG)
 
-or, for a server and its engine process, ``VOXLINE_TRACE=1`` in the environment.
+or, for a server and its engine process, the `trace` setting (``--trace``,
+``VOXLINE_TRACE=1``), which the engine's factory applies with :func:`enable`.
 Off (the default) it costs one ``isEnabledFor`` check per milestone. :func:`timeline`
 reads the lines back as median milestones (``bench_pipeline.py --trace``, and
 ``bench_gpu_serve.py`` per level when its server traces).
@@ -16,13 +17,16 @@ reads the lines back as median milestones (``bench_pipeline.py --trace``, and
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 from collections.abc import Iterable
 
 logger = logging.getLogger("voxline.trace")
-if os.environ.get("VOXLINE_TRACE", "") not in ("", "0"):
+
+
+def enable() -> None:
+    """Log the milestones from now on (the `trace` setting; off leaves the level alone, so
+    a benchmark that set it in-process keeps it)."""
     logger.setLevel(logging.DEBUG)
 
 

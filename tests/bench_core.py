@@ -78,3 +78,8 @@ class BenchCore(EchoCore):
 
 def make_bench_core(wake: Callable[[], None], reply_seconds: float = 0.5) -> BenchCore:
     return BenchCore(wake, reply_seconds)
+
+
+def make_long_bench_core(wake: Callable[[], None]) -> BenchCore:
+    """Replies of 3 s: still playing when a barge-in comes 1 s after their first audio."""
+    return BenchCore(wake, 3.0)

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from live_server import free_port, serve_app
 
-from voxline.bench import playout_gaps, underrun_note
+from voxline.bench import held_line, underrun_note
+from voxline.bench_turns import RequestResult, playout_gaps
 from voxline.cli import main
 from voxline.codecs.wav import write_wav
 from voxline.config import load_settings
@@ -236,10 +237,81 @@ def test_turns_are_asked_in_one_session_each(bench_url: str, questions: Path,
 
 
 def test_a_broken_conversation_fails_its_remaining_turns() -> None:
-    from voxline.bench import RequestResult, _fail_from
+    from voxline.bench_turns import _fail_from
 
     results = [RequestResult(ok=True), RequestResult(), RequestResult()]
     _fail_from(results, 1, "closed_1011", 0.0)
     assert [(r.ok, r.error) for r in results] == [(True, None), (False, "closed_1011"),
                                                   (False, "after_closed_1011")]
     assert results[1].wall_s > 0
+
+
+@pytest.fixture(scope="module")
+def long_url() -> Iterator[str]:
+    with serve("bench_core:make_long_bench_core") as url:
+        yield url
+
+
+def test_report_carries_the_reply_length_and_the_held_line_names_both_measures(
+        bench_url: str, questions: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "len.json"
+    assert run_bench("--url", bench_url, "--mode", "realtime", "--audio-dir", str(questions),
+                     "--requests", "2", "--max-output-tokens", "50", "--timeout", "15",
+                     "--json", str(out)) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["max_output_tokens"] == 50 and report["barge_in_fraction"] == 0.0
+    lv = report["levels"][0]
+    check_levels(report, ["c=1"])
+    assert lv["reply_audio_s"]["n"] == 2 and lv["reply_audio_s"]["p50"] == pytest.approx(0.5, abs=0.01)
+    assert lv["barge_ins"] == {"planned": 0, "made": 0}
+    assert "output_tokens" in lv["metrics"] and "replies p50/p95 0.50/0.50 s of audio" in printed
+    # end of speech (the question's last sound sent) comes before the VAD's speech_stopped
+    for r in lv["results"]:
+        assert r["speech_end_to_first_audio_s"] > r["eos_to_first_audio_s"] > 0
+    held = [ln for ln in printed.splitlines() if ln.startswith("sessions held")]
+    assert held == [held_line(report)] and report["sessions_held"] == 1
+    assert "sessions held: 1 (p95 speech_stopped -> first audio " in held[0]
+    assert "<= 250 ms, 0 underruns" in held[0] and "; p95 end of speech -> first audio " in held[0]
+    assert held_line({"sessions_held": None, "levels": []}).startswith(
+        "sessions held: none (no level had p95 speech_stopped -> first audio <= 250 ms")
+
+
+def test_every_turn_barges_in_at_fraction_one(long_url: str, questions: Path,
+                                              tmp_path: Path, capsys) -> None:
+    out = tmp_path / "barge.json"
+    # two conversations of two turns: the second question talks over the first reply, a
+    # spare question over the second
+    assert run_bench("--url", long_url, "--mode", "realtime", "--audio-dir", str(questions),
+                     "--requests", "4", "--turns", "2", "--barge-in-fraction", "1.0",
+                     "--timeout", "20", "--json", str(out)) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    lv = report["levels"][0]
+    assert report["barge_in_fraction"] == 1.0 and lv["ok"] == lv["requests"] == 4
+    assert lv["barge_ins"] == {"planned": 4, "made": 4} and "barge-ins 4/4" in printed
+    for r in lv["results"]:
+        assert r["barge_in"] and r["barge_in_to_stop_s"] is not None
+        assert r["audio_s"] < 3.0  # cut: the 3 s reply stopped at the barge-in
+        assert r["underruns"] == 0
+    assert lv["metrics"]["barge_in_to_stop_s"]["n"] == 4
+    assert lv["reply_audio_s"]["n"] == 0  # no reply was heard to its end
+
+
+def test_gaps_after_a_barge_in_are_not_underruns() -> None:
+    late = [(0.0, 0.1), (0.1, 0.1), (1.0, 0.1)]  # a piece 0.8 s late, after the barge-in
+    heard = RequestResult(arrivals=list(late))
+    heard.finish_audio(0.0)
+    assert heard.underruns == 1
+    barged = RequestResult(arrivals=list(late))
+    barged.finish_audio(0.0, until=0.5)
+    assert barged.underruns == 0 and barged.underrun_s == 0 and barged.rtf is None
+    assert barged.audio_s == pytest.approx(0.3)
+
+
+def test_barge_in_needs_spoken_turns(capsys) -> None:
+    assert run_bench("--url", "http://127.0.0.1:1", "--input", "text",
+                     "--barge-in-fraction", "0.5") == 2
+    assert "--barge-in-fraction needs spoken turns" in capsys.readouterr().err
+    assert run_bench("--url", "http://127.0.0.1:1", "--barge-in-fraction", "1.5") == 2
+    assert "must be in [0, 1]" in capsys.readouterr().err

@@ -2,7 +2,8 @@
 meeting the latency bar with no underruns or errors), a reply cut at max_output_tokens
 counting as finished, and the session.update body."""
 
-from voxline.bench import capped, session_config, sessions_held
+from voxline.bench import sessions_held
+from voxline.bench_turns import capped, session_config
 
 
 def level(c: int, p95: float | None, underruns: int = 0, ok: int | None = None) -> dict:

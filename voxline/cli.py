@@ -62,7 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="realtime: spoken questions, or text user messages + "
                             "response.create (timed from the send) (default: %(default)s)")
     bench.add_argument("--max-output-tokens", type=int, default=None,
-                       help="realtime: the session's max_output_tokens (reply length cap)")
+                       help="realtime: the session's max_output_tokens (the reply length cap; "
+                            "the report records it and the replies' measured length)")
+    bench.add_argument("--barge-in-fraction", type=float, default=0.0,
+                       help="realtime, spoken turns: the fraction of turns (drawn from --seed) "
+                            "on which the client talks over the reply, streaming its next "
+                            "question --barge-in-after seconds after the reply's first audio; "
+                            "timed to the reply's audio stopping (default: %(default)s)")
+    bench.add_argument("--barge-in-after", type=float, default=1.0,
+                       help="seconds from a reply's first audio to a barge-in "
+                            "(default: %(default)s)")
     bench.add_argument("--concurrency", default="1",
                        help="closed-loop sweep, comma-separated (default: %(default)s)")
     bench.add_argument("--rate", type=float, default=None,
@@ -87,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "else the shipped Piper voice)")
     bench.add_argument("--voice", default="alloy", help="speech: voice (default: %(default)s)")
     bench.add_argument("--api-key", default=None, help="sent as Authorization: Bearer")
-    bench.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals")
+    bench.add_argument("--seed", type=int, default=0,
+                       help="seed of the Poisson arrivals and of the turns barged in on")
     bench.add_argument("--json", default=None, help="write the full report to this JSON file")
     bench.add_argument("--plot", default=None,
                        help="PNG of latency percentiles and underruns against concurrency "

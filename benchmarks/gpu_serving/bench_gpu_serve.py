@@ -15,7 +15,11 @@ capacity flags are whatever ``--serve-args`` adds), waits for ``/health``, runs 
 bench`` for each sweep (spoken turns over /v1/realtime with server VAD, then text turns),
 samples ``nvidia-smi`` all along, and leaves under ``--out``: the server log, the bench
 JSONs and tables, and ``gpu.csv``. Random weights never say EOS, so replies are capped by
-``max_output_tokens`` (LLM) and ``--tts-max-frames`` (speech): the numbers are timings.
+``max_output_tokens`` (LLM, default 50 tokens, a voice assistant's answer) and
+``--tts-max-frames`` (speech, default 188 frames: 15 s): the numbers are timings. On
+``--barge-in-fraction`` of the spoken turns (default 0.2) the client talks over the reply
+1 s after its first audio, as a user does; the bench JSON counts them and times the reply's
+audio stopping.
 """
 
 from __future__ import annotations
@@ -356,6 +360,8 @@ def serve_and_bench(args: argparse.Namespace, out: Path, serve_args: str) -> int
                 sessions = max(args.min_requests, args.rounds * c)
                 extra = [*common, "--input", inp, "--concurrency", str(c), "--turns",
                          str(args.turns), "--requests", str(sessions * args.turns)]
+                if inp == "audio":  # a barge-in is spoken: text turns have none
+                    extra += ["--barge-in-fraction", str(args.barge_in_fraction)]
                 if inp == "audio" and args.audio_dir:
                     extra += ["--audio-dir", args.audio_dir]
                 mono0, wall0 = time.monotonic(), time.time()
@@ -419,14 +425,21 @@ def main(argv: list[str] | None = None) -> int:
                         "level given again runs again on the same server, its files suffixed _runN)")
     r.add_argument("--min-requests", type=int, default=4,
                    help="requests per level: max(this, concurrency)")
-    r.add_argument("--max-output-tokens", type=int, default=12)
+    r.add_argument("--max-output-tokens", type=int, default=50,
+                   help="each reply's LLM tokens (random weights never stop earlier; "
+                        "default: %(default)s, a voice assistant's answer)")
+    r.add_argument("--barge-in-fraction", type=float, default=0.2,
+                   help="voxline bench --barge-in-fraction for the spoken sweeps: the "
+                        "turns on which the user talks over the reply (default: %(default)s)")
     r.add_argument("--ramp", type=float, default=0.0, help="voxline bench --ramp: sessions "
                    "start spread over this many seconds (0: all at once)")
     r.add_argument("--rounds", type=int, default=1, help="requests per level: this many per "
                    "session slot (with --min-requests as the floor)")
     r.add_argument("--turns", type=int, default=1, help="voxline bench --turns: questions per "
                    "session (a conversation), the next once the reply has played out")
-    r.add_argument("--tts-max-frames", type=int, default=75)
+    r.add_argument("--tts-max-frames", type=int, default=188,
+                   help="voxline serve --tts-max-frames: the speech cap of a talker stream, "
+                        "80 ms frames (default: %(default)s, 15 s, room for a 50-token reply)")
     r.add_argument("--ready-timeout", type=float, default=480,
                    help="seconds to wait for /health (a cold compile of every bucket is slow)")
     r.add_argument("--bench-timeout", type=float, default=240)

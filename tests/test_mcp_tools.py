@@ -13,6 +13,7 @@ from fake_openai import Reply, fake_openai
 from live_server import free_port, serve_app
 from openai_types import strict_problems
 from test_remote_llm import ready, realtime_app
+from ws_events import until
 
 from voxline.sessions.mcp_servers import McpServer
 
@@ -64,15 +65,6 @@ def _mcp_tool(url: str, **extra: object) -> dict:
     return {"type": "mcp", "server_label": "calc", "server_url": url,
             "allowed_tools": ["add", "boom"], "require_approval": "never",
             "headers": {"X-Test": "1"}, **extra}
-
-
-def until(ws, kind: str, seen: list[dict], *, errors_ok: bool = False) -> dict:
-    while True:
-        event = ws.receive_json()
-        seen.append(event)
-        assert errors_ok or event["type"] != "error", event
-        if event["type"] == kind:
-            return event
 
 
 def _connect(ws, seen: list[dict], tool: dict) -> dict:

@@ -11,6 +11,7 @@ from live_server import free_port, serve_app
 from openai_types import strict_problems
 from test_mcp_tools import _mcp_app, _mcp_tool
 from test_remote_llm import ready, realtime_app
+from ws_events import until
 
 TOOLS = [
     {"type": "function", "name": "get_weather", "description": "Weather in a city",
@@ -25,15 +26,6 @@ TWO_CALLS = [("get_weather", ['{"city": ', '"Paris"}']), ("get_time", ['{"city":
 def server():
     with fake_openai() as (fake, url):
         yield fake, url
-
-
-def until(ws, kind: str, seen: list[dict], *, errors_ok: bool = False) -> dict:
-    while True:
-        event = ws.receive_json()
-        seen.append(event)
-        assert errors_ok or event["type"] != "error", event
-        if event["type"] == kind:
-            return event
 
 
 def open_session(ws, seen: list[dict], **session: object) -> None:

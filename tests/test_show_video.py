@@ -16,6 +16,7 @@ import json
 
 import numpy as np
 import pytest
+from ws_events import until
 
 from voxline.engines import protocol as ep
 from voxline.engines.video_frames import makeable
@@ -314,15 +315,6 @@ def make_remote_video_core(wake, url: str):
                              SentenceSpeechModel(ToneTTS()),
                              stages={"video": RequestSizedVideoModel()}),
                       wake)
-
-
-def until(ws, kind: str, seen: list[dict]) -> dict:
-    while True:
-        event = ws.receive_json()
-        seen.append(event)
-        assert event["type"] != "error", event
-        if event["type"] == kind:
-            return event
 
 
 def test_a_remote_model_calls_show_video_over_the_realtime_websocket():

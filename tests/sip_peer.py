@@ -242,3 +242,59 @@ async def next_request(raw: RawSip, method: str, timeout: float = 5.0):  # noqa:
             raw.unclaimed.append(msg)
         elif isinstance(msg, SipRequest) and msg.method == method:
             return msg
+
+
+class RtpSocket:
+    """A caller's RTP port on loopback: reads what the server sends, sends crafted RTP."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+        self._seq = 0
+        self._ts = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    async def packets(self, count: int, timeout: float = 5.0) -> list:  # noqa: ANN401
+        """The next `count` RTP packets (aiortp RtpPacket), RTCP skipped."""
+        from aiortp.packet import RtpPacket
+
+        loop = asyncio.get_running_loop()
+        out = []
+        async with asyncio.timeout(timeout * TIME_FACTOR):
+            while len(out) < count:
+                data = await loop.sock_recv(self.sock, 4096)
+                if len(data) >= 12 and not 192 <= data[1] <= 223:  # not RTCP
+                    out.append(RtpPacket.parse(data))
+        return out
+
+    def flush(self) -> int:
+        """Drop what has arrived; returns how many datagrams."""
+        dropped = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                self.sock.recv(4096)
+                dropped += 1
+        return dropped
+
+    def send(self, to_port: int, payload_type: int, payload: bytes) -> None:
+        """One RTP packet (20 ms later than the last) to the server's port `to_port`."""
+        from aiortp.packet import RtpPacket
+
+        packet = RtpPacket(payload_type=payload_type, sequence_number=self._seq & 0xFFFF,
+                           timestamp=self._ts & 0xFFFFFFFF, ssrc=0x1234ABCD, payload=payload)
+        self._seq += 1
+        self._ts += 160
+        self.sock.sendto(packet.serialize(), ("127.0.0.1", to_port))
+
+
+def rtp_port_of(response: SipResponse) -> int:
+    """The RTP port in a response's SDP answer."""
+    from aiosipua import parse_sdp
+
+    audio = parse_sdp(response.text).audio
+    assert audio is not None
+    return audio.port

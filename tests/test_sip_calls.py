@@ -20,7 +20,15 @@ from conftest import TIME_FACTOR
 from fastapi import FastAPI, Request, Response
 from live_server import serve_app
 from openai_types import strict_problems
-from sip_peer import RATE, RawSip, baresip_call, next_request, sdp_offer
+from sip_peer import (
+    RATE,
+    RawSip,
+    RtpSocket,
+    baresip_call,
+    next_request,
+    rtp_port_of,
+    sdp_offer,
+)
 from test_sip import eventually, released, sip_server, tag_of
 
 from voxline.realtime.transports import sip_webhook
@@ -157,7 +165,8 @@ async def test_a_second_invite_for_a_ringing_call_is_refused_and_a_resend_is_not
         assert (await raw.response("twice")).status_code == 482
         raw.unclaimed.clear()  # the first INVITE's 100 and 180
         raw.send(first)  # a retransmission: it rings again, no new session
-        assert (await raw.response("twice", final=False)).status_code == 180
+        provisional = await raw.response("twice", final=False)
+        assert provisional.status_code == 183 and provisional.text  # early media, again
         assert app.state.voxline.host.active == 1 and len(hooks) == before + 1
         async with httpx.AsyncClient(base_url=api(app)) as http:
             assert (await http.post(f"/v1/realtime/calls/{call_id}/reject")).status_code == 200
@@ -165,6 +174,73 @@ async def test_a_second_invite_for_a_ringing_call_is_refused_and_a_resend_is_not
     finally:
         raw.close()
     await released(app, engine)
+
+
+async def progress(raw: RawSip, call: str) -> Any:  # noqa: ANN401
+    """The 183 Session Progress the server sends `call` while it rings."""
+    while (response := await raw.response(call, final=False)).status_code != 183:
+        assert response.status_code < 200, response.status_code
+    return response
+
+
+def tone_power(payloads: list[bytes], hz: float) -> float:
+    """The share of the decoded μ-law audio's power within 20 Hz of `hz`."""
+    from voxline.codecs import ulaw_to_float
+
+    audio = ulaw_to_float(b"".join(payloads))
+    spectrum = np.abs(np.fft.rfft(audio)) ** 2
+    freqs = np.fft.rfftfreq(audio.size, 1 / RATE)
+    return float(spectrum[np.abs(freqs - hz) < 20].sum() / max(spectrum.sum(), 1e-12))
+
+
+async def test_a_ringing_call_hears_ringback_as_early_media_before_the_200(world) -> None:
+    app, engine, hooks = world
+    raw, rtp = RawSip(app.state.voxline.settings.sip_port), RtpSocket()
+    try:
+        before = len(hooks)
+        raw.request("INVITE", "early", body=sdp_offer(rtp.port))
+        call_id = (await incoming(hooks, before + 1))["data"]["call_id"]
+        session_progress = await progress(raw, "early")
+        server_rtp = rtp_port_of(session_progress)
+        early = await rtp.packets(25)  # 0.5 s of ringback while the app decides
+        assert {p.payload_type for p in early} == {0}  # the caller's first law, PCMU
+        payloads = [p.payload for p in early]
+        assert tone_power(payloads, 440) + tone_power(payloads, 480) > 0.8
+        assert not [r for r in raw.unclaimed if r.status_code >= 200]  # still ringing
+        async with httpx.AsyncClient(base_url=api(app)) as http:
+            assert (await http.post(f"/v1/realtime/calls/{call_id}/accept",
+                                    json={"type": "realtime"})).status_code == 200
+        ok = await raw.response("early")
+        assert ok.status_code == 200 and rtp_port_of(ok) == server_rtp  # the same media
+        raw.request("ACK", "early", to_tag=tag_of(ok), content_type="")
+        raw.request("BYE", "early", cseq=2, to_tag=tag_of(ok), content_type="")
+        await released(app, engine)
+    finally:
+        raw.close()
+        rtp.close()
+
+
+def test_early_media_plays_a_wav_at_8_khz_and_refuses_a_bad_setting(tmp_path) -> None:
+    from pydantic import ValidationError
+
+    from voxline.codecs import write_wav
+    from voxline.config import load_settings
+    from voxline.realtime.transports.sip_early_media import encode_frames, load_early_media
+
+    wav = tmp_path / "hold.wav"
+    write_wav(wav, 0.3 * np.sin(2 * np.pi * 1000 * np.arange(16000) / 16000), 16000)
+    audio = load_early_media(str(wav))
+    assert audio is not None and audio.size == RATE  # one second, resampled to 8 kHz
+    frames = encode_frames(audio, "ulaw")
+    assert len(frames) == 50 and {len(f) for f in frames} == {160}
+    assert tone_power(frames, 1000) > 0.9
+    assert load_early_media("none") is None
+    assert load_settings(sip_early_media=str(wav)).sip_early_media == str(wav)
+    with pytest.raises(ValidationError, match="sip_early_media"):
+        load_settings(sip_early_media="ringtone.mp3")
+    (tmp_path / "bad.wav").write_bytes(b"not a wav")
+    with pytest.raises(ValueError, match="sip_early_media: cannot read"):
+        load_early_media(str(tmp_path / "bad.wav"))
 
 
 async def test_a_call_nobody_accepts_is_rejected_with_480(world, caplog) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Generic, Literal, TypeVar, get_args, get_origin
 
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -382,6 +382,10 @@ class Settings(BaseSettings):
     sip_accept_timeout: float = Field(default=15.0, gt=0, description="SIP: seconds a call "
                                       "rings waiting for the app's accept or reject; then it "
                                       "is rejected with 480")
+    sip_early_media: str = Field(default="ringback", description="SIP: what a caller hears "
+                                 "while the webhook's app decides: 183 Session Progress with "
+                                 "SDP, then 'ringback' (a 440+480 Hz ringback tone), the path "
+                                 "of a WAV file (looped), or 'none' (a plain 180 Ringing)")
     sip_media_timeout: float = Field(default=60.0, gt=0, description="SIP: seconds without "
                                      "RTP from a caller (not on hold) before the call is hung "
                                      "up")
@@ -459,6 +463,14 @@ class Settings(BaseSettings):
             raise ValueError(f"tts_batch_buckets must lie in 1..tts_max_streams "
                              f"({self.tts_max_streams}), got {self.tts_batch_buckets}")
         return sizes
+
+    @field_validator("sip_early_media")
+    @classmethod
+    def _early_media(cls, value: str) -> str:
+        if value in ("ringback", "none") or Path(value).is_file():
+            return value
+        raise ValueError(f"sip_early_media must be 'ringback', 'none' or the path of a WAV "
+                         f"file, got {value!r} (no such file)")
 
     def rtc_port_range(self) -> tuple[int, int] | None:
         if not self.rtc_ports:

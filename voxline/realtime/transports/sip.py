@@ -41,6 +41,7 @@ from aiosipua import (
     TcpSipTransport,
     UdpSipTransport,
     parse_sdp,
+    serialize_sdp,
 )
 from aiosipua import transport as aiosipua_transport
 
@@ -51,7 +52,13 @@ from voxline.realtime.state import ServerState
 from voxline.realtime.transports import sip_webhook
 from voxline.realtime.transports.sip_auth import CallerCheck, Verdict
 from voxline.realtime.transports.sip_call import Accept, Decision, Reject, SipCall
+from voxline.realtime.transports.sip_early_media import (
+    EarlyMedia,
+    encode_frames,
+    load_early_media,
+)
 from voxline.realtime.transports.sip_media import (
+    MediaPlan,
     MediaRefused,
     RtpBridge,
     RtpLeg,
@@ -102,6 +109,7 @@ class SipServer:
         self.bind_host = settings.host
         self.media_host = settings.sip_media_host or (
             settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1")
+        self.early_audio = load_early_media(settings.sip_early_media)
         self.calls: dict[str, SipCall] = {}
         self._uas: list[SipUAS] = []
 
@@ -190,7 +198,7 @@ class SipServer:
         merged request (RFC 3261 §8.2.2.2): 482."""
         if msg.headers.get_first("via") == call.invite.invite.headers.get_first("via"):
             logger.debug("%s: INVITE retransmitted while ringing", call.ids)
-            call.invite.ringing()
+            call.progress()
             return
         logger.warning("%s: a second INVITE for Call-ID %s refused (482)", call.ids,
                        msg.call_id)
@@ -264,17 +272,24 @@ class SipServer:
     async def _run(self, call: SipCall) -> None:
         try:
             with call.admission:  # the slot is released however the call ends
-                decision = await self._decide(call)
-                if isinstance(decision, Reject):
-                    if decision.status:
-                        logger.info("%s: rejected (%d)", call.ids, decision.status)
-                        call.invite.reject(decision.status)
-                    return
-                call.leg = await RtpLeg.open(self.ports)
                 try:
+                    if self.settings.sip_webhook_url and self.early_audio is not None:
+                        await self._early_media(call)
+                    decision = await self._decide(call)
+                    call.decide(decision)  # settled: caller frames reach the session now
+                    if call.early is not None:
+                        await call.early.stop()
+                    if isinstance(decision, Reject):
+                        self._reject(call, decision)
+                        return
+                    if call.leg is None:
+                        call.leg = await RtpLeg.open(self.ports)
                     await self._answer_and_serve(call, decision.settings)
                 finally:
-                    await call.leg.close()
+                    if call.early is not None:
+                        await call.early.stop()
+                    if call.leg is not None:
+                        await call.leg.close()
         except Exception:
             logger.exception("%s failed", call.ids)
             if not call.invite._answered:
@@ -284,6 +299,17 @@ class SipServer:
             self.state.calls.pop(call.id, None)
             call.done.set()
             logger.info("%s: released", call.ids)
+
+    def _reject(self, call: SipCall, decision: Reject) -> None:
+        if not decision.status:
+            return
+        logger.info("%s: rejected (%d)", call.ids, decision.status)
+        if decision.retry_after is None:
+            call.invite.reject(decision.status, decision.reason)
+            return
+        call.invite._send_response(decision.status, decision.reason or "Service Unavailable",
+                                   extra_headers={"Retry-After": str(decision.retry_after)})
+        call.invite.dialog.terminate()
 
     async def _decide(self, call: SipCall) -> Decision:
         """The app's answer through the webhook, or the default session without one."""
@@ -313,11 +339,36 @@ class SipServer:
         if call.decide(Reject(480)):
             logger.warning("%s: the webhook was not delivered: rejected (480)", call.ids)
 
+    async def _open_media(self, call: SipCall) -> MediaPlan:
+        """The call's RTP leg, started on the SDP answer to its offer."""
+        if call.leg is None:
+            call.leg = await RtpLeg.open(self.ports)
+        if call.plan is None or call.leg.session is None:
+            call.plan = answer_offer(call.invite.sdp_offer, self.media_host, call.leg.port)
+            await call.leg.start(self.bind_host, call.plan, call.frame,
+                                 lambda d, _ms: call.digit(d))
+        return call.plan
+
+    async def _early_media(self, call: SipCall) -> None:
+        """183 Session Progress with the SDP answer, then ``sip_early_media``'s audio on
+        the call's RTP until the app decides."""
+        assert self.early_audio is not None
+        plan = await self._open_media(call)
+        if not call.ringing:  # decided (or cancelled) while the media opened
+            return
+        leg = call.leg
+        assert leg is not None
+        call.early_answer = serialize_sdp(plan.answer)
+        call.progress()
+        call.early = EarlyMedia(encode_frames(self.early_audio, plan.law), leg.send,
+                                lambda: leg.queued_frames, leg.drop_queued)
+        call.early.start()
+        logger.info("%s: early media (%s) on RTP %d -> %s:%d", call.ids,
+                    self.settings.sip_early_media, leg.port, *plan.remote)
+
     async def _answer_and_serve(self, call: SipCall, chosen: SessionSettings | None) -> None:
+        plan = await self._open_media(call)
         assert call.leg is not None
-        plan = answer_offer(call.invite.sdp_offer, self.media_host, call.leg.port)
-        call.plan = plan
-        await call.leg.start(self.bind_host, plan, call.frame, lambda d, _ms: call.digit(d))
         if call.ended:  # hung up while the media opened
             return
         call.invite.accept(plan.answer)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from aiosipua import IncomingCall, prettify_header_name
 
 from voxline.realtime.session_host import Admission
+from voxline.realtime.transports.sip_early_media import EarlyMedia
 from voxline.realtime.transports.sip_media import MediaPlan, RtpLeg
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
@@ -36,6 +37,8 @@ class Accept:
 @dataclass(frozen=True)
 class Reject:
     status: int  # 0: nothing to send (the caller cancelled; aiosipua answered 487)
+    reason: str = ""  # the reason phrase (empty: the status's usual one)
+    retry_after: int | None = None  # seconds, for a 503 while the server drains
 
 
 Decision = Accept | Reject
@@ -60,6 +63,8 @@ class SipCall:
     task: asyncio.Task[None] | None = None
     ended: bool = False
     heard_at: float = field(default_factory=lambda: asyncio.get_running_loop().time())  # RTP
+    early: EarlyMedia | None = None  # the ringback (or WAV) played while ringing
+    early_answer: str | None = None  # the SDP sent with 183 Session Progress
 
     @property
     def id(self) -> str:
@@ -82,6 +87,15 @@ class SipCall:
         """The INVITE's headers as (name, value) pairs, in the order they came."""
         return [(prettify_header_name(name), value)
                 for name, values in self.invite.invite.headers.items() for value in values]
+
+    def progress(self) -> None:
+        """The provisional response of a ringing call: 183 Session Progress with the SDP
+        answer once early media plays, else 180 Ringing (again, for a retransmission)."""
+        if self.early_answer is None:
+            self.invite.ringing()
+        else:
+            self.invite._send_response(183, "Session Progress", body=self.early_answer,
+                                       content_type="application/sdp")
 
     # -- the app's and the caller's doings ------------------------------------------
 
@@ -122,7 +136,7 @@ class SipCall:
 
     def frame(self, payload: bytes) -> None:
         self.heard_at = asyncio.get_running_loop().time()
-        if self.ended:
+        if self.ended or self.ringing:  # early media: the caller is not talking to us yet
             return
         if self.inbox.qsize() >= COMMAND_LIMIT:
             logger.warning("%s: the session is behind; a caller frame was dropped", self.ids)

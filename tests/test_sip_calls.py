@@ -288,6 +288,57 @@ async def test_refer_sends_the_caller_a_refer_with_the_target(world) -> None:
         raw.close()
 
 
+def notify(raw: RawSip, call: str, cseq: int, to_tag: str, sipfrag: str) -> None:
+    """The transferee's progress report on a REFER (RFC 3515 §2.4.5)."""
+    raw.request("NOTIFY", call, cseq=cseq, to_tag=to_tag, content_type="message/sipfrag",
+                body=f"{sipfrag}\r\n", extra=("Event: refer",
+                                               "Subscription-State: terminated;reason=noresource"))
+
+
+async def test_refer_progress_a_failure_keeps_the_call_a_success_ends_it(world) -> None:
+    app, engine, hooks = world
+    raw = RawSip(app.state.voxline.settings.sip_port)
+    try:
+        before = len(hooks)
+        raw.request("INVITE", "transfer-notify", body=sdp_offer(4000))
+        call_id = (await incoming(hooks, before + 1))["data"]["call_id"]
+        url = api(app).replace("http", "ws") + f"/v1/realtime?call_id={call_id}"
+        async with websockets.connect(url) as ws, httpx.AsyncClient(base_url=api(app)) as http:
+            assert (await http.post(f"/v1/realtime/calls/{call_id}/accept",
+                                    json={"type": "realtime"})).status_code == 200
+            ok = await raw.response("transfer-notify")
+            tag = tag_of(ok)
+            raw.request("ACK", "transfer-notify", to_tag=tag, content_type="")
+            refer = {"target_uri": "sip:desk@pbx.example"}
+            assert (await http.post(f"/v1/realtime/calls/{call_id}/refer",
+                                    json=refer)).status_code == 200
+            await next_request(raw, "REFER")
+            again = await http.post(f"/v1/realtime/calls/{call_id}/refer", json=refer)
+            assert again.status_code == 409
+            assert again.json()["error"]["code"] == "call_transfer_in_progress"
+            notify(raw, "transfer-notify", 2, tag, "SIP/2.0 100 Trying")
+            notify(raw, "transfer-notify", 3, tag, "SIP/2.0 486 Busy Here")
+            failed = await until_event(ws, "error")
+            assert failed["error"]["code"] == "call_transfer_failed"
+            assert "sip:desk@pbx.example" in failed["error"]["message"]
+            assert "486" in failed["error"]["message"]
+            assert call_id in app.state.voxline.calls  # the call goes on
+            assert (await http.post(f"/v1/realtime/calls/{call_id}/refer",
+                                    json=refer)).status_code == 200  # a new try
+            await next_request(raw, "REFER")
+            notify(raw, "transfer-notify", 4, tag, "SIP/2.0 200 OK")
+            bye = await next_request(raw, "BYE")
+            assert bye.call_id == "transfer-notify"
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                while True:
+                    await ws.recv()
+            assert closed.value.rcvd is not None
+            assert closed.value.rcvd.reason == "transferred to sip:desk@pbx.example"
+        await released(app, engine)
+    finally:
+        raw.close()
+
+
 def test_webhook_signatures_follow_standard_webhooks() -> None:
     import base64
     import hashlib

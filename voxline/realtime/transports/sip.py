@@ -128,6 +128,7 @@ class SipServer:
             uas.on_bye = self._on_bye
             uas.on_cancel = self._on_cancel
             uas.on_ack_timeout = self._on_ack_timeout
+            uas.on_transfer_progress = self._on_transfer_progress
             await uas.start()
             transport.on_message = self._guard(uas)
             self._uas.append(uas)
@@ -187,6 +188,11 @@ class SipServer:
                         uas._send_error(msg, 400, "Bad SDP")
                         return
             elif isinstance(msg, SipResponse) and uas.uac is None:
+                cseq = msg.cseq
+                call = self.calls.get(msg.call_id or "")
+                if call is not None and cseq is not None and cseq.method.upper() == "REFER" \
+                        and msg.status_code >= 300:  # the caller refused the transfer
+                    call.transfer_progress(msg.status_code, msg.reason_phrase)
                 return
             deliver(msg, addr)
 
@@ -260,6 +266,11 @@ class SipServer:
         if call is not None:
             logger.warning("%s: the caller never ACKed the 200 OK; ending the call", call.ids)
             call.end()
+
+    def _on_transfer_progress(self, call_id: str, status: int, reason: str) -> None:
+        call = self.calls.get(call_id)
+        if call is not None:
+            call.transfer_progress(status, reason)
 
     def _on_cancel(self, request: SipRequest, addr: tuple[str, int]) -> None:
         call = self.calls.get(request.call_id or "")
@@ -389,9 +400,9 @@ class SipServer:
                 await call.inbox.put(command)
 
         async def close(end: SessionEnd) -> None:
+            reason = call.end_reason or end.reason
             if call.invite.hangup() is not None:
-                logger.info("%s: hung up (BYE)%s", call.ids,
-                            f": {end.reason}" if end.reason else "")
+                logger.info("%s: hung up (BYE)%s", call.ids, f": {reason}" if reason else "")
 
         fmt = AudioFormat.of(plan.law)  # the call's law, whatever the app's config said
         if chosen is not None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from aiosipua import IncomingCall, prettify_header_name
 
+from voxline.errors import ProtocolError
 from voxline.realtime.session_host import Admission
 from voxline.realtime.transports.sip_early_media import EarlyMedia
 from voxline.realtime.transports.sip_media import MediaPlan, RtpLeg
@@ -63,6 +64,8 @@ class SipCall:
     task: asyncio.Task[None] | None = None
     ended: bool = False
     heard_at: float = field(default_factory=lambda: asyncio.get_running_loop().time())  # RTP
+    transfer: str | None = None  # the REFER target while a transfer is in progress
+    end_reason: str | None = None  # why the server ends the call, when it is not the caller
     early: EarlyMedia | None = None  # the ringback (or WAV) played while ringing
     early_answer: str | None = None  # the SDP sent with 183 Session Progress
 
@@ -123,7 +126,9 @@ class SipCall:
             await asyncio.gather(self.task, return_exceptions=True)
 
     def refer(self, target: str) -> None:
-        """Ask the caller to call `target` instead (REFER, RFC 3515)."""
+        """Ask the caller to call `target` instead (REFER, RFC 3515); its progress comes
+        back through :meth:`transfer_progress`."""
+        self.transfer = target
         via = self.invite._signaling_addr()
         request = self.invite.dialog.create_request("REFER", via_host=via[0], via_port=via[1])
         request.headers.set_single("Refer-To", f"<{target}>")
@@ -131,6 +136,27 @@ class SipCall:
         assert self.invite.transport is not None
         self.invite.transport.send(request, self.invite.source_addr)
         logger.info("%s: REFER to %s", self.ids, target)
+
+    def transfer_progress(self, status: int, reason: str) -> None:
+        """The transferee's report (a NOTIFY's sipfrag, or a REFER refused outright): a 2xx
+        ends the call, a failure keeps it and tells the watchers."""
+        target = self.transfer
+        if target is None or status < 200:
+            if target is not None:
+                logger.info("%s: transfer to %s: %d %s", self.ids, target, status, reason)
+            return
+        self.transfer = None
+        if status < 300:
+            logger.info("%s: transferred to %s (%d %s); ending the call", self.ids, target,
+                        status, reason)
+            self.end_reason = f"transferred to {target}"
+            self.end()
+            return
+        logger.warning("%s: the transfer to %s failed: %d %s; the call goes on", self.ids,
+                       target, status, reason)
+        self.publish(ev.ErrorEvent.from_exception(ProtocolError(
+            f"the transfer to {target} failed: SIP {status} {reason}".rstrip(),
+            code="call_transfer_failed", param="target_uri")))
 
     # -- media and events -----------------------------------------------------------
 

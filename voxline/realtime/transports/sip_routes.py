@@ -132,6 +132,10 @@ async def refer_call(call_id: str, request: Request) -> Response:
     if call.ringing or call.ended:
         return error_response(409, f"call {call.id} is not answered", code="call_not_active",
                               param="call_id")
+    if call.transfer is not None:
+        return error_response(409, f"call {call.id} is already being transferred to "
+                              f"{call.transfer}; wait for its outcome",
+                              code="call_transfer_in_progress", param="call_id")
     call.refer(target)
     return Response(status_code=200)
 
@@ -174,7 +178,8 @@ async def watch_call(ws: WebSocket, call_id: str) -> None:
         await outbox.flush(2.0)
         await outbox.stop()
         with contextlib.suppress(RuntimeError):
-            await ws.close(code=1000, reason="the call ended" if call.done.is_set() else "")
+            await ws.close(code=1000, reason=(call.end_reason or "the call ended")
+                           if call.done.is_set() else "")
 
 
 async def _steer(ws: WebSocket, call: SipCall, observe: Any, max_bytes: int) -> None:

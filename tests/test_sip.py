@@ -19,7 +19,7 @@ import pytest
 from conftest import TIME_FACTOR
 from fakes import tone
 from live_server import free_port, serve_app
-from sip_peer import RATE, RawSip, baresip_call, next_request, sdp_offer
+from sip_peer import RATE, RawSip, RtpSocket, baresip_call, next_request, sdp_offer
 
 from voxline.config import load_settings
 from voxline.engines.client import InProcessEngineClient
@@ -121,6 +121,57 @@ async def test_the_server_hangs_up_when_the_session_ends(caplog) -> None:
             await ua.until("terminated", 20)  # the server's BYE
             await released(app, engine)
     assert logged(caplog, r"hung up \(BYE\)")
+
+
+async def test_a_drain_refuses_new_calls_503_and_lets_the_reply_finish_before_bye() -> None:
+    import base64
+    import json
+
+    import websockets
+
+    with sip_server() as (app, engine):
+        sip, port = app.state.sip, app.state.voxline.settings.sip_port
+        raw, other, rtp = RawSip(port), RawSip(port), RtpSocket()
+        received: list[Any] = []
+
+        async def collect() -> None:
+            while True:
+                received.extend(await rtp.packets(1, timeout=60))
+
+        collector = asyncio.create_task(collect())
+        try:
+            raw.request("INVITE", "drained", body=sdp_offer(rtp.port))
+            ok = await raw.response("drained")
+            assert ok.status_code == 200
+            raw.request("ACK", "drained", to_tag=tag_of(ok), content_type="")
+            call_id = next(iter(sip.calls.values())).id
+            url = f"ws://127.0.0.1:{app.state.voxline.settings.port}/v1/realtime?call_id={call_id}"
+            sent = 0  # 20 ms frames of the reply the session sent the transport
+            async with websockets.connect(url) as ws:
+                await ws.send(json.dumps({"type": "response.create"}))
+                async with asyncio.timeout(20 * TIME_FACTOR):
+                    while (event := json.loads(await ws.recv()))["type"] != "response.created":
+                        pass
+                    asyncio.run_coroutine_threadsafe(app.state.voxline.host.drain(20), sip.loop)
+                    while (event := json.loads(await ws.recv()))["type"] != "response.done":
+                        if event["type"] in ("response.output_audio.delta", "response.audio.delta"):
+                            sent += -(-len(base64.b64decode(event["delta"])) // 160)
+                assert event["response"]["status"] == "completed"
+                other.request("INVITE", "too-late", body=sdp_offer(4000))
+                late = await other.response("too-late")
+                assert late.status_code == 503
+                assert late.headers.get_first("retry-after") == "5"
+                bye = await next_request(raw, "BYE", timeout=30)
+                await asyncio.sleep(0.3)  # packets that came before the BYE, read
+                heard = len(received)  # the leg is closed: nothing comes after the BYE
+            assert bye.call_id == "drained"
+            assert sent > 10 and heard == sent  # the whole reply went out, then the BYE
+            await eventually(lambda: not sip.calls and sip.rtp_ports_in_use == 0)
+        finally:
+            collector.cancel()
+            raw.close()
+            other.close()
+            rtp.close()
 
 
 # ------------------------------------------------------------------ refusals and bad input

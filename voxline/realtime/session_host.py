@@ -241,6 +241,12 @@ class SessionHost:
                 self._idle.set()
         return self._draining, self._idle
 
+    async def wait_draining(self) -> None:
+        """Return once a drain has begun (for transports holding a peer that is not yet
+        a session, e.g. a ringing phone call)."""
+        draining, _ = self._events()
+        await draining.wait()
+
     async def drain(self, grace: float) -> None:
         """Refuse new sessions; let open ones finish their reply in flight (`grace` s at
         most), then close them with 1001; return once they have closed (or shortly after

@@ -69,6 +69,7 @@ from voxline.sessions.settings import AudioFormat, SessionSettings, Transcriptio
 
 logger = logging.getLogger(__name__)
 
+FLUSH_S = 10.0  # at most this long for the queued reply to go out before the server's BYE
 RETRY_AFTER_S = 5  # 503's Retry-After while the engine starts or the server drains
 USER_AGENT = "voxline"
 
@@ -111,6 +112,7 @@ class SipServer:
             settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1")
         self.early_audio = load_early_media(settings.sip_early_media)
         self.calls: dict[str, SipCall] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._uas: list[SipUAS] = []
 
     @property
@@ -118,6 +120,7 @@ class SipServer:
         return len(self.ports._allocated)
 
     async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()  # the server's loop (a drain runs on it)
         port = self.settings.sip_port
         assert port is not None
         for transport in (UdpTransport(local_addr=(self.bind_host, port)),
@@ -332,15 +335,22 @@ class SipServer:
             url, self.settings.sip_webhook_secret, event,
             timeout=self.settings.sip_webhook_timeout, retries=self.settings.sip_webhook_retries))
         delivery.add_done_callback(lambda task: self._undelivered(call, task))
+        draining = asyncio.create_task(self.state.host.wait_draining())
         try:
-            return await asyncio.wait_for(asyncio.shield(call.decision),
-                                          self.settings.sip_accept_timeout)
-        except TimeoutError:
-            logger.warning("%s: not accepted within %.0f s: rejected (480)", call.ids,
-                           self.settings.sip_accept_timeout)
-            call.decide(Reject(480))
-            return Reject(480)
+            await asyncio.wait({draining, call.decision}, timeout=self.settings.sip_accept_timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if call.decision.done():
+                return call.decision.result()
+            if draining.done():
+                logger.info("%s: the server drains; a ringing call is refused (503)", call.ids)
+                call.decide(Reject(503, retry_after=RETRY_AFTER_S))
+            else:
+                logger.warning("%s: not accepted within %.0f s: rejected (480)", call.ids,
+                               self.settings.sip_accept_timeout)
+                call.decide(Reject(480))
+            return call.decision.result()
         finally:
+            draining.cancel()
             if not delivery.done():
                 delivery.cancel()
 
@@ -400,6 +410,8 @@ class SipServer:
                 await call.inbox.put(command)
 
         async def close(end: SessionEnd) -> None:
+            if not call.ended:  # the server ends it: the reply queued is heard, then BYE
+                await leg.flush(FLUSH_S)
             reason = call.end_reason or end.reason
             if call.invite.hangup() is not None:
                 logger.info("%s: hung up (BYE)%s", call.ids, f": {reason}" if reason else "")

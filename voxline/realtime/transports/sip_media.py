@@ -16,6 +16,8 @@ the session.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -162,6 +164,12 @@ class RtpLeg:
         if self.session is not None and not self.on_hold:
             for frame in frames:
                 self.session.send_audio_auto(frame)
+
+    async def flush(self, timeout: float) -> None:
+        """Wait (at most `timeout` s) until the frames queued have gone out."""
+        if self.session is not None and not self.on_hold:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.session.drain(), timeout)
 
     def drop_queued(self) -> None:
         sender = self.session._paced_sender if self.session is not None else None

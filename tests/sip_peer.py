@@ -146,7 +146,7 @@ def sdp_offer(rtp_port: int, codecs: str = "0 8 101", direction: str = "sendrecv
               version: int = 1) -> str:
     maps = {"0": "a=rtpmap:0 PCMU/8000", "8": "a=rtpmap:8 PCMA/8000",
             "9": "a=rtpmap:9 G722/8000", "101": "a=rtpmap:101 telephone-event/8000",
-            "111": "a=rtpmap:111 opus/48000/2"}
+            "111": "a=rtpmap:111 opus/48000/2", "13": "a=rtpmap:13 CN/8000"}
     lines = ["v=0", f"o=- 1 {version} IN IP4 127.0.0.1", "s=-", "c=IN IP4 127.0.0.1", "t=0 0",
              f"m=audio {rtp_port} RTP/AVP {codecs}"]
     lines += [maps[c] for c in codecs.split()] + [f"a={direction}"]

@@ -19,7 +19,15 @@ import pytest
 from conftest import TIME_FACTOR
 from fakes import tone
 from live_server import free_port, serve_app
-from sip_peer import RATE, RawSip, RtpSocket, baresip_call, next_request, sdp_offer
+from sip_peer import (
+    RATE,
+    RawSip,
+    RtpSocket,
+    baresip_call,
+    next_request,
+    rtp_port_of,
+    sdp_offer,
+)
 
 from voxline.config import load_settings
 from voxline.engines.client import InProcessEngineClient
@@ -172,6 +180,50 @@ async def test_a_drain_refuses_new_calls_503_and_lets_the_reply_finish_before_by
             raw.close()
             other.close()
             rtp.close()
+
+
+async def test_comfort_noise_is_answered_heard_as_silence_and_sent_after_the_reply(
+        server) -> None:
+    import json
+
+    import websockets
+
+    from voxline.codecs import float_to_ulaw
+
+    app, engine = server
+    sip, port = app.state.sip, app.state.voxline.settings.sip_port
+    raw, rtp = RawSip(port), RtpSocket()
+    try:
+        raw.request("INVITE", "comfort", body=sdp_offer(rtp.port, codecs="0 13 101"))
+        ok = await raw.response("comfort")
+        assert ok.status_code == 200 and "a=rtpmap:13 CN/8000" in ok.text
+        server_rtp = rtp_port_of(ok)
+        raw.request("ACK", "comfort", to_tag=tag_of(ok), content_type="")
+        call_id = next(c.id for c in sip.calls.values() if c.sip_call_id == "comfort")
+        url = f"ws://127.0.0.1:{app.state.voxline.settings.port}/v1/realtime?call_id={call_id}"
+        async with websockets.connect(url) as ws:
+            async def until(kind: str) -> None:
+                async with asyncio.timeout(20 * TIME_FACTOR):
+                    while json.loads(await ws.recv())["type"] != kind:
+                        pass
+
+            talk = float_to_ulaw(tone(1.0, RATE))
+            for i in range(0, len(talk), 160):  # a second of speech at real time
+                rtp.send(server_rtp, 0, talk[i:i + 160])
+                await asyncio.sleep(0.02)
+            rtp.send(server_rtp, 13, bytes([60]))  # then the phone goes quiet: CN, no audio
+            await until("input_audio_buffer.speech_stopped")  # the silence was heard
+            await until("response.done")
+        sent_cn = []
+        async with asyncio.timeout(20 * TIME_FACTOR):
+            while not sent_cn:  # the reply ends: the server's pacer says CN
+                sent_cn = [p for p in await rtp.packets(1) if p.payload_type == 13]
+        assert len(sent_cn[0].payload) == 1  # the noise level, -dBov
+        raw.request("BYE", "comfort", cseq=2, to_tag=tag_of(ok), content_type="")
+        await released(app, engine)
+    finally:
+        raw.close()
+        rtp.close()
 
 
 # ------------------------------------------------------------------ refusals and bad input

@@ -309,6 +309,8 @@ class SipServer:
             if not call.invite._answered:
                 call.invite.reject(500, "Server Internal Error")
         finally:
+            if call.silence is not None:
+                call.silence.cancel()
             self.calls.pop(call.sip_call_id, None)
             self.state.calls.pop(call.id, None)
             call.done.set()
@@ -367,7 +369,7 @@ class SipServer:
         if call.plan is None or call.leg.session is None:
             call.plan = answer_offer(call.invite.sdp_offer, self.media_host, call.leg.port)
             await call.leg.start(self.bind_host, call.plan, call.frame,
-                                 lambda d, _ms: call.digit(d))
+                                 lambda d, _ms: call.digit(d), call.comfort_noise)
         return call.plan
 
     async def _early_media(self, call: SipCall) -> None:

@@ -14,8 +14,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 from aiosipua import IncomingCall, prettify_header_name
 
+from voxline.codecs import float_to_alaw, float_to_ulaw
 from voxline.errors import ProtocolError
 from voxline.realtime.session_host import Admission
 from voxline.realtime.transports.sip_early_media import EarlyMedia
@@ -26,6 +28,8 @@ from voxline.sessions.settings import SessionSettings
 
 logger = logging.getLogger(__name__)
 
+FRAME_SAMPLES = 160  # 20 ms of 8 kHz G.711
+FRAME_S = 0.02
 COMMAND_LIMIT = 1024  # caller frames the session has not taken yet (20 s of audio)
 DEFAULT_REJECT = 603  # Decline, OpenAI's default for /reject
 
@@ -68,6 +72,7 @@ class SipCall:
     end_reason: str | None = None  # why the server ends the call, when it is not the caller
     early: EarlyMedia | None = None  # the ringback (or WAV) played while ringing
     early_answer: str | None = None  # the SDP sent with 183 Session Progress
+    silence: asyncio.Task[None] | None = None  # silence frames while the caller sends CN
 
     @property
     def id(self) -> str:
@@ -112,6 +117,9 @@ class SipCall:
     def end(self) -> None:
         """The caller hung up (BYE, CANCEL) or the app did: the session's input ends."""
         self.decide(Reject(0))
+        if self.silence is not None:
+            self.silence.cancel()
+            self.silence = None
         if not self.ended:
             self.ended = True
             self.inbox.put_nowait(None)  # room is kept for it
@@ -162,8 +170,35 @@ class SipCall:
 
     def frame(self, payload: bytes) -> None:
         self.heard_at = asyncio.get_running_loop().time()
+        if self.silence is not None:  # the caller talks again: its own audio follows
+            self.silence.cancel()
+            self.silence = None
         if self.ended or self.ringing:  # early media: the caller is not talking to us yet
             return
+        self._append(payload)
+
+    def comfort_noise(self, level: int) -> None:
+        """An RFC 3389 CN packet: the caller's phone stopped sending audio because the
+        caller is silent. Until its audio resumes the session gets 20 ms silence frames
+        at real time, so VAD and turn detection hear the silence that is there."""
+        self.heard_at = asyncio.get_running_loop().time()
+        if self.silence is None and not self.ended and not self.ringing and self.plan:
+            silent = (float_to_ulaw if self.plan.law == "ulaw" else float_to_alaw)(
+                np.zeros(FRAME_SAMPLES, np.float32))
+            self.silence = asyncio.create_task(self._fill_silence(silent),
+                                               name=f"sip-cn-{self.id}")
+
+    async def _fill_silence(self, silent: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        start, sent = loop.time(), 0
+        while not self.ended:
+            due = int((loop.time() - start) / FRAME_S) + 1  # by the clock: no drift
+            for _ in range(due - sent):
+                self._append(silent)
+            sent = due
+            await asyncio.sleep(start + sent * FRAME_S - loop.time())
+
+    def _append(self, payload: bytes) -> None:
         if self.inbox.qsize() >= COMMAND_LIMIT:
             logger.warning("%s: the session is behind; a caller frame was dropped", self.ids)
             return

@@ -1,8 +1,9 @@
 """A SIP call's media: the SDP answer, the RTP leg (aiortp) and the bridge between RTP and
 the session.
 
-- :func:`answer_offer` picks G.711 (PCMU or PCMA, in the caller's order of preference)
-  and the caller's telephone-event payload type from an SDP offer, or raises
+- :func:`answer_offer` picks G.711 (PCMU or PCMA, in the caller's order of preference),
+  the caller's telephone-event payload type and comfort noise (CN, 13) from an SDP offer,
+  or raises
   :class:`MediaRefused` (a SIP 488).
 - :class:`RtpBridge` (sans I/O) maps between the session and 20 ms G.711 frames, as the
   Twilio bridge does: caller frames become ``input_audio_buffer.append`` in the call's own
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 FRAME_MS = 20
 FRAME_BYTES = 160  # 20 ms of 8 kHz G.711
 G711_LAWS: dict[int, AudioEncoding] = {0: "ulaw", 8: "alaw"}  # static payload types
+CN_PAYLOAD_TYPE = 13  # RFC 3389 comfort noise, static at 8 kHz (RFC 3551)
 
 
 class MediaRefused(Exception):
@@ -52,6 +54,7 @@ class MediaPlan:
     remote: tuple[str, int]
     answer: SdpMessage
     on_hold: bool = False  # the caller's direction is sendonly / inactive
+    comfort_noise: bool = False  # both sides use RFC 3389 CN (payload type 13)
 
 
 def answer_offer(offer: SdpMessage | None, local_ip: str, rtp_port: int) -> MediaPlan:
@@ -69,9 +72,14 @@ def answer_offer(offer: SdpMessage | None, local_ip: str, rtp_port: int) -> Medi
                                    dtmf_payload_type=dtmf or 0, session_name="voxline")
     except SdpNegotiationError as exc:
         raise MediaRefused(f"no common codec (PCMU or PCMA): {exc}") from None
+    cn = any(c.payload_type == CN_PAYLOAD_TYPE for c in audio.codecs)
+    answered = answer.audio
+    if cn and answered is not None:  # RFC 3389 comfort noise, offered: answered too
+        answered.formats.insert(1, str(CN_PAYLOAD_TYPE))
+        answered.attributes.setdefault("rtpmap", []).insert(1, f"{CN_PAYLOAD_TYPE} CN/8000")
     return MediaPlan(pt, G711_LAWS[pt], dtmf, remote, answer,
                      on_hold=audio.direction in ("sendonly", "inactive")
-                     or remote[0] in ("0.0.0.0", "::"))
+                     or remote[0] in ("0.0.0.0", "::"), comfort_noise=cn)
 
 
 class PassThrough(RtpCodec):
@@ -142,13 +150,18 @@ class RtpLeg:
 
     async def start(self, bind_host: str, plan: MediaPlan,
                     on_frame: Callable[[bytes], None],
-                    on_dtmf: Callable[[str, int], None]) -> None:
+                    on_dtmf: Callable[[str, int], None],
+                    on_comfort_noise: Callable[[int], None] | None = None) -> None:
+        # with CN agreed, aiortp's pacer sends a CN packet when our reply audio stops (and
+        # every 3 s of silence); a CN packet from the caller comes to `on_comfort_noise`
         self.session = await RTPSession.create(
             (bind_host, self.port), plan.remote, plan.payload_type, codec=PassThrough(),
             dtmf_payload_type=plan.dtmf_payload_type or 101, plc=False, paced=True,
-            symmetric_rtp=True, jitter_capacity=16, jitter_prefetch=2, cname="voxline")
+            symmetric_rtp=True, jitter_capacity=16, jitter_prefetch=2, cname="voxline",
+            cn=plan.comfort_noise, cn_payload_type=CN_PAYLOAD_TYPE)
         self.session.on_audio = lambda payload, _ts: on_frame(payload)
         self.session.on_dtmf = on_dtmf
+        self.session.on_cn = on_comfort_noise
 
     def update(self, plan: MediaPlan) -> None:
         """A re-INVITE: hold, resume, or the caller's media moved."""

@@ -304,3 +304,33 @@ async def _bot_said(caplog, timeout: float) -> str:
             return found[0]
         await asyncio.sleep(0.1)
     raise AssertionError("the bot never finished a reply")
+
+
+async def test_frame_pacer_sends_frames_20_ms_apart_with_a_lead_and_clear_drops_the_rest(
+        ) -> None:
+    """The pacing of reply frames, on a stand-in clock (no waiting on real time)."""
+    from voxline.realtime.transports.frame_pacer import FramePacer
+
+    now = [100.0]
+    sent: list[str] = []
+    pacer = FramePacer(sent.append, lead=0.06, clock=lambda: now[0])
+    for i in range(10):  # one reply chunk: ten frames, then its mark
+        pacer.push(f"f{i}", is_frame=True)
+    pacer.push("mark", is_frame=False)
+    wait = pacer.pump()
+    assert sent == ["f0", "f1", "f2"]  # the lead: 60 ms ahead of the peer's playback
+    assert wait is not None and 0 < wait <= 0.02
+    for step in range(1, 5):  # one frame per 20 ms of playback
+        now[0] += 0.02
+        pacer.pump()
+        assert len(sent) == 3 + step
+    assert pacer.clear() == 3  # barge-in: f7..f9 are never sent, nor the mark after them
+    assert pacer.pump() is None and sent[-1] == "f6" and "mark" not in sent
+    now[0] += 1.0  # silence, then the next reply starts with the lead again
+    for i in range(4):
+        pacer.push(f"g{i}", is_frame=True)
+    pacer.push("mark2", is_frame=False)
+    pacer.pump()
+    assert sent[-3:] == ["g0", "g1", "g2"]
+    pacer.flush()  # the session closes: the rest goes at once, in order
+    assert sent[-2:] == ["g3", "mark2"]

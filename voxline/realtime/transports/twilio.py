@@ -3,8 +3,8 @@
 
 The transport holds no conversation logic. :class:`TwilioBridge` (sans I/O) maps Twilio
 messages to session commands and session events to Twilio messages: caller audio is
-appended as μ-law; reply audio goes out as 20 ms ``media`` frames, as the session paces
-it, each reply chunk followed by a ``mark``. Twilio echoes a mark when the audio before it
+appended as μ-law; reply audio goes out as 20 ms ``media`` frames, 20 ms apart with a 60 ms lead
+(:mod:`frame_pacer`), each reply chunk followed by a ``mark``. Twilio echoes a mark when the audio before it
 has played, so at barge-in (the session clears its output buffer) the bridge sends
 ``clear`` first and then truncates the reply at the last mark echoed: what the caller
 actually heard. The session is told the transport reports playout, so it does not cut by
@@ -14,6 +14,7 @@ its own clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -34,9 +35,11 @@ from voxline.realtime.session_host import (
 from voxline.realtime.state import get_state
 from voxline.realtime.transports import twilio_wire as tw
 from voxline.realtime.transports.call_log import log_call_event
+from voxline.realtime.transports.frame_pacer import FramePacer
 from voxline.realtime.transports.outbox import Outbox, admit_or_close, close_after
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
+from voxline.sessions.runner import SessionEnded
 from voxline.sessions.settings import AudioFormat, SessionSettings, Transcription
 
 logger = logging.getLogger(__name__)
@@ -236,19 +239,29 @@ async def _serve(ws: WebSocket, admission: Admission) -> None:
     bridge = TwilioBridge()
     inbox: asyncio.Queue[cmd.ClientCommand | None] = asyncio.Queue(COMMAND_LIMIT)
     outbox = Outbox(ws.send_text, state.settings.send_buffer_kb * 1024)
+    pacer = FramePacer(outbox.put)  # the reply's frames 20 ms apart, a little ahead
 
     async def send(event: ev.ServerEvent) -> None:
+        if pacer.failure is not None:
+            raise pacer.failure
         out, commands = bridge.on_event(event)
-        for message in out:  # never waits on Twilio; raises SlowClient past the bound
-            outbox.put(json.dumps(message, separators=(",", ":")))
+        for message in out:
+            if message["event"] == "clear":  # barge-in: what is not sent is never sent
+                pacer.clear()
+            pacer.push(json.dumps(message, separators=(",", ":")),
+                       is_frame=message["event"] == "media")
+        pacer.pump()  # what is due goes now; never waits on Twilio; may raise SlowClient
         for command in commands:
             await inbox.put(command)  # one per barge-in
 
     async def stop_reader() -> None:
         reader.cancel()
+        await pacer.stop()
         await asyncio.gather(reader, return_exceptions=True)
 
     async def close(end: SessionEnd) -> None:
+        with contextlib.suppress(SessionEnded):  # a slow peer: the close says so anyway
+            pacer.flush()  # the rest of the reply, for Twilio's buffer to play
         await close_after(ws, outbox, end, state.metrics)
 
     def hung_up(exc: Exception) -> bool:  # the caller hung up while a reply frame was sent
@@ -259,6 +272,7 @@ async def _serve(ws: WebSocket, admission: Admission) -> None:
     reader = asyncio.create_task(_read_twilio(ws, bridge, inbox), name="twilio-reader")
     logger.info("twilio session %s opened", admission.session_id)
     outbox.start()
+    pacer.start()
     # SIGTERM: the reply in flight ends, then 1001
     await state.host.serve(admission, runner, _commands(inbox), close=close,
                            cleanup=stop_reader, peer_gone=hung_up)

@@ -15,11 +15,16 @@ decides who is answered and owns each call's life:
   drains, 503 with Retry-After.
 - An admitted call rings (180) and is listed under its OpenAI call id (``rtc_...``). With
   ``sip_webhook_url`` the app decides (accept with a session, reject, or 480 after
-  ``sip_accept_timeout``); without, it is accepted with the default session. Accepted, it
-  gets an RTP port from ``sip_rtp_ports`` and a 200 with the SDP answer.
+  ``sip_accept_timeout``; 503 if the server starts draining) while the caller hears
+  ``sip_early_media`` (183 with the SDP answer, :mod:`sip_early_media`); without, it is
+  accepted with the default session. Accepted, it gets an RTP port from ``sip_rtp_ports``
+  (the early media's, if it had one) and a 200 with the SDP answer.
+- ``/refer`` sends a REFER; the transferee's NOTIFYs (or a refusal of the REFER) report
+  the outcome to :meth:`SipCall.transfer_progress`.
 - A BYE or CANCEL from the caller, ``/hangup``, a caller silent past
   ``sip_media_timeout`` or a 200 never ACKed ends the session and its engine stream; a
-  session that ends on the server's side (its time limit, a drain, an error) sends BYE.
+  session that ends on the server's side (its time limit, a drain, an error) sends BYE once
+  the reply queued on RTP has gone out.
   However it ends, the RTP ports, the session slot and the call's listing are released.
 - A re-INVITE (hold, resume, a moved media address) is answered on the same port and law.
 """

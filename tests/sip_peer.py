@@ -33,6 +33,7 @@ auplay_channels		1
 rtp_ports		{rtp_low}-{rtp_high}
 module_path		/usr/lib/baresip/modules
 module			g711.so
+module			opus.so
 module			aufile.so
 module			stdio.so
 module			sndfile.so

@@ -120,6 +120,42 @@ async def test_a_real_user_agent_talks_presses_digits_and_hangs_up(server, caplo
     assert logged(caplog, r"sip call rtc_\S+ \(Call-ID \S+\): the caller hung up")
 
 
+async def test_a_user_agent_offering_opus_talks_in_opus(server, caplog) -> None:
+    app, engine = server
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    port = app.state.voxline.settings.sip_port
+    audio = np.concatenate([np.zeros(int(0.3 * RATE), np.float32), speech(0.6, 30.0)])
+    async with baresip_call(port, audio, codec="opus/48000/2,PCMU") as ua:
+        await ua.until("Call established")
+        await eventually(lambda: logged(caplog, r"bot said '(.+)'"), 30)
+        await ua.hangup()
+        await released(app, engine)
+        await eventually(lambda: ua.heard().size > RATE // 2)
+        heard = ua.heard()
+    assert logged(caplog, r"answered: Opus, RTP")
+    assert logged(caplog, r"caller said 'hello there friend'")  # the ASR heard the Opus audio
+    assert np.abs(heard).max() > 0.05, "the caller heard only silence"
+
+
+def test_an_opus_offer_is_answered_with_opus_first_and_g711_otherwise() -> None:
+    from aiosipua import parse_sdp
+
+    from voxline.realtime.transports.sip_media import answer_offer
+
+    plan = answer_offer(parse_sdp(sdp_offer(4000, codecs="0 111 101")), "127.0.0.1", 5000)
+    assert plan.opus and plan.payload_type == 111 and plan.law == "pcm16"
+    answer = serialize(plan.answer)
+    assert "a=rtpmap:111 opus/48000/2" in answer and "PCMU" not in answer
+    g711 = answer_offer(parse_sdp(sdp_offer(4000, codecs="8 0 101")), "127.0.0.1", 5000)
+    assert not g711.opus and g711.law == "alaw"
+
+
+def serialize(sdp: Any) -> str:  # noqa: ANN401
+    from aiosipua import serialize_sdp
+
+    return serialize_sdp(sdp)
+
+
 async def test_the_server_hangs_up_when_the_session_ends(caplog) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)
     with sip_server(max_session_seconds=1.5) as (app, engine):
@@ -243,7 +279,7 @@ async def test_bad_requests_get_4xx_and_the_server_goes_on(server, caplog) -> No
             raw.send(garbage)
         raw.request("INVITE", "no-sdp")
         assert (await raw.response("no-sdp")).status_code == 488
-        raw.request("INVITE", "no-codec", body=sdp_offer(4000, "9 111"))
+        raw.request("INVITE", "no-codec", body=sdp_offer(4000, "9"))
         assert (await raw.response("no-codec")).status_code == 488
         raw.request("INVITE", "bad-sdp", body="this is not SDP at all\r\nm=audio x\r\n")
         assert (await raw.response("bad-sdp")).status_code in (400, 488)

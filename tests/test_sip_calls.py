@@ -234,6 +234,8 @@ def test_early_media_plays_a_wav_at_8_khz_and_refuses_a_bad_setting(tmp_path) ->
     frames = encode_frames(audio, "ulaw")
     assert len(frames) == 50 and {len(f) for f in frames} == {160}
     assert tone_power(frames, 1000) > 0.9
+    packets = encode_frames(audio, "pcm16", opus=True)  # an Opus call's early media
+    assert 50 <= len(packets) <= 52 and all(packets)
     assert load_early_media("none") is None
     assert load_settings(sip_early_media=str(wav)).sip_early_media == str(wav)
     with pytest.raises(ValidationError, match="sip_early_media"):

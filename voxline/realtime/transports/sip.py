@@ -388,7 +388,7 @@ class SipServer:
         assert leg is not None
         call.early_answer = serialize_sdp(plan.answer)
         call.progress()
-        call.early = EarlyMedia(encode_frames(self.early_audio, plan.law), leg.send,
+        call.early = EarlyMedia(encode_frames(self.early_audio, plan.law, opus=plan.opus), leg.send,
                                 lambda: leg.queued_frames, leg.drop_queued)
         call.early.start()
         logger.info("%s: early media (%s) on RTP %d -> %s:%d", call.ids,
@@ -402,9 +402,9 @@ class SipServer:
         call.invite.accept(plan.answer)
         call.heard_at = asyncio.get_running_loop().time()  # the media timeout starts now
         logger.info("%s from %s answered: %s, RTP %d <-> %s:%d", call.ids,
-                    call.invite.caller, "PCMU" if plan.law == "ulaw" else "PCMA",
+                    call.invite.caller, plan.codec_name,
                     call.leg.port, *plan.remote)
-        bridge = RtpBridge(call.ids)
+        bridge = RtpBridge(call.ids, call.leg.wire)
         leg = call.leg
 
         async def send(event: ev.ServerEvent) -> None:

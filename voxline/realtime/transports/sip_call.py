@@ -14,10 +14,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 from aiosipua import IncomingCall, prettify_header_name
 
-from voxline.codecs import float_to_alaw, float_to_ulaw
 from voxline.errors import ProtocolError
 from voxline.realtime.session_host import Admission
 from voxline.realtime.transports.sip_early_media import EarlyMedia
@@ -173,7 +171,7 @@ class SipCall:
         if self.silence is not None:  # the caller talks again: its own audio follows
             self.silence.cancel()
             self.silence = None
-        if self.ended or self.ringing:  # early media: the caller is not talking to us yet
+        if self.ended or self.ringing or not payload:  # ringing: not talking to us yet
             return
         self._append(payload)
 
@@ -182,9 +180,9 @@ class SipCall:
         caller is silent. Until its audio resumes the session gets 20 ms silence frames
         at real time, so VAD and turn detection hear the silence that is there."""
         self.heard_at = asyncio.get_running_loop().time()
-        if self.silence is None and not self.ended and not self.ringing and self.plan:
-            silent = (float_to_ulaw if self.plan.law == "ulaw" else float_to_alaw)(
-                np.zeros(FRAME_SAMPLES, np.float32))
+        if self.silence is None and not self.ended and not self.ringing and self.plan \
+                and self.leg is not None:
+            silent = self.leg.wire.silence(self.plan.law)
             self.silence = asyncio.create_task(self._fill_silence(silent),
                                                name=f"sip-cn-{self.id}")
 

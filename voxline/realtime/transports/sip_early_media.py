@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from voxline.codecs import float_to_alaw, float_to_ulaw, read_wav, resample
+from voxline.codecs.opus import OpusEncoder
 from voxline.sessions.settings import AudioEncoding
 
 RATE = 8000
@@ -58,8 +59,11 @@ def load_early_media(spec: str) -> np.ndarray | None:
     return np.concatenate([audio, np.zeros(pad, np.float32)])
 
 
-def encode_frames(audio: np.ndarray, law: AudioEncoding) -> list[bytes]:
-    """`audio` (8 kHz float) as 20 ms G.711 frames in `law`."""
+def encode_frames(audio: np.ndarray, law: AudioEncoding, *, opus: bool = False) -> list[bytes]:
+    """`audio` (8 kHz float) as 20 ms RTP payloads: Opus packets, or G.711 in `law`."""
+    if opus:
+        encoder = OpusEncoder(RATE, application="voip")
+        return encoder.encode(audio) + encoder.flush()
     encoded = (float_to_ulaw if law == "ulaw" else float_to_alaw)(audio)
     return [encoded[i:i + FRAME_SAMPLES] for i in range(0, len(encoded), FRAME_SAMPLES)]
 

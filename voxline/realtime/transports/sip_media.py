@@ -23,10 +23,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 from aiortp import PortAllocator, RTPSession
 from aiortp.codecs import Codec as RtpCodec
 from aiosipua import SdpMessage, SdpNegotiationError, negotiate_sdp
 
+from voxline.codecs import float_to_alaw, float_to_pcm16, float_to_ulaw
+from voxline.codecs.opus import OpusDecoder, OpusEncoder
+from voxline.errors import AudioFormatError
 from voxline.realtime.transports.call_log import log_call_event
 from voxline.sessions import commands as cmd
 from voxline.sessions import events as ev
@@ -36,7 +40,9 @@ logger = logging.getLogger(__name__)
 
 FRAME_MS = 20
 FRAME_BYTES = 160  # 20 ms of 8 kHz G.711
+SESSION_RATE = 24000  # the session's PCM16 rate on an Opus call
 G711_LAWS: dict[int, AudioEncoding] = {0: "ulaw", 8: "alaw"}  # static payload types
+OPUS_CLOCK = 48000  # Opus's RTP clock, whatever rate it codes (RFC 7587)
 CN_PAYLOAD_TYPE = 13  # RFC 3389 comfort noise, static at 8 kHz (RFC 3551)
 
 
@@ -55,6 +61,11 @@ class MediaPlan:
     answer: SdpMessage
     on_hold: bool = False  # the caller's direction is sendonly / inactive
     comfort_noise: bool = False  # both sides use RFC 3389 CN (payload type 13)
+    opus: bool = False  # Opus at 48 kHz RTP clock; the session hears 24 kHz PCM16 (`law`)
+
+    @property
+    def codec_name(self) -> str:
+        return "Opus" if self.opus else "PCMU" if self.law == "ulaw" else "PCMA"
 
 
 def answer_offer(offer: SdpMessage | None, local_ip: str, rtp_port: int) -> MediaPlan:
@@ -67,11 +78,23 @@ def answer_offer(offer: SdpMessage | None, local_ip: str, rtp_port: int) -> Medi
         raise MediaRefused("the SDP offer has no audio stream with an address")
     dtmf = next((c.payload_type for c in audio.codecs
                  if c.encoding_name.lower() == "telephone-event"), None)
+    opus = next((c.payload_type for c in audio.codecs if c.encoding_name.lower() == "opus"
+                 and c.clock_rate == OPUS_CLOCK), None)
+    # Opus where the caller offers it (wideband speech), else its first G.711 law
+    supported = [opus] if opus is not None else list(G711_LAWS)
     try:
-        answer, pt = negotiate_sdp(offer, local_ip, rtp_port, supported_codecs=list(G711_LAWS),
+        answer, pt = negotiate_sdp(offer, local_ip, rtp_port, supported_codecs=supported,
                                    dtmf_payload_type=dtmf or 0, session_name="voxline")
     except SdpNegotiationError as exc:
-        raise MediaRefused(f"no common codec (PCMU or PCMA): {exc}") from None
+        raise MediaRefused(f"no common codec (Opus, PCMU or PCMA): {exc}") from None
+    if opus is not None:
+        answered = answer.audio
+        assert answered is not None
+        maps = answered.attributes["rtpmap"]
+        maps[0] = f"{opus} opus/{OPUS_CLOCK}/2"  # RFC 7587: always written with /2
+        return MediaPlan(pt, "pcm16", dtmf, remote, answer,
+                         on_hold=audio.direction in ("sendonly", "inactive")
+                         or remote[0] in ("0.0.0.0", "::"), opus=True)
     cn = any(c.payload_type == CN_PAYLOAD_TYPE for c in audio.codecs)
     answered = answer.audio
     if cn and answered is not None:  # RFC 3389 comfort noise, offered: answered too
@@ -83,11 +106,20 @@ def answer_offer(offer: SdpMessage | None, local_ip: str, rtp_port: int) -> Medi
 
 
 class PassThrough(RtpCodec):
-    """G.711 payload handed over as is: the session decodes it with voxline's codecs."""
+    """RTP payload handed over as is: :class:`WireCodec` does the coding."""
 
     name = "passthrough"
-    sample_rate = 8000
-    samples_per_frame = FRAME_BYTES
+
+    def __init__(self, clock_rate: int = 8000) -> None:
+        self._clock_rate = clock_rate
+
+    @property
+    def sample_rate(self) -> int:
+        return self._clock_rate
+
+    @property
+    def samples_per_frame(self) -> int:  # the RTP timestamp step of a 20 ms packet
+        return self._clock_rate * FRAME_MS // 1000
 
     def encode(self, pcm: bytes) -> bytes:
         return pcm
@@ -96,11 +128,58 @@ class PassThrough(RtpCodec):
         return payload
 
 
+class WireCodec:
+    """G.711 on the wire: the session's bytes are the RTP payload, cut in 20 ms frames."""
+
+    bytes_per_ms = 8.0  # the session's audio format
+
+    def to_wire(self, audio: bytes) -> list[bytes]:
+        return [audio[i:i + FRAME_BYTES] for i in range(0, len(audio), FRAME_BYTES)]
+
+    def from_wire(self, payload: bytes) -> bytes:
+        return payload
+
+    def silence(self, law: AudioEncoding) -> bytes:
+        """20 ms of silence in the session's format."""
+        return (float_to_ulaw if law == "ulaw" else float_to_alaw)(np.zeros(160, np.float32))
+
+    def reset(self) -> None:
+        """A barge-in: forget audio buffered towards the wire."""
+
+
+class OpusWire(WireCodec):
+    """Opus on the wire through ``voxline.codecs.opus``; the session's side is 24 kHz
+    PCM16 (its own format), so no G.711 narrowing."""
+
+    bytes_per_ms = 48.0  # 24 kHz PCM16
+
+    def __init__(self) -> None:
+        self._encoder = OpusEncoder(SESSION_RATE, bitrate=32000, application="voip")
+        self._decoder = OpusDecoder(SESSION_RATE)
+
+    def to_wire(self, audio: bytes) -> list[bytes]:
+        return self._encoder.encode(audio)
+
+    def from_wire(self, payload: bytes) -> bytes:
+        try:
+            return float_to_pcm16(self._decoder.decode(payload))
+        except AudioFormatError as exc:
+            logger.debug("dropping an Opus packet: %s", exc)
+            return b""
+
+    def silence(self, law: AudioEncoding) -> bytes:
+        return bytes(int(2 * SESSION_RATE * FRAME_MS / 1000))
+
+    def reset(self) -> None:
+        self._encoder.flush()  # drops the partial frame; the next reply starts clean
+
+
 @dataclass
 class RtpBridge:
-    """One call's mapping between 20 ms G.711 frames and the session, sans I/O."""
+    """One call's mapping between 20 ms RTP frames and the session, sans I/O."""
 
     ids: str
+    wire: WireCodec = field(default_factory=WireCodec)
     _sent_ms: dict[str, float] = field(default_factory=dict)  # item -> audio queued
     _items: dict[str, str] = field(default_factory=dict)  # response -> its audio item
 
@@ -114,10 +193,10 @@ class RtpBridge:
         if isinstance(event, ev.AudioDelta):
             self._items[event.response_id] = event.item_id
             self._sent_ms[event.item_id] = (self._sent_ms.get(event.item_id, 0.0)
-                                            + len(event.delta) * 1000 / 8000)
-            delta = event.delta
-            return [delta[i:i + FRAME_BYTES] for i in range(0, len(delta), FRAME_BYTES)], False, []
+                                            + len(event.delta) / self.wire.bytes_per_ms)
+            return self.wire.to_wire(event.delta), False, []
         if isinstance(event, ev.OutputAudioBufferCleared):
+            self.wire.reset()
             return [], True, self._cut(event.response_id, queued_frames)
         self._log(event)
         return [], False, []
@@ -141,6 +220,7 @@ class RtpLeg:
         self._ports = ports
         self.port = port
         self.session: RTPSession | None = None
+        self.wire = WireCodec()
         self.on_hold = False  # the caller does not take audio: reply frames are dropped
 
     @classmethod
@@ -154,12 +234,15 @@ class RtpLeg:
                     on_comfort_noise: Callable[[int], None] | None = None) -> None:
         # with CN agreed, aiortp's pacer sends a CN packet when our reply audio stops (and
         # every 3 s of silence); a CN packet from the caller comes to `on_comfort_noise`
+        self.wire = OpusWire() if plan.opus else WireCodec()
+        clock = OPUS_CLOCK if plan.opus else 8000
         self.session = await RTPSession.create(
-            (bind_host, self.port), plan.remote, plan.payload_type, codec=PassThrough(),
+            (bind_host, self.port), plan.remote, plan.payload_type,
+            codec=PassThrough(clock), clock_rate=clock,
             dtmf_payload_type=plan.dtmf_payload_type or 101, plc=False, paced=True,
             symmetric_rtp=True, jitter_capacity=16, jitter_prefetch=2, cname="voxline",
             cn=plan.comfort_noise, cn_payload_type=CN_PAYLOAD_TYPE)
-        self.session.on_audio = lambda payload, _ts: on_frame(payload)
+        self.session.on_audio = lambda payload, _ts: on_frame(self.wire.from_wire(payload))
         self.session.on_dtmf = on_dtmf
         self.session.on_cn = on_comfort_noise
 

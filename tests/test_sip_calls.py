@@ -400,3 +400,20 @@ async def test_a_call_whose_webhook_cannot_be_delivered_is_rejected_with_480(cap
             raw.close()
         await released(app, engine)
     assert "the webhook was not delivered: rejected (480)" in caplog.text
+
+
+async def test_a_call_ringing_when_the_server_drains_gets_503_with_retry_after() -> None:
+    with stand_in_app() as (url, hooks), sip_server(
+            sip_webhook_url=url, sip_webhook_secret=SECRET, sip_accept_timeout=30.0) as (
+            app, engine):
+        raw = RawSip(app.state.voxline.settings.sip_port)
+        try:
+            raw.request("INVITE", "ringing-drain", body=sdp_offer(4000))
+            await incoming(hooks, 1)  # the app has not decided yet
+            asyncio.run_coroutine_threadsafe(app.state.voxline.host.drain(10), app.state.sip.loop)
+            refused = await raw.response("ringing-drain")
+            assert refused.status_code == 503
+            assert refused.headers.get_first("retry-after") == "5"
+        finally:
+            raw.close()
+        await released(app, engine)

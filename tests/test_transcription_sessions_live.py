@@ -187,3 +187,38 @@ async def test_an_unknown_intent_is_refused_naming_it(server):
         r = await http.post("/v1/realtime/calls?intent=translate",
                             content="v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n", headers={"Content-Type": "application/sdp"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "intent"
+
+
+async def test_sdk_transcription_session_with_logprobs(server):
+    """`include` logprobs with the shipped ASR: every delta carries its own tokens' scores,
+    the completed transcript all of them, each a probability a greedy pick can have."""
+    import math
+
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=server + "/v1", api_key="unused")
+    async with client.realtime.connect(model="voxline",
+                                       extra_query={"intent": "transcription"}) as rt:
+        s = SdkSession(rt)
+        await s.until(lambda e: e.type == "session.created")
+        await rt.session.update(session={
+            "type": "transcription", "include": ["item.input_audio_transcription.logprobs"],
+            "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000},
+                                "turn_detection": {"type": "server_vad"}}}})
+        updated = await s.until(lambda e: e.type == "session.updated")
+        assert updated.session.include == ["item.input_audio_transcription.logprobs"]
+        pcm = float_to_pcm16(spoken(QUESTION))
+        for i in range(0, len(pcm), 4800):
+            await rt.input_audio_buffer.append(audio=b64(pcm[i:i + 4800]))
+            await asyncio.sleep(0.1)
+        final = await s.until(lambda e: e.type == COMPLETED)
+    assert s.problems() == []
+    assert said(final.transcript), final.transcript
+    assert final.logprobs, "the completed transcript carries its tokens"
+    assert "".join(lp.token for lp in final.logprobs).strip() == final.transcript
+    for lp in final.logprobs:
+        assert -math.log(32768) - 1e-3 <= lp.logprob <= 0 and bytes(lp.bytes).decode() == lp.token
+    deltas = [e for e in s.events if e.type == DELTA and e.item_id == final.item_id]
+    assert deltas and all(e.logprobs is not None for e in deltas)
+    for e in deltas:  # each delta's tokens spell that delta (from the hypothesis it came from)
+        assert "".join(lp.token for lp in e.logprobs).strip() == e.delta.strip()

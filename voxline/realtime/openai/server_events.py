@@ -268,12 +268,24 @@ def _render_retrieved(event: ItemRetrieved, dialect: Dialect) -> dict[str, Any]:
 
 
 def _render_transcription(event: InputTranscriptionCompleted, dialect: Dialect) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "item_id": event.item_id,
         "content_index": event.content_index,
         "transcript": event.transcript,
         "usage": {"type": "duration", "seconds": event.audio_seconds},
     }
+    if event.logprobs is not None:  # only when the session's `include` asks for them
+        out["logprobs"] = [lp.model_dump() for lp in event.logprobs]
+    return out
+
+
+def _render_transcription_delta(event: InputTranscriptionDelta, dialect: Dialect
+                                ) -> dict[str, Any]:
+    out: dict[str, Any] = {"item_id": event.item_id, "content_index": event.content_index,
+                           "delta": event.delta}
+    if event.logprobs is not None:
+        out["logprobs"] = [lp.model_dump() for lp in event.logprobs]
+    return out
 
 
 def _render_part_event(event: ContentPartAdded | ContentPartDone, dialect: Dialect) -> dict[str, Any]:
@@ -303,6 +315,7 @@ _SHAPERS: dict[type[ServerEvent], Callable[[Any, Dialect], dict[str, Any]]] = {
     ConversationCreated: _render_conversation,
     ItemRetrieved: _render_retrieved,
     InputTranscriptionCompleted: _render_transcription,
+    InputTranscriptionDelta: _render_transcription_delta,
     ContentPartAdded: _render_part_event,
     ContentPartDone: _render_part_event,
     FunctionCallArgumentsDone: _render_arguments_done,

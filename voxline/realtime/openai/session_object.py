@@ -480,7 +480,8 @@ def render_session(settings: SessionSettings, dialect: Dialect) -> dict[str, Any
     if dialect is Dialect.GA:
         out = settings.document()
         del out["temperature"]  # a voxline extension GA sessions do not have
-        del out["include"]  # a transcription session's field
+        if not settings.include:
+            del out["include"]
         if settings.reasoning_effort is None:
             del out["reasoning"]
         if settings.parallel_tool_calls is None:

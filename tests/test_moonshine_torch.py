@@ -244,3 +244,16 @@ def test_encoder_graphs_that_fail_to_capture_leave_the_encoder_eager(
         asr.prepare_encoder()
     assert asr.encoder is None and "runs eagerly" in caplog.text
     assert asr.transcribe_many(clips[:2], [DEFAULT] * 2) == want
+
+
+def test_scored_tokens_match_onnxruntime(asr: MoonshineTorchASR, reference: MoonshineASR,
+                                         clips: list[np.ndarray]) -> None:
+    """Token log-probabilities from the static decoder's steps (the batched torch path)
+    agree with onnxruntime's, token for token."""
+    ours = asr.transcribe_many_scored(clips, [DEFAULT] * len(clips))
+    for clip, scored in zip(clips, ours, strict=True):
+        want = reference.transcribe_scored(clip)
+        assert scored.text == want.text
+        assert [t.token for t in scored.tokens] == [t.token for t in want.tokens]
+        assert [t.logprob for t in scored.tokens] == pytest.approx(
+            [t.logprob for t in want.tokens], abs=2e-3)

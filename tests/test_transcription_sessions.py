@@ -165,3 +165,100 @@ def test_idle_timeout_answers_nothing_in_a_transcription_session():
         s.actor.tick(s.t)
     assert s.actor.response is None and s.wire() == []
     assert not [c for c in s.actor.take_commands() if isinstance(c, ep.CreateResponse)]
+
+
+def _tok(text: str, logprob: float) -> ep.TokenLogprob:
+    return ep.TokenLogprob(text, logprob, text.encode())
+
+
+QUESTION_TOKENS = [_tok(" What", -0.1), _tok(" is", -0.05), _tok(" the", -0.2),
+                   _tok(" capit", -0.7), _tok("al", -0.01), _tok(" of", -0.1),
+                   _tok(" France", -0.3), _tok("?", -0.02)]
+
+
+def scored_turn(s: Script, item: str = "item_u1") -> None:
+    """A turn whose engine outputs carry token log-probabilities (the stream asked)."""
+    s.engine(ep.VoiceStarted("s1", 300, item),
+             ep.TranscriptPartial("s1", item, "What is", QUESTION_TOKENS[:2]),
+             ep.TranscriptPartial("s1", item, "What is the capital", QUESTION_TOKENS[:5]))
+    s.t += 2.0
+    s.engine(ep.VoiceStopped("s1", 2100, item))
+    s.engine(ep.TranscriptFinal("s1", item, "What is the capital of France?", 80.0,
+                                QUESTION_TOKENS))
+
+
+@pytest.mark.parametrize("dialect", ["ga", "beta"])
+def test_include_logprobs_puts_each_deltas_tokens_on_it(dialect: str):
+    s = Script(SessionSettings.transcription_session())
+    if dialect == "ga":
+        cmds = s.send(type="session.update", session={
+            "type": "transcription", "include": ["item.input_audio_transcription.logprobs"]})
+    else:
+        cmds = s.send(type="transcription_session.update", session={
+            "include": ["item.input_audio_transcription.logprobs"]})
+    config, = [c for c in cmds if isinstance(c, ep.UpdateStream)]
+    assert config.config.transcription_logprobs
+    scored_turn(s)
+    wire = [w for w in (render(e, Dialect(dialect)) for e in s.actor.take_events()) if w]
+    assert [p for w in wire for p in strict_problems(w, dialect)] == []
+    deltas = [w for w in wire if w["type"].endswith("transcription.delta")]
+    completed, = [w for w in wire if w["type"].endswith("transcription.completed")]
+    # each delta carries the tokens of its own words, once; the transcript carries all
+    assert [d["delta"] for d in deltas] == ["What is", " the capital of France?"]
+    assert [[lp["token"] for lp in d["logprobs"]] for d in deltas] == [
+        [" What", " is"], [" the", " capit", "al", " of", " France", "?"]]
+    assert [lp["logprob"] for lp in completed["logprobs"]] == [t.logprob for t in QUESTION_TOKENS]
+    assert completed["logprobs"][3] == {"token": " capit", "logprob": -0.7,
+                                        "bytes": list(b" capit")}
+
+
+def test_without_include_no_event_carries_logprobs():
+    s = Script(SessionSettings.transcription_session())
+    cmd, = [c for c in s.commands if isinstance(c, ep.OpenStream)]
+    assert not cmd.config.transcription_logprobs
+    s.wire()
+    spoken_turn(s)
+    assert not [w for w in s.wire() if "logprobs" in w]
+
+
+def test_beta_transcription_session_events_validate_against_the_beta_types():
+    """A beta client (openai-beta.realtime-v1) of a transcription session: its
+    `transcription_session.update` and OpenAI's `transcription_session.created/updated`."""
+    s = Script(session_for_intent("transcription", SessionSettings(model="voxline")))
+    s.send(type="transcription_session.update", event_id="evt_t", session={
+        "input_audio_format": "g711_ulaw",
+        "input_audio_transcription": {"model": "whisper-1", "language": "en"},
+        "input_audio_noise_reduction": {"type": "far_field"},
+        "turn_detection": {"type": "server_vad", "silence_duration_ms": 350},
+        "include": ["item.input_audio_transcription.logprobs"]})
+    spoken_turn(s)
+    wire = [w for w in (render(e, Dialect.BETA) for e in s.actor.take_events()) if w]
+    assert [p for w in wire for p in strict_problems(w, "beta")] == []
+    created, updated = wire[0], wire[1]
+    assert created["type"] == "transcription_session.created"
+    assert updated["type"] == "transcription_session.updated"
+    session = updated["session"]
+    assert session["object"] == "realtime.transcription_session"
+    assert session["input_audio_format"] == "g711_ulaw"
+    assert session["input_audio_transcription"] == {"model": "whisper-1", "language": "en"}
+    assert session["input_audio_noise_reduction"] == {"type": "far_field"}
+    assert session["turn_detection"]["silence_duration_ms"] == 350
+    assert session["include"] == ["item.input_audio_transcription.logprobs"]
+    assert "client_secret" not in session
+    assert "conversation.item.input_audio_transcription.completed" in [w["type"] for w in wire]
+    # a realtime session's beta events keep their names
+    r = Script(SessionSettings(model="voxline"))
+    assert render(r.actor.take_events()[0], Dialect.BETA)["type"] == "session.created"
+
+
+def test_beta_transcription_session_update_errors_name_the_field():
+    s = Script(SessionSettings.transcription_session())
+    s.wire()
+    with pytest.raises(ProtocolError) as bad:
+        parse_command({"type": "transcription_session.update", "event_id": "evt_x",
+                       "session": {"input_audio_format": "mp3"}})
+    assert bad.value.param == "session.input_audio_format" and bad.value.event_id == "evt_x"
+    with pytest.raises(ProtocolError) as bad:
+        parse_command({"type": "transcription_session.update",
+                       "session": {"include": ["item.logprobs"]}})
+    assert bad.value.param == "session.include[0]"

@@ -187,3 +187,75 @@ async def test_an_unknown_intent_is_refused_naming_it(server):
         r = await http.post("/v1/realtime/calls?intent=translate",
                             content="v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n", headers={"Content-Type": "application/sdp"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "intent"
+
+
+async def test_sdk_transcription_session_with_logprobs(server):
+    """`include` logprobs with the shipped ASR: every delta carries its own tokens' scores,
+    the completed transcript all of them, each a probability a greedy pick can have."""
+    import math
+
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=server + "/v1", api_key="unused")
+    async with client.realtime.connect(model="voxline",
+                                       extra_query={"intent": "transcription"}) as rt:
+        s = SdkSession(rt)
+        await s.until(lambda e: e.type == "session.created")
+        await rt.session.update(session={
+            "type": "transcription", "include": ["item.input_audio_transcription.logprobs"],
+            "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000},
+                                "turn_detection": {"type": "server_vad"}}}})
+        updated = await s.until(lambda e: e.type == "session.updated")
+        assert updated.session.include == ["item.input_audio_transcription.logprobs"]
+        pcm = float_to_pcm16(spoken(QUESTION))
+        for i in range(0, len(pcm), 4800):
+            await rt.input_audio_buffer.append(audio=b64(pcm[i:i + 4800]))
+            await asyncio.sleep(0.1)
+        final = await s.until(lambda e: e.type == COMPLETED)
+    assert s.problems() == []
+    assert said(final.transcript), final.transcript
+    assert final.logprobs, "the completed transcript carries its tokens"
+    assert "".join(lp.token for lp in final.logprobs).strip() == final.transcript
+    for lp in final.logprobs:
+        assert -math.log(32768) - 1e-3 <= lp.logprob <= 0 and bytes(lp.bytes).decode() == lp.token
+    deltas = [e for e in s.events if e.type == DELTA and e.item_id == final.item_id]
+    assert deltas and all(e.logprobs is not None for e in deltas)
+    for e in deltas:  # each delta's tokens spell that delta (from the hypothesis it came from)
+        assert "".join(lp.token for lp in e.logprobs).strip() == e.delta.strip()
+
+
+async def test_beta_client_gets_transcription_session_events(server):
+    """A beta client (OpenAI-Beta: realtime=v1) with the intent: `transcription_session.*`
+    events in beta's shape, configured by `transcription_session.update`, logprobs on."""
+    from websockets.asyncio.client import connect
+
+    url = server.replace("http://", "ws://") + "/v1/realtime?intent=transcription"
+    events: list[dict] = []
+
+    async def until(kind: str) -> dict:
+        async def loop() -> dict:
+            while True:
+                event = json.loads(await ws.recv())
+                events.append(event)
+                if event["type"] == kind:
+                    return event
+        return await asyncio.wait_for(loop(), 120 * TIME_FACTOR)
+
+    async with connect(url, additional_headers={"OpenAI-Beta": "realtime=v1"}) as ws:
+        created = await until("transcription_session.created")
+        assert created["session"]["object"] == "realtime.transcription_session"
+        await ws.send(json.dumps({"type": "transcription_session.update", "session": {
+            "input_audio_format": "pcm16", "turn_detection": {"type": "server_vad"},
+            "include": ["item.input_audio_transcription.logprobs"]}}))
+        updated = await until("transcription_session.updated")
+        assert updated["session"]["include"] == ["item.input_audio_transcription.logprobs"]
+        pcm = float_to_pcm16(spoken(QUESTION))
+        for i in range(0, len(pcm), 4800):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": b64(pcm[i:i + 4800])}))
+            await asyncio.sleep(0.1)
+        final = await until(COMPLETED)
+    assert said(final["transcript"]), final["transcript"]
+    assert final["logprobs"]
+    assert [p for e in events for p in strict_problems(e, "beta")] == []
+    assert not [e for e in events if e["type"].startswith(("session.", "response."))]

@@ -24,6 +24,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from voxline.engines.input_audio import Utterance
+from voxline.engines.models.asr_tokens import ScoredTranscript, TokenLogprob
 from voxline.engines.models.whisper_asr import TranscriptionOptions
 from voxline.engines.stage import StreamId
 from voxline.engines.trace import trace
@@ -66,6 +67,10 @@ class ASRJob:
     # Set: a running partial a newer take superseded; a model that `stops_early` ends it
     # between decoding steps with the text so far.
     stopped: threading.Event = field(default_factory=threading.Event)
+    # The stream asked for its tokens' log-probabilities: `tokens` holds them once landed
+    # (None: not asked, or a model that cannot give them).
+    logprobs: bool = False
+    tokens: tuple[TokenLogprob, ...] | None = None
 
     @property
     def urgent(self) -> bool:
@@ -149,16 +154,36 @@ class ASRStage:
             trace(job.stream_id, "asr_start", kind=job.kind, audio_ms=round(len(job.audio) / 16))
         return plan
 
-    def execute(self, plan: ASRPlan) -> list[str]:
-        if isinstance(self.model, BatchASRModel):
-            return self.model.transcribe_many([j.audio for j in plan], [j.options for j in plan])
-        if getattr(self.model, "stops_early", False):
-            return [self.model.transcribe(job.audio, stop=job.stopped.is_set)  # type: ignore[call-arg]
-                    for job in plan]
-        return [self.model.transcribe(job.audio) for job in plan]
+    def execute(self, plan: ASRPlan) -> list[str] | list[ScoredTranscript]:
+        """The plan's transcripts; scored ones (with tokens) when a job asked for them."""
+        scored = any(j.logprobs for j in plan) and gives_logprobs(self.model)
+        model = self.model
+        if isinstance(model, BatchASRModel):
+            clips, options = [j.audio for j in plan], [j.options for j in plan]
+            if scored:
+                return model.transcribe_many_scored(clips, options)  # type: ignore[attr-defined]
+            return model.transcribe_many(clips, options)
+        one = model.transcribe_scored if scored else model.transcribe  # type: ignore[attr-defined]
+        if getattr(model, "stops_early", False):
+            return [one(job.audio, stop=job.stopped.is_set) for job in plan]
+        return [one(job.audio) for job in plan]
 
-    def update(self, plan: ASRPlan, texts: list[str]) -> list[str]:
-        return [text.strip() for text in texts]
+    def update(self, plan: ASRPlan, texts: list[str] | list[ScoredTranscript]) -> list[str]:
+        """The plain texts; a scored transcript's tokens stay on the job that asked."""
+        out = []
+        for job, text in zip(plan, texts, strict=True):
+            if isinstance(text, ScoredTranscript):
+                if job.logprobs:
+                    job.tokens = text.tokens
+                text = text.text
+            out.append(text.strip())
+        return out
+
+
+def gives_logprobs(model: object) -> bool:
+    """Whether `model` can give its transcripts' token log-probabilities."""
+    name = "transcribe_many_scored" if isinstance(model, BatchASRModel) else "transcribe_scored"
+    return callable(getattr(model, name, None))
 
 
 def route_each(route: Callable[[ASRJob, str, float], None]

@@ -65,6 +65,7 @@ class Utterance:
     pause_asr: bool = False  # a pause transcript of this generation is being made
     pause_text: str | None = None
     pause_asr_ms: float = 0.0
+    pause_tokens: tuple | None = None  # the pause transcript's token log-probabilities
     ended: bool = False  # the turn ended while its pause transcript was being made
 
     def add(self, audio: np.ndarray) -> None:

@@ -115,6 +115,9 @@ class StreamConfig(msgspec.Struct, frozen=True):
     # them for an ASR that cannot (Moonshine), so a stream never carries an ignored one.
     transcription_language: str | None = None
     transcription_prompt: str | None = None
+    # Transcripts carry their tokens' log-probabilities (`TranscriptPartial.logprobs`...);
+    # the session refuses it for an ASR that cannot give them.
+    transcription_logprobs: bool = False
     # How hard a reasoning reply model thinks ("minimal" ... "xhigh", OpenAI's names; None:
     # the model's default). Only a remote backend takes it (as `reasoning_effort`).
     reasoning_effort: str | None = None
@@ -363,19 +366,32 @@ class VoiceStopped(msgspec.Struct, tag=True, frozen=True):
     item_id: str
 
 
+class TokenLogprob(msgspec.Struct, array_like=True, frozen=True):
+    """One transcript token: its text, natural-log probability and raw UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    utf8: bytes  # the token's raw bytes (OpenAI's `bytes`)
+
+
 class TranscriptPartial(msgspec.Struct, tag=True, frozen=True):
+    """`logprobs`: the hypothesis's tokens, when the stream asked for them (else None)."""
+
     stream_id: str
     item_id: str
     text: str
+    logprobs: list[TokenLogprob] | None = None
 
 
 class TranscriptFinal(msgspec.Struct, tag=True, frozen=True):
-    """The utterance's transcript; the item is now in the conversation (unless empty)."""
+    """The utterance's transcript; the item is now in the conversation (unless empty).
+    `logprobs`: its tokens, when the stream asked for them (else None)."""
 
     stream_id: str
     item_id: str
     text: str
     asr_ms: float = 0.0  # time the ASR model spent on this utterance
+    logprobs: list[TokenLogprob] | None = None
 
 
 class ReplyTextDelta(msgspec.Struct, tag=True, frozen=True):

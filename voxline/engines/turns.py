@@ -50,6 +50,7 @@ from voxline.engines.input_audio import (
     TurnStopped,
     Utterance,
 )
+from voxline.engines.models.asr_tokens import TokenLogprob
 from voxline.engines.responses import Responses
 from voxline.engines.stage import StreamId
 from voxline.engines.streams import StreamRegistry, StreamState
@@ -68,6 +69,21 @@ def transcription_options(config: p.StreamConfig) -> TranscriptionOptions:
     return TranscriptionOptions(config.transcription_language, config.transcription_prompt)
 
 
+def asr_job(stream: StreamState, item_id: str, audio: np.ndarray, **kw: object) -> ASRJob:
+    """A job over `audio` of the stream's turn `item_id`, with the stream's transcription
+    options and its wish for token log-probabilities."""
+    return ASRJob(stream.internal_id, item_id, audio,  # type: ignore[arg-type]
+                  options=transcription_options(stream.config),
+                  logprobs=stream.config.transcription_logprobs, **kw)
+
+
+def wire_tokens(tokens: tuple[TokenLogprob, ...] | None) -> list[p.TokenLogprob] | None:
+    """A transcript's tokens as the engine's outputs carry them (None: not asked for)."""
+    if tokens is None:
+        return None
+    return [p.TokenLogprob(t.token, t.logprob, t.bytes) for t in tokens]
+
+
 @dataclass
 class EarlyTake:
     """A transcription of the turn at the frame its speech fell silent (`SpeechEnded`)."""
@@ -77,6 +93,7 @@ class EarlyTake:
     voice_ms: float  # the detector's last voiced frame then: the take is fresh while it holds
     text: str | None = None  # once landed
     asr_ms: float = 0.0
+    tokens: tuple[TokenLogprob, ...] | None = None  # its log-probabilities, if asked for
 
 
 class Turns:
@@ -186,7 +203,8 @@ class Turns:
                 self._takes.pop(stream.internal_id, None)  # (one in flight knows its pause)
                 self._emit(p.VoiceStopped(sid, int(turn.audio_end_ms), utt.item_id))
                 if utt.pause_text is not None:  # no speech since the pause: it is the final
-                    self._final_transcript(stream, utt.item_id, utt.pause_text, utt.pause_asr_ms)
+                    self._final_transcript(stream, utt.item_id, utt.pause_text, utt.pause_asr_ms,
+                                           utt.pause_tokens)
                 elif utt.pause_asr:  # the pause transcript becomes the final when it lands
                     utt.ended = True
                     stream.pending_finals += 1
@@ -202,8 +220,7 @@ class Turns:
                 self.responses.discard_speculation(stream)
             case PartialDue():
                 utt = turn.utterance
-                self.asr.add(ASRJob(stream.internal_id, utt.item_id, utt.audio(), final=False,
-                                    options=transcription_options(stream.config)))
+                self.asr.add(asr_job(stream, utt.item_id, utt.audio(), final=False))
 
     def _paused(self, stream: StreamState, utt: Utterance) -> None:
         """The pause transcript: the fresh early take (landed, or waited for), else a job
@@ -213,11 +230,10 @@ class Turns:
         self._hear_pause(stream, utt, audio)
         take = self._fresh_take(stream, utt)
         if take is None:
-            self.asr.add(ASRJob(stream.internal_id, utt.item_id, audio, final=False,
-                                pause=utt, generation=utt.generation,
-                                options=transcription_options(stream.config)))
+            self.asr.add(asr_job(stream, utt.item_id, audio, final=False, pause=utt,
+                                 generation=utt.generation))
         elif take.text is not None:
-            self._pause_text(stream, utt, take.text, take.asr_ms)
+            self._pause_text(stream, utt, take.text, take.asr_ms, take.tokens)
         else:  # it lands as this pause's transcript (`on_transcript`)
             take.job.pause, take.job.generation = utt, utt.generation
             self.asr.promote(take.job)
@@ -225,8 +241,7 @@ class Turns:
     def _take_early(self, stream: StreamState, utt: Utterance) -> None:
         """Transcribe the turn where its speech fell silent (see the module docstring)."""
         assert stream.input.detector is not None
-        job = ASRJob(stream.internal_id, utt.item_id, utt.audio(), final=False,
-                     options=transcription_options(stream.config))
+        job = asr_job(stream, utt.item_id, utt.audio(), final=False)
         take = EarlyTake(utt, job, stream.input.detector.voiced_until_ms)
         self._takes[stream.internal_id] = take
 
@@ -259,8 +274,7 @@ class Turns:
 
     def _queue_final(self, stream: StreamState, item_id: str, audio: np.ndarray) -> None:
         stream.pending_finals += 1
-        self.asr.add(ASRJob(stream.internal_id, item_id, audio, final=True,
-                            options=transcription_options(stream.config)))
+        self.asr.add(asr_job(stream, item_id, audio, final=True))
 
     # -------------------------------------------------------------------- ASR slot
 
@@ -272,7 +286,7 @@ class Turns:
         if job.pause is not None:
             self._pause_transcribed(stream, job, text, seconds)
         elif job.final:
-            self._final_transcript(stream, job.item_id, text, seconds * 1000)
+            self._final_transcript(stream, job.item_id, text, seconds * 1000, job.tokens)
             self.responses.transcript_landed(stream)
         elif job.early is not None:
             self._take_landed(stream, job, text, seconds)
@@ -281,7 +295,8 @@ class Turns:
             if utt is not None and utt.item_id == job.item_id:
                 utt.partial_queued = False
                 if text:
-                    self._emit(p.TranscriptPartial(stream.external_id, job.item_id, text))
+                    self._emit(p.TranscriptPartial(stream.external_id, job.item_id, text,
+                                                   wire_tokens(job.tokens)))
                     if self.warm is not None:
                         self.warm.partial(stream, job.item_id, text)
 
@@ -289,11 +304,12 @@ class Turns:
         """An early take landed before any pause: kept for one, and a partial meanwhile."""
         take = self._takes.get(stream.internal_id)
         if take is not None and take.job is job:
-            take.text, take.asr_ms = text, seconds * 1000
+            take.text, take.asr_ms, take.tokens = text, seconds * 1000, job.tokens
         utt = stream.input.utterance
         if text and stream.config.transcribe_partials and utt is not None \
                 and utt.item_id == job.item_id:
-            self._emit(p.TranscriptPartial(stream.external_id, job.item_id, text))
+            self._emit(p.TranscriptPartial(stream.external_id, job.item_id, text,
+                                           wire_tokens(job.tokens)))
             if self.warm is not None:
                 self.warm.partial(stream, job.item_id, text)
 
@@ -318,13 +334,14 @@ class Turns:
             self.responses.transcript_landed(stream)
 
     def _final_transcript(self, stream: StreamState, item_id: str, text: str,
-                          asr_ms: float) -> None:
+                          asr_ms: float, tokens: tuple[TokenLogprob, ...] | None = None) -> None:
         """The user item joins the conversation (a speculation may have added it already)."""
         if text and not stream.conversation.has(item_id):
             self.responses.conversation_changed(stream)
             stream.conversation.add(item_id, "user", text)
         self.responses.turn_ended(stream, item_id)
-        self._emit(p.TranscriptFinal(stream.external_id, item_id, text, asr_ms))
+        self._emit(p.TranscriptFinal(stream.external_id, item_id, text, asr_ms,
+                                     wire_tokens(tokens)))
 
     def _pause_transcribed(self, stream: StreamState, job: ASRJob, text: str,
                            seconds: float) -> None:
@@ -334,15 +351,16 @@ class Turns:
         assert utt is not None
         if job.generation != utt.generation:
             return  # speech resumed after the pause: void
-        self._pause_text(stream, utt, text, seconds * 1000)
+        self._pause_text(stream, utt, text, seconds * 1000, job.tokens)
 
-    def _pause_text(self, stream: StreamState, utt: Utterance, text: str, asr_ms: float) -> None:
+    def _pause_text(self, stream: StreamState, utt: Utterance, text: str, asr_ms: float,
+                    tokens: tuple[TokenLogprob, ...] | None = None) -> None:
         utt.pause_asr = False
         if utt.ended:
-            self._final_transcript(stream, utt.item_id, text, asr_ms)
+            self._final_transcript(stream, utt.item_id, text, asr_ms, tokens)
             self.responses.transcript_landed(stream)
             return
-        utt.pause_text, utt.pause_asr_ms = text, asr_ms
+        utt.pause_text, utt.pause_asr_ms, utt.pause_tokens = text, asr_ms, tokens
         if stream.input.utterance is utt and stream.input.detector is not None:
             stream.input.detector.judge(text)
             trace(stream.internal_id, "words_judged", silence_ms=stream.input.detector.silence_ms)

@@ -51,7 +51,7 @@ from voxline.sessions.playout_lead import PlayoutReports
 from voxline.sessions.records import ActiveResponse, ItemRecord, log_trace
 from voxline.sessions.settings import AudioFormat, SessionSettings
 from voxline.sessions.show_video import ShowVideoTool
-from voxline.sessions.transcription import PartialTranscript
+from voxline.sessions.transcription import PartialTranscript, tokens_of_words, word_count
 from voxline.sessions.video_responses import VideoResponses
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,16 @@ _STATUS = {
 }
 
 MEDIA_FRAME_MS = 20  # one RTP packet of Opus: barge-in stops a track within one frame
+
+
+def _logprobs(tokens: list[ep.TokenLogprob] | None, first: int = 0,
+              stop: int | None = None) -> list[ev.LogProb] | None:
+    """The engine's transcript tokens as events carry them: all, or those of words
+    `first` .. `stop` - 1 (a delta's); None when the stream did not ask for them."""
+    if tokens is None:
+        return None
+    picked = tokens if stop is None else tokens_of_words(tokens, first, stop)
+    return [ev.LogProb(token=t.token, logprob=t.logprob, bytes=list(t.utf8)) for t in picked]
 
 
 def _role(item: it.ConversationItem) -> str:
@@ -629,9 +639,13 @@ class SessionActor:
     def _transcript_partial(self, out: ep.TranscriptPartial) -> None:
         if not self.settings.transcription_enabled:
             return
-        delta = self.partials.setdefault(out.item_id, PartialTranscript()).delta(out.text)
+        partial = self.partials.setdefault(out.item_id, PartialTranscript())
+        sent = word_count(partial.sent)
+        delta = partial.delta(out.text)
         if delta:
-            self.emit(ev.InputTranscriptionDelta(item_id=out.item_id, delta=delta))
+            self.emit(ev.InputTranscriptionDelta(
+                item_id=out.item_id, delta=delta,
+                logprobs=_logprobs(out.logprobs, sent, word_count(partial.sent))))
 
     def _transcript_final(self, out: ep.TranscriptFinal) -> None:
         partial = self.partials.pop(out.item_id, None)
@@ -642,12 +656,17 @@ class SessionActor:
         record.item = record.item.model_copy(update={"content": [
             it.ContentPart(type="input_audio", transcript=out.text)]})
         if self.settings.transcription_enabled:
-            rest = (partial or PartialTranscript()).final_delta(out.text)
+            partial = partial or PartialTranscript()
+            sent = word_count(partial.sent)
+            rest = partial.final_delta(out.text)
             if rest:
-                self.emit(ev.InputTranscriptionDelta(item_id=out.item_id, delta=rest))
+                self.emit(ev.InputTranscriptionDelta(
+                    item_id=out.item_id, delta=rest,
+                    logprobs=_logprobs(out.logprobs, sent, word_count(partial.sent))))
             seconds = self.turn_ms.pop(out.item_id, 0.0) / 1000
-            self.emit(ev.InputTranscriptionCompleted(item_id=out.item_id, transcript=out.text,
-                                                     audio_seconds=seconds))
+            self.emit(ev.InputTranscriptionCompleted(
+                item_id=out.item_id, transcript=out.text, audio_seconds=seconds,
+                logprobs=_logprobs(out.logprobs)))
         self.emit(ev.ItemDone(item=record.item, previous_item_id=self.previous_item(out.item_id)))
 
     def _current(self, response_id: str) -> ActiveResponse | None:

@@ -36,6 +36,9 @@ class TranscriptionSupport:
 
 
 MOONSHINE = TranscriptionSupport()
+# Every shipped ASR (Moonshine on onnxruntime or torch, Whisper) gives its transcripts'
+# token log-probabilities: each decoding step's pick scored against its own logits.
+LOGPROBS = "item.input_audio_transcription.logprobs"
 WHISPER_HINT = "start the server with --asr whisper:<checkpoint dir> for a Whisper ASR"
 # With no tool-capable model, only "no tools" choices can be honoured.
 TOOL_CHOICES_WITHOUT_TOOLS = ("auto", "none")
@@ -84,6 +87,7 @@ def stream_config(settings: SessionSettings,
         noise_reduction=settings.noise_reduction,  # RNNoise before VAD and ASR
         transcription_language=tr.language if tr is not None else None,
         transcription_prompt=(tr.prompt or None) if tr is not None else None,
+        transcription_logprobs=LOGPROBS in settings.include,
         reasoning_effort=settings.reasoning_effort,
         parallel_tool_calls=settings.parallel_tool_calls,
     )

@@ -104,19 +104,34 @@ class ItemDeleted(ServerEvent):
     item_id: str
 
 
+class LogProb(BaseModel):
+    """One transcript token's log-probability (``include`` asked for them)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
 class InputTranscriptionDelta(ServerEvent):
+    """``logprobs``: the delta's tokens, when the session's ``include`` asks (else None)."""
+
     item_id: str
     content_index: int = 0
     delta: str
+    logprobs: list[LogProb] | None = None
 
 
 class InputTranscriptionCompleted(ServerEvent):
-    """Final transcript of a user audio item; ``audio_seconds`` is rendered as its usage."""
+    """Final transcript of a user audio item; ``audio_seconds`` is rendered as its usage.
+    ``logprobs``: the transcript's tokens, when the session's ``include`` asks."""
 
     item_id: str
     content_index: int = 0
     transcript: str
     audio_seconds: float
+    logprobs: list[LogProb] | None = None
 
 
 class InputTranscriptionFailed(ServerEvent):

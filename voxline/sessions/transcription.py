@@ -1,8 +1,10 @@
-"""Input transcription deltas that only ever append."""
+"""Input transcription deltas that only ever append, and the tokens each delta covers."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 
 def _words(text: str) -> list[str]:
@@ -40,3 +42,32 @@ class PartialTranscript:
             return ""  # the last sent word grew ("capital" -> "capitals"): not an extension
         delta, self.sent = text[len(self.sent):], text
         return delta
+
+
+class _Token(Protocol):
+    token: str
+
+
+T = TypeVar("T", bound=_Token)
+
+
+def word_count(text: str) -> int:
+    return len(_words(text))
+
+
+def tokens_of_words(tokens: Sequence[T], first: int, stop: int) -> list[T]:
+    """The tokens whose text starts in words `first` .. `stop` - 1 of the tokens' joined
+    text (a token of whitespace only goes with the word before it)."""
+    out: list[T] = []
+    text = ""
+    for tok in tokens:
+        body = tok.token.lstrip()
+        if not body:
+            word = max(0, word_count(text) - 1)
+        else:
+            before = text + tok.token[:len(tok.token) - len(body)]
+            word = word_count(before) - (0 if not before or before[-1].isspace() else 1)
+        if first <= word < stop:
+            out.append(tok)
+        text += tok.token
+    return out

@@ -14,19 +14,23 @@ pool of a few threads costs far less to start than one clip costs to transcribe.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
+from voxline.engines.models.asr_tokens import ScoredTranscript
 from voxline.engines.models.whisper_asr import TranscriptionOptions
 
 _DEFAULT = TranscriptionOptions()
+T = TypeVar("T")
 
 
 class OneClipASR(Protocol):
     def transcribe(self, audio: np.ndarray) -> str: ...
+
+    def transcribe_scored(self, audio: np.ndarray) -> ScoredTranscript: ...
 
 
 class ConcurrentASR:
@@ -46,14 +50,24 @@ class ConcurrentASR:
                         options: Sequence[TranscriptionOptions]) -> list[str]:
         """Each clip's transcript, in order; the model takes no per-stream options (the
         sessions refuse them for this ASR), so any given are an error, not ignored."""
+        return self._side_by_side(self.model.transcribe, clips, options)
+
+    def transcribe_many_scored(self, clips: Sequence[np.ndarray],
+                               options: Sequence[TranscriptionOptions]
+                               ) -> list[ScoredTranscript]:
+        """`transcribe_many` with each transcript's tokens and their log-probabilities."""
+        return self._side_by_side(self.model.transcribe_scored, clips, options)
+
+    def _side_by_side(self, fn: Callable[[np.ndarray], T], clips: Sequence[np.ndarray],
+                      options: Sequence[TranscriptionOptions]) -> list[T]:
         if any(opt != _DEFAULT for opt in options):
             raise ValueError("this ASR takes no transcription language or prompt")
         if len(clips) <= 1:
-            return [self.model.transcribe(clip) for clip in clips]
+            return [fn(clip) for clip in clips]
         with ThreadPoolExecutor(min(self.workers, len(clips)) - 1,
                                 thread_name_prefix="voxline-asr-pool") as pool:
-            rest = [pool.submit(self.model.transcribe, clip) for clip in clips[1:]]
-            first = self.model.transcribe(clips[0])  # this thread takes a clip too
+            rest = [pool.submit(fn, clip) for clip in clips[1:]]
+            first = fn(clips[0])  # this thread takes a clip too
             return [first, *(f.result() for f in rest)]
 
     def __getattr__(self, name: str):

@@ -42,6 +42,12 @@ import numpy as np
 import onnxruntime as ort
 
 from voxline.config import default_cache
+from voxline.engines.models.asr_tokens import (
+    ScoredTranscript,
+    TokenLogprob,
+    pick_logprob,
+    token_of,
+)
 from voxline.errors import ModelUnavailableError
 from voxline.logs import timed
 
@@ -131,6 +137,19 @@ class MoonshineTokenizer:
                 continue
             out += piece
         return out.decode("utf-8", errors="replace").replace(self.SPACE, " ").strip()
+
+    def scored(self, ids: Sequence[int], logprobs: Sequence[float]) -> tuple[TokenLogprob, ...]:
+        """The text tokens of `ids` (as `decode` keeps them, '▁' as a space) with their
+        log-probabilities."""
+        out = []
+        for i, logprob in zip(ids, logprobs, strict=True):
+            if not 0 <= i < len(self.pieces):
+                continue
+            piece = self.pieces[i]
+            if len(piece) > 2 and piece.startswith(b"<") and piece.endswith(b">"):
+                continue
+            out.append(token_of(piece.replace(self.SPACE.encode(), b" "), logprob))
+        return tuple(out)
 
 
 def shipped_model_dir() -> Path:
@@ -359,6 +378,13 @@ class MoonshineASR:
         each. `stop`: asked before each later step; True ends decoding there (the tokens
         so far, a prefix of the full result).
         """
+        return self.decode_scored(hidden, max_tokens, draft, stop, scored=False)[0]
+
+    def decode_scored(self, hidden: np.ndarray, max_tokens: int, draft: Sequence[int] = (),
+                      stop: Callable[[], bool] | None = None, *, scored: bool = True
+                      ) -> tuple[list[int], list[float]]:
+        """`decode`, and with `scored` each token's log-probability (from the logits the
+        pick was made from: a drafted token's come from the checking pass)."""
         draft = list(draft)[:max_tokens]
         empty = np.zeros((1, self._heads, 0, self._head_dim), np.float32)
         feed: dict[str, np.ndarray] = {
@@ -373,20 +399,28 @@ class MoonshineASR:
         feed["use_cache_branch"] = np.array([True])
         predicted = outputs["logits"][0].argmax(-1)  # the greedy choice after each position
         ids: list[int] = []
+        logprobs: list[float] = []
         for position, token in enumerate(draft):
             if int(predicted[position]) != token:
                 break
             ids.append(token)
+            if scored:
+                logprobs.append(pick_logprob(outputs["logits"][0, position])[1])
         # continue from the last agreeing position: its logits, and the cache up to it
         outputs["logits"] = outputs["logits"][:, len(ids):len(ids) + 1]
         for name in self._self_attn:
             present = self._present(name)
             outputs[present] = outputs[present][:, :, :len(ids) + 1]
         while True:
-            token = int(outputs["logits"][0, -1].argmax())
+            if scored:
+                token, logprob = pick_logprob(outputs["logits"][0, -1])
+            else:
+                token, logprob = int(outputs["logits"][0, -1].argmax()), 0.0
             if token == EOS_ID or len(ids) >= max_tokens or (stop is not None and stop()):
-                return ids
+                return ids, logprobs
             ids.append(token)
+            if scored:
+                logprobs.append(logprob)
             feed["input_ids"] = np.array([[token]], np.int64)
             for name in self._self_attn:
                 feed[name] = outputs[self._present(name)]
@@ -401,20 +435,31 @@ class MoonshineASR:
         longer take of the same turn superseded). Raises ValueError for non-1-D input or
         clips over 64 s.
         """
+        return self._transcribe(audio, stop, scored=False).text
+
+    def transcribe_scored(self, audio: np.ndarray,
+                          stop: Callable[[], bool] | None = None) -> ScoredTranscript:
+        """`transcribe` with the transcript's tokens and their log-probabilities."""
+        return self._transcribe(audio, stop, scored=True)
+
+    def _transcribe(self, audio: np.ndarray, stop: Callable[[], bool] | None,
+                    scored: bool) -> ScoredTranscript:
         audio = checked_clip(audio)
         if len(audio) < self.MIN_SAMPLES:
-            return ""
+            return ScoredTranscript("")
         # A turn is transcribed again as it grows (partials, the pause, the final): the
         # last take of the same utterance (same first samples) drafts this one's tokens.
         key = audio[:DRAFT_KEY_SAMPLES].tobytes()
         with self._drafts_lock:  # clips may be transcribed side by side (`asr_pool`)
             draft = self._drafts.pop(key, ())
-        ids = self.decode(self.encode(audio), self.max_tokens(len(audio)), draft, stop)
+        ids, logprobs = self.decode_scored(self.encode(audio), self.max_tokens(len(audio)),
+                                           draft, stop, scored=scored)
         with self._drafts_lock:
             self._drafts[key] = ids
             while len(self._drafts) > MAX_DRAFTS:
                 self._drafts.pop(next(iter(self._drafts)))
-        return self.tokenizer.decode(ids)
+        tokens = self.tokenizer.scored(ids, logprobs) if scored else ()
+        return ScoredTranscript(self.tokenizer.decode(ids), tokens)
 
     def transcribe_batch(self, clips: list[np.ndarray]) -> list[str]:
         """`transcribe` for each clip, in order.

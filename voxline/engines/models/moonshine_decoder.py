@@ -99,16 +99,19 @@ class StaticDecoder:
 
     def _step(self, tokens: Tensor, pos: Tensor, k: Tensor, v: Tensor, xk: Tensor, xv: Tensor,
               cross_mask: Tensor) -> dict[str, Tensor]:
-        """`TOKENS_PER_REPLAY` greedy steps from `tokens` at `pos`: their picks ``[rows, n]``."""
-        picks = []
+        """`TOKENS_PER_REPLAY` greedy steps from `tokens` at `pos`: their picks ``[rows, n]``
+        and the picks' log-probabilities (one reduction over logits each step computes)."""
+        picks, logprobs = [], []
         for i in range(TOKENS_PER_REPLAY):
-            tokens = self._one(tokens, pos + i, k, v, xk, xv, cross_mask)
+            tokens, logprob = self._one(tokens, pos + i, k, v, xk, xv, cross_mask)
             picks.append(tokens)
-        return {"next": torch.cat(picks, dim=1)}
+            logprobs.append(logprob)
+        return {"next": torch.cat(picks, dim=1), "logprob": torch.cat(logprobs, dim=1)}
 
     def _one(self, tokens: Tensor, pos: Tensor, k: Tensor, v: Tensor, xk: Tensor, xv: Tensor,
-             cross_mask: Tensor) -> Tensor:
-        """One greedy step: each row's pick ``[rows, 1]`` after `tokens` at position `pos`."""
+             cross_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """One greedy step: each row's pick ``[rows, 1]`` after `tokens` at position `pos`,
+        and its log-probability ``[rows, 1]``."""
         from transformers.models.moonshine.modeling_moonshine import apply_rotary_pos_emb
 
         dec = self.decoder
@@ -133,8 +136,9 @@ class StaticDecoder:
                                                scale=cross.scaling)
             h = h + cross.o_proj(out.transpose(1, 2).reshape(merge))
             h = h + layer.mlp(layer.final_layernorm(h))
-        logits = self.proj_out(dec.norm(h))
-        return logits[:, -1].argmax(-1, keepdim=True)
+        logits = self.proj_out(dec.norm(h))[:, -1].float()
+        top, pick = logits.max(-1, keepdim=True)
+        return pick, top - torch.logsumexp(logits, -1, keepdim=True)
 
     def _prime(self, rows: int, frames: int, states: Tensor, valid: Tensor, bos: int) -> None:
         """The batch's cross-attention K/V and mask into the (rows, frames) bucket's views."""
@@ -148,27 +152,35 @@ class StaticDecoder:
         mask[:n, 0, 0, :width].masked_fill_(valid, 0.0)
         self.tokens[:rows].fill_(bos)
 
-    @torch.inference_mode()
     def decode(self, states: Tensor, valid: Tensor, budgets: Sequence[int], *, bos: int,
                eos: int) -> list[list[int]]:
         """Greedy tokens per row of encoder `states` [rows, frames, hidden] (`valid`: each
         row's own frames), each cut at `eos` or its budget."""
+        return self.decode_scored(states, valid, budgets, bos=bos, eos=eos, scored=False)[0]
+
+    @torch.inference_mode()
+    def decode_scored(self, states: Tensor, valid: Tensor, budgets: Sequence[int], *, bos: int,
+                      eos: int, scored: bool = True) -> tuple[list[list[int]], list[list[float]]]:
+        """`decode`, and with `scored` each kept token's log-probability (else no lists)."""
         n, width = states.shape[:2]
         steps = max(budgets) + 1
         if not self.fits(n, width, steps):  # past the buckets: exact-size buffers, eager
             alone = StaticDecoder(self.decoder, self.proj_out, rows=n, frames=(width,),
                                   positions=steps, capture=False)
-            return alone.decode(states, valid, budgets, bos=bos, eos=eos)
+            return alone.decode_scored(states, valid, budgets, bos=bos, eos=eos, scored=scored)
         key = (bucket_for(n, self.row_buckets), bucket_for(width, self.frame_buckets))
         assert key[0] is not None and key[1] is not None
         self._prime(*key, states, valid, bos)
         step = self.steps.get(key)
         rows: list[list[int]] = [[] for _ in range(n)]
+        scores: list[list[float]] = [[] for _ in range(n)] if scored else []
         done = [False] * n
         for position in range(0, steps, TOKENS_PER_REPLAY):
             self.pos.fill_(position)
-            out = step()["next"]
-            for picks in out[:n].T.tolist():  # one step's picks, then the next's
+            result = step()
+            out = result["next"]
+            logprobs = result["logprob"][:n].T.tolist() if scored else None
+            for j, picks in enumerate(out[:n].T.tolist()):  # one step's picks, then the next's
                 for i, token in enumerate(picks):
                     if done[i]:
                         continue
@@ -176,8 +188,10 @@ class StaticDecoder:
                         done[i] = True
                     else:
                         rows[i].append(token)
+                        if logprobs is not None:
+                            scores[i].append(logprobs[j][i])
             if all(done):
                 break
             self.tokens[:key[0]].copy_(out[:, -1:])
-        return rows
+        return rows, scores
 

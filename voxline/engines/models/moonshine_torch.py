@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from voxline.config import default_cache
+from voxline.engines.models.asr_tokens import ScoredTranscript
 from voxline.engines.models.moonshine_asr import (
     BOS_ID,
     EOS_ID,
@@ -291,8 +292,8 @@ class MoonshineTorchASR(BatchTranscriber):
             log.info("Moonshine encoder graphs: %.0f MiB of GPU memory",
                      (torch.cuda.memory_reserved(self.device) - reserved) / 2**20)
 
-    def _transcribe_many(self, clips: Sequence[np.ndarray],
-                         options: Sequence[TranscriptionOptions]) -> list[str]:
+    def _transcribe(self, clips: Sequence[np.ndarray], options: Sequence[TranscriptionOptions],
+                    scored: bool) -> list[ScoredTranscript]:
         """"" for clips under 0.1 s."""
         for opts in options:
             if opts.language not in (None, "en"):
@@ -302,12 +303,13 @@ class MoonshineTorchASR(BatchTranscriber):
                 raise ValueError(f"{_MODEL} takes no transcription prompt")
         audio = [checked_clip(clip) for clip in clips]
         keep = [i for i, a in enumerate(audio) if len(a) >= self.MIN_SAMPLES]
-        texts = [""] * len(clips)
+        out = [ScoredTranscript("")] * len(clips)
         if keep:
-            ids = self.tokens([audio[i] for i in keep])
-            for i, row in zip(keep, ids, strict=True):
-                texts[i] = self.tokenizer.decode(row)
-        return texts
+            ids, logprobs = self.tokens_scored([audio[i] for i in keep], scored)
+            for n, (i, row) in enumerate(zip(keep, ids, strict=True)):
+                tokens = self.tokenizer.scored(row, logprobs[n]) if scored else ()
+                out[i] = ScoredTranscript(self.tokenizer.decode(row), tokens)
+        return out
 
     def encode(self, audio: np.ndarray) -> torch.Tensor:
         """Encoder states [1, frames, 416] of one clip."""
@@ -371,15 +373,22 @@ class MoonshineTorchASR(BatchTranscriber):
 
     def tokens(self, clips: Sequence[np.ndarray]) -> list[list[int]]:
         """Greedy token ids (without <s> and </s>) for each clip of at least MIN_SAMPLES."""
-        if self._stream is None:
-            return self._tokens(clips)
-        with torch.cuda.stream(self._stream):
-            return self._tokens(clips)
+        return self.tokens_scored(clips, scored=False)[0]
 
-    def _tokens(self, clips: Sequence[np.ndarray]) -> list[list[int]]:
+    def tokens_scored(self, clips: Sequence[np.ndarray], scored: bool = True
+                      ) -> tuple[list[list[int]], list[list[float]]]:
+        """`tokens`, and with `scored` each token's log-probability."""
+        if self._stream is None:
+            return self._tokens(clips, scored)
+        with torch.cuda.stream(self._stream):
+            return self._tokens(clips, scored)
+
+    def _tokens(self, clips: Sequence[np.ndarray], scored: bool
+                ) -> tuple[list[list[int]], list[list[float]]]:
         if self.encoder is not None and self.encoder.fits(len(clips), max(map(len, clips))):
             states, frames = self.encoder.run(clips)  # a graph replay on a GPU
         else:
             states, frames = self.encode_many(clips)
-        return self.decoder.decode(states, self._valid(frames, states.shape[1]),
-                                   [token_budget(len(c)) for c in clips], bos=BOS_ID, eos=EOS_ID)
+        return self.decoder.decode_scored(
+            states, self._valid(frames, states.shape[1]), [token_budget(len(c)) for c in clips],
+            bos=BOS_ID, eos=EOS_ID, scored=scored)

@@ -33,7 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
+from voxline.engines.models.asr_tokens import ScoredTranscript, TokenLogprob, joined, token_of
 from voxline.errors import ModelUnavailableError
 from voxline.kernels.cuda_graphs import StageStream
 
@@ -66,7 +68,8 @@ def checkpoint_languages(model_dir: str | Path) -> tuple[str, ...]:
 
 class BatchTranscriber:
     """The batched-ASR contract's common part: `transcribe` is a batch of one, and a batch
-    has one options entry per clip; a model implements `_transcribe_many`."""
+    has one options entry per clip; a model implements `_transcribe`, which gives each
+    clip's tokens' log-probabilities when asked (`scored`)."""
 
     def transcribe(self, audio: np.ndarray) -> str:
         """Text of one clip with the default options (the stage's one-job path)."""
@@ -75,13 +78,50 @@ class BatchTranscriber:
     def transcribe_many(self, clips: Sequence[np.ndarray],
                         options: Sequence[TranscriptionOptions]) -> list[str]:
         """One transcript per clip, in order."""
+        return [t.text for t in self._checked(clips, options, scored=False)]
+
+    def transcribe_many_scored(self, clips: Sequence[np.ndarray],
+                               options: Sequence[TranscriptionOptions]
+                               ) -> list[ScoredTranscript]:
+        """`transcribe_many` with each transcript's tokens and their log-probabilities."""
+        return self._checked(clips, options, scored=True)
+
+    def _checked(self, clips: Sequence[np.ndarray], options: Sequence[TranscriptionOptions],
+                 scored: bool) -> list[ScoredTranscript]:
         if len(clips) != len(options):
             raise ValueError(f"{len(clips)} clips but {len(options)} options")
-        return self._transcribe_many(clips, options)
+        return self._transcribe(clips, options, scored)
 
-    def _transcribe_many(self, clips: Sequence[np.ndarray],
-                         options: Sequence[TranscriptionOptions]) -> list[str]:
+    def _transcribe(self, clips: Sequence[np.ndarray], options: Sequence[TranscriptionOptions],
+                    scored: bool) -> list[ScoredTranscript]:
         raise NotImplementedError
+
+
+def byte_decoder() -> dict[str, int]:
+    """GPT-2's printable character -> byte table (the alphabet of Whisper's BPE tokens)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+class _PickLogprobs(LogitsProcessor):
+    """Records each greedy step's pick's log-probability over the scores the pick is made
+    from (it runs after Whisper's own processors, and changes nothing)."""
+
+    def __init__(self) -> None:
+        self.logprobs: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores32 = scores.float()
+        self.logprobs.append(scores32.amax(-1) - torch.logsumexp(scores32, -1))
+        return scores
 
 
 class WhisperASR(BatchTranscriber):
@@ -106,6 +146,10 @@ class WhisperASR(BatchTranscriber):
         self.context = int(model.config.max_target_positions)
         # its own stream on a GPU, urgent: a pause transcript starts a reply's prompt
         self._stream = StageStream(next(model.parameters()).device, urgent=True)
+        tok = getattr(processor, "tokenizer", None)
+        self._special = (set(getattr(tok, "all_special_ids", ())) |
+                         set(getattr(tok, "added_tokens_decoder", {})))
+        self._bytes = byte_decoder()
 
     @classmethod
     def load(cls, model_dir: str, device: str = "cpu", *, max_batch: int = 16) -> WhisperASR:
@@ -131,8 +175,8 @@ class WhisperASR(BatchTranscriber):
 
     # ------------------------------------------------------------------ transcription
 
-    def _transcribe_many(self, clips: Sequence[np.ndarray],
-                         options: Sequence[TranscriptionOptions]) -> list[str]:
+    def _transcribe(self, clips: Sequence[np.ndarray], options: Sequence[TranscriptionOptions],
+                    scored: bool) -> list[ScoredTranscript]:
         """See the module docstring."""
         windows: list[tuple[int, np.ndarray]] = []  # (clip index, <= 30 s of it)
         for i, clip in enumerate(clips):
@@ -140,16 +184,15 @@ class WhisperASR(BatchTranscriber):
             if len(audio) >= self.MIN_SAMPLES:
                 windows += [(i, audio[s:s + WINDOW_SAMPLES])
                             for s in range(0, len(audio), WINDOW_SAMPLES)]
-        parts: list[list[str]] = [[] for _ in clips]
+        parts: list[list[ScoredTranscript]] = [[] for _ in clips]
         groups: dict[TranscriptionOptions, list[tuple[int, np.ndarray]]] = {}
         for i, window in windows:
             groups.setdefault(options[i], []).append((i, window))
         for opts, group in groups.items():
-            texts = self._stream.run(self._generate, [w for _, w in group], opts)
+            texts = self._stream.run(self._generate, [w for _, w in group], opts, scored)
             for (i, _), text in zip(group, texts, strict=True):
-                if text:
-                    parts[i].append(text)
-        return [" ".join(p) for p in parts]
+                parts[i].append(text)
+        return [joined(p) for p in parts]
 
     def _check(self, audio: np.ndarray) -> np.ndarray:
         audio = np.asarray(audio, dtype=np.float32)
@@ -192,15 +235,40 @@ class WhisperASR(BatchTranscriber):
         return max(1, min(tokens, self.context - reserved))
 
     @torch.inference_mode()
-    def _generate(self, windows: Sequence[np.ndarray], opts: TranscriptionOptions) -> list[str]:
+    def _generate(self, windows: Sequence[np.ndarray], opts: TranscriptionOptions,
+                  scored: bool = False) -> list[ScoredTranscript]:
         if opts.language is not None and opts.language not in self.languages:
             raise ValueError(f"transcription language {opts.language!r}: this Whisper "
                              f"checkpoint knows {', '.join(self.languages)}")
         kwargs = self.generate_kwargs(windows, opts)
+        record = _PickLogprobs() if scored else None
+        if record is not None:
+            kwargs["logits_processor"] = LogitsProcessorList([record])
         sequences = self.model.generate(**kwargs)  # the generated tokens only
         # each row cut to its own budget, so a clip's text does not depend on its batch
         reserved = 4 + (len(kwargs["prompt_ids"]) if "prompt_ids" in kwargs else 0)
         rows = [row[:self.budget(len(w), reserved)]
                 for row, w in zip(sequences.tolist(), windows, strict=True)]
-        texts = self.processor.batch_decode(rows, skip_special_tokens=True)
-        return [t.strip() for t in texts]
+        texts = [t.strip() for t in self.processor.batch_decode(rows, skip_special_tokens=True)]
+        if record is None:
+            return [ScoredTranscript(t) for t in texts]
+        return [ScoredTranscript(text, self._scored_tokens(i, row, record))
+                for i, (text, row) in enumerate(zip(texts, rows, strict=True))]
+
+    def _scored_tokens(self, i: int, row: list[int], record: _PickLogprobs
+                       ) -> tuple[TokenLogprob, ...]:
+        """Row `i`'s text tokens with the log-probabilities recorded as they were picked
+        (the steps are the row's last tokens: any forced ones before them were not picked).
+        Greedy decoding picks a top score, so the recorded top's log-probability is the
+        token's even where two scores tie (bf16) and the record's index differs."""
+        logprobs = torch.stack(record.logprobs, 1)[i].tolist() if record.logprobs else []
+        first = len(row) - min(len(row), len(logprobs))
+        tokenizer = self.processor.tokenizer
+        out: list[TokenLogprob] = []
+        for step, token in enumerate(row[first:]):
+            if token in self._special:
+                continue
+            piece = tokenizer.convert_ids_to_tokens(token)
+            raw = bytes(self._bytes[c] for c in piece if c in self._bytes)
+            out.append(token_of(raw, logprobs[step]))
+        return tuple(out)

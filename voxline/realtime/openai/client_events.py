@@ -35,9 +35,12 @@ from voxline.realtime.openai.session_object import (
     MaxTokens,
     Milliseconds,
     Modalities,
+    NoiseReductionWire,
     ReasoningWire,
     SessionPatch,
     Temperature,
+    TranscriptionWire,
+    TurnDetectionWire,
     Voice,
     WireModel,
     beta_format,
@@ -307,6 +310,39 @@ class SessionUpdate(ClientEventBase):
         return cmd.SessionUpdate(changes=self.session.changes(), event_id=self.event_id)
 
 
+class TranscriptionSessionPatch(WireModel):
+    """Beta's ``transcription_session.update`` session: the input side of a session, flat
+    (``client_secret`` applies to REST-created sessions only, so it is ignored here, as
+    OpenAI's WebSocket does)."""
+
+    include: list[Literal["item.input_audio_transcription.logprobs"]] | None = None
+    input_audio_format: BetaFormatName | None = None
+    input_audio_transcription: TranscriptionWire | None = None
+    input_audio_noise_reduction: NoiseReductionWire | None = None
+    turn_detection: TurnDetectionWire | None = None
+    modalities: list[Literal["text", "audio"]] | None = None  # what a transcription yields: text
+
+    def to_patch(self) -> SessionPatch:
+        """The same settings as a session patch of a transcription session."""
+        sent = self.model_dump(exclude_unset=True)
+        sent.pop("modalities", None)
+        return SessionPatch.model_validate({**sent, "type": "transcription"})
+
+
+class TranscriptionSessionUpdate(ClientEventBase):
+    """Beta's ``transcription_session.update``: a session.update of a transcription session."""
+
+    type: Literal["transcription_session.update"]
+    session: TranscriptionSessionPatch
+
+    def dialect_hint(self) -> Dialect | None:
+        return Dialect.BETA
+
+    def to_command(self) -> cmd.SessionUpdate:
+        return cmd.SessionUpdate(changes=self.session.to_patch().changes(),
+                                 event_id=self.event_id)
+
+
 class InputAudioBufferAppend(ClientEventBase):
     """``input_audio_buffer.append``; ``audio`` is base64 in the session's input format."""
 
@@ -431,6 +467,7 @@ class OutputAudioBufferClear(ClientEventBase):
 
 _CLIENT_EVENT_CLASSES: tuple[type[ClientEventBase], ...] = (
     SessionUpdate,
+    TranscriptionSessionUpdate,
     InputAudioBufferAppend,
     InputAudioBufferCommit,
     InputAudioBufferClear,
@@ -446,6 +483,7 @@ _CLIENT_EVENT_CLASSES: tuple[type[ClientEventBase], ...] = (
 
 ClientEvent = Annotated[
     SessionUpdate
+    | TranscriptionSessionUpdate
     | InputAudioBufferAppend
     | InputAudioBufferCommit
     | InputAudioBufferClear

@@ -249,13 +249,21 @@ def render_response(response: RealtimeResponse, dialect: Dialect) -> dict[str, A
     return out
 
 
+# Beta names a transcription session's events apart (GA has session.* for both kinds).
+_BETA_TRANSCRIPTION_TYPES: dict[type[ServerEvent], str] = {
+    SessionCreated: "transcription_session.created",
+    SessionUpdated: "transcription_session.updated",
+}
+
+
 def _render_session(event: SessionCreated | SessionUpdated, dialect: Dialect) -> dict[str, Any]:
     # The beta session type declares `id` but no `object`; OpenAI's GA server sends both
-    # (its published examples do) although the GA SDK type declares neither.
+    # (its published examples do) although the GA SDK type declares neither; its beta
+    # server sends both in a transcription session's object.
     head: dict[str, Any] = {"id": event.session_id}
-    if dialect is Dialect.GA:
-        head["object"] = ("realtime.transcription_session" if event.session.kind == "transcription"
-                          else "realtime.session")
+    transcribing = event.session.kind == "transcription"
+    if dialect is Dialect.GA or transcribing:
+        head["object"] = "realtime.transcription_session" if transcribing else "realtime.session"
     return {"session": {**head, **render_session(event.session, dialect)}}
 
 
@@ -268,12 +276,24 @@ def _render_retrieved(event: ItemRetrieved, dialect: Dialect) -> dict[str, Any]:
 
 
 def _render_transcription(event: InputTranscriptionCompleted, dialect: Dialect) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "item_id": event.item_id,
         "content_index": event.content_index,
         "transcript": event.transcript,
         "usage": {"type": "duration", "seconds": event.audio_seconds},
     }
+    if event.logprobs is not None:  # only when the session's `include` asks for them
+        out["logprobs"] = [lp.model_dump() for lp in event.logprobs]
+    return out
+
+
+def _render_transcription_delta(event: InputTranscriptionDelta, dialect: Dialect
+                                ) -> dict[str, Any]:
+    out: dict[str, Any] = {"item_id": event.item_id, "content_index": event.content_index,
+                           "delta": event.delta}
+    if event.logprobs is not None:
+        out["logprobs"] = [lp.model_dump() for lp in event.logprobs]
+    return out
 
 
 def _render_part_event(event: ContentPartAdded | ContentPartDone, dialect: Dialect) -> dict[str, Any]:
@@ -303,6 +323,7 @@ _SHAPERS: dict[type[ServerEvent], Callable[[Any, Dialect], dict[str, Any]]] = {
     ConversationCreated: _render_conversation,
     ItemRetrieved: _render_retrieved,
     InputTranscriptionCompleted: _render_transcription,
+    InputTranscriptionDelta: _render_transcription_delta,
     ContentPartAdded: _render_part_event,
     ContentPartDone: _render_part_event,
     FunctionCallArgumentsDone: _render_arguments_done,
@@ -330,6 +351,9 @@ def _wire_value(value: Any, dialect: Dialect) -> Any:
 def render(event: ServerEvent, dialect: Dialect) -> dict[str, Any] | None:
     """``event`` as the JSON object a ``dialect`` client expects, or None if it gets none."""
     name = wire_type(type(event), dialect)
+    if (dialect is Dialect.BETA and isinstance(event, SessionCreated | SessionUpdated)
+            and event.session.kind == "transcription"):
+        name = _BETA_TRANSCRIPTION_TYPES[type(event)]
     if name is None:
         return None
     out: dict[str, Any] = {"type": name}

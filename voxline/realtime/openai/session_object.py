@@ -475,12 +475,15 @@ def settings_from_wire(session: Mapping[str, Any]) -> SessionSettings:
 
 def render_session(settings: SessionSettings, dialect: Dialect) -> dict[str, Any]:
     """The ``session`` payload of ``session.created`` / ``session.updated``."""
-    if dialect is Dialect.GA and settings.kind == "transcription":
+    if settings.kind == "transcription":
+        if dialect is Dialect.BETA:
+            return render_beta_transcription_session(settings)
         return render_transcription_session(settings)
     if dialect is Dialect.GA:
         out = settings.document()
         del out["temperature"]  # a voxline extension GA sessions do not have
-        del out["include"]  # a transcription session's field
+        if not settings.include:
+            del out["include"]
         if settings.reasoning_effort is None:
             del out["reasoning"]
         if settings.parallel_tool_calls is None:
@@ -513,6 +516,30 @@ def render_session(settings: SessionSettings, dialect: Dialect) -> dict[str, Any
         "tools": [dict(t) for t in settings.tools],
         "tool_choice": settings.tool_choice,
         "tracing": settings.tracing,
+    }
+
+
+def render_beta_transcription_session(settings: SessionSettings) -> dict[str, Any]:
+    """A transcription session's object in beta's ``transcription_session.*`` events: the
+    SDK's beta ``TranscriptionSession`` fields, with ``include`` and the noise reduction as
+    OpenAI's server sends them; no ``client_secret`` (only a REST-created one has it)."""
+    td = settings.turn_detection
+    turns: dict[str, Any] | None = None
+    if td is not None and td.type == "semantic_vad":
+        turns = {"type": "semantic_vad"}
+    elif td is not None:
+        turns = {"type": td.type, "threshold": td.threshold,
+                 "prefix_padding_ms": td.prefix_padding_ms,
+                 "silence_duration_ms": td.silence_duration_ms}
+    tr = settings.transcription
+    return {
+        "modalities": ["text"],
+        "input_audio_format": beta_format_name(settings.input_format),
+        "input_audio_transcription": tr.to_document() if tr is not None else None,
+        "turn_detection": turns,
+        "input_audio_noise_reduction": (
+            {"type": settings.noise_reduction} if settings.noise_reduction else None),
+        "include": list(settings.include),
     }
 
 

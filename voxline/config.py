@@ -162,7 +162,7 @@ class Settings(BaseSettings):
                                          "closes (costs one or two extra ASR runs a turn)")
     early_speculation: bool = Field(default=True, description="semantic_vad: when the "
                                     "transcript taken where the speech fell silent ends a "
-                                    "sentence (\"...?\", \"...\"), the speculative reply "
+                                    "sentence (a question, a statement), the speculative reply "
                                     "starts then, not at the speculate_after_ms pause, so it is "
                                     "ready when the turn is judged complete; dropped unsent if "
                                     "the user goes on (needs speculation and "

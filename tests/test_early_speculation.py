@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 from fakes import tone
+from test_early_pause import LevelVAD
 from test_engine_core import Harness, has
 from test_speculation import AUTO, _state, feed, outcomes, silence, speculating
 
@@ -126,4 +127,25 @@ def test_the_resumed_turn_is_one_item_answered_once():
     assert final.text == "What time is it? And the date?"
     assert outcomes(h) == ["started", "discarded", "started", "committed"]
     assert [i.text for i in h.core.streams["s1"].conversation.items][0] == final.text
+    h.close()
+
+
+def test_a_breath_before_the_pause_drops_it_and_the_pause_speculates_on_what_it_hears():
+    """A breath keeps the turn's voice without resuming it: the take before it no longer
+    covers the turn, so its reply is dropped, and the pause starts one over its own
+    transcript, which is the turn's final."""
+    h = harness("What time is it?", "And the date?")
+    h.core.vad.model = LevelVAD()
+    _before_the_pause(h)
+    assert outcomes(h) == ["started"]
+    feed(h, np.concatenate([tone(0.1, level=0.11), silence(0.25)]))
+    h.run_until(lambda _: outcomes(h) == ["started", "discarded", "started"])
+    feed(h, silence(0.6))
+    h.run_until(has(p.TranscriptFinal))
+    h.send(p.CreateResponse("s1", "r1", "a1", AUTO))
+    h.run_until(has(p.ResponseFinished))
+    final, = h.of(p.TranscriptFinal)
+    assert outcomes(h)[-1] == "committed"
+    assert h.core.streams["s1"].conversation.items[0].text == final.text == \
+        "What time is it? And the date?"
     h.close()

@@ -25,9 +25,15 @@ from voxline.engines.turn_detector import TurnDetector, TurnEvent
 @pytest.mark.parametrize("eagerness", eot.EAGERNESS)
 def test_more_coming_by_either_waits_long_else_a_finished_sound_shortens_the_words(eagerness):
     complete, neutral, incomplete = eot.SILENCE_MS[eagerness]
-    agreed = eot.AGREED_MS[eagerness]
-    assert agreed < complete < neutral < incomplete
+    agreed, confident = eot.AGREED_MS[eagerness], eot.CONFIDENT_MS[eagerness]
+    assert confident <= agreed < complete < neutral < incomplete
     table = {
+        # a confidently finished sound shortens the finished verdicts one step more, and
+        # only those: words that trail off wait as long as ever
+        (Ending.COMPLETE, Sound.CONFIDENT): confident,
+        (Ending.NEUTRAL, Sound.CONFIDENT): agreed,
+        (Ending.INCOMPLETE, Sound.CONFIDENT): incomplete,
+        (None, Sound.CONFIDENT): agreed,
         (Ending.COMPLETE, Sound.FINISHED): agreed,
         (Ending.COMPLETE, Sound.LEANS_FINISHED): agreed,  # agreeing needs less than overruling
         (Ending.COMPLETE, Sound.UNSURE): complete,
@@ -74,6 +80,9 @@ def test_a_trailing_comma_alone_is_overruled_by_a_finished_sound():
 
 def test_eagerness_sets_how_sure_the_model_must_be():
     assert eot.sound("high", 0.85) == Sound.FINISHED
+    assert eot.sound("high", 0.9) == Sound.CONFIDENT
+    assert eot.sound("auto", 0.95) == eot.sound("medium", 0.95) == Sound.CONFIDENT
+    assert eot.sound("low", 0.97) == Sound.FINISHED
     assert eot.sound("medium", 0.85) == Sound.LEANS_FINISHED
     assert eot.sound("auto", 0.92) == Sound.FINISHED
     assert eot.sound("low", 0.92) == Sound.LEANS_FINISHED
@@ -99,7 +108,7 @@ def _pause(det: TurnDetector) -> float:
 def test_detector_takes_whichever_verdict_comes_first_and_forgets_both_when_speech_resumes():
     det = TurnDetector(p.TurnParams(eagerness="medium"), pause_ms=160)
     t = _pause(det)
-    det.hear(0.95)  # the model answers before the transcript
+    det.hear(0.92)  # the model answers before the transcript
     assert det.silence_ms == eot.SILENCE_MS["medium"][Ending.COMPLETE]
     det.judge("What time is it?")
     assert det.silence_ms == eot.AGREED_MS["medium"]
@@ -122,6 +131,31 @@ def test_complete_words_and_a_sound_leaning_finished_end_the_turn_at_the_agreed_
         assert det.silence_ms == eot.SILENCE_MS["medium"][Ending.INCOMPLETE]  # the words, first
         det.judge(text)
         assert det.silence_ms == wait, text
+
+
+@pytest.mark.parametrize("probability, text, wait", [
+    (0.97, "What time is it?", eot.CONFIDENT_MS["auto"]),  # confident: shorter still
+    (0.92, "What time is it?", eot.AGREED_MS["auto"]),  # finished: as before
+    (0.3, "What time is it?", eot.SILENCE_MS["auto"][Ending.COMPLETE]),  # unsure: unchanged
+    (0.97, "What time is it", eot.AGREED_MS["auto"]),
+    (0.3, "What time is it", eot.SILENCE_MS["auto"][Ending.NEUTRAL]),  # unchanged
+    (0.99, "I would like a table for", eot.SILENCE_MS["auto"][Ending.INCOMPLETE]),  # unchanged
+    (0.05, "What time is it?", eot.SILENCE_MS["auto"][Ending.INCOMPLETE]),  # going on: unchanged
+])
+def test_a_confident_sound_shortens_the_complete_waits_and_no_other(probability, text, wait):
+    det = TurnDetector(p.TurnParams(eagerness="auto"), pause_ms=160)
+    t = _pause(det)
+    det.judge(text)
+    det.hear(probability)
+    assert det.silence_ms == wait
+    # the turn ends that long after its voice (on the first 32 ms frame after the one
+    # that reported the pause, at the soonest), not sooner
+    voice_ms, ended = det.last_voice_ms, None
+    while ended is None:
+        if det.update(0.0, t, 32) == TurnEvent.STOPPED:
+            ended = t + 32
+        t += 32
+    assert wait <= ended - voice_ms < max(wait, 160 + 32) + 32
 
 
 def test_a_pause_being_judged_waits_for_a_witness_and_a_failed_verdict_leaves_the_words():
@@ -174,7 +208,7 @@ class TurnHarness(CoreDriver):
 
 @pytest.mark.parametrize("text, probability, pause_s, ends", [
     # words NEUTRAL (500 ms at high); finished-sounding -> COMPLETE (250 ms)
-    ("Paris is nice", 0.95, 0.4, True),
+    ("Paris is nice", 0.85, 0.4, True),
     ("Paris is nice", None, 0.4, False),  # no model: the words' 500 ms
     # going on -> INCOMPLETE (2 s): a 1 s pause does not cut the user off
     ("Paris is nice", 0.05, 1.0, False),
@@ -184,7 +218,7 @@ class TurnHarness(CoreDriver):
     ("I would like to book a table for,", 0.99, 1.0, False),
     # a trailing comma alone: a finished sound ends the turn at COMPLETE's 250 ms, an
     # unsure one waits INCOMPLETE's 2 s
-    ("How far is the moon from the earth,", 0.95, 0.4, True),
+    ("How far is the moon from the earth,", 0.85, 0.4, True),
     ("How far is the moon from the earth,", 0.5, 1.0, False),
 ])
 def test_semantic_vad_in_the_engine_combines_words_and_sound(text, probability, pause_s, ends):

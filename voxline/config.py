@@ -160,6 +160,13 @@ class Settings(BaseSettings):
                                          "pause (and final) transcript when no voice followed: "
                                          "the transcript is ready when the silence window "
                                          "closes (costs one or two extra ASR runs a turn)")
+    early_speculation: bool = Field(default=True, description="semantic_vad: when the "
+                                    "transcript taken where the speech fell silent ends a "
+                                    "sentence (a question, a statement), the speculative reply "
+                                    "starts then, not at the speculate_after_ms pause, so it is "
+                                    "ready when the turn is judged complete; dropped unsent if "
+                                    "the user goes on (needs speculation and "
+                                    "early_pause_transcript on)")
     max_session_seconds: float = Field(default=1800.0, gt=0, description="session time "
                                        "limit, seconds")
     shutdown_grace: float = Field(default=5.0, ge=0, description="on SIGTERM/SIGINT: seconds "

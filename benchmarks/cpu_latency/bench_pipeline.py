@@ -55,7 +55,8 @@ overlap. ``--full-replies`` lets every reply run to its end instead.
                                                   [--speculation on,off]
                                                   [--warm-prefill on,off]
                                                   [--variants baseline,held,early,...]
-                                                  [--voice espeak|piper] [--no-partials]
+                                                  [--voice espeak,espeak:en-us+f3,piper]
+                                                  [--no-partials]
                                                   [--full-replies] [--threads N]
     (--mode inprocess,process compares the engine clients directly, without a server)
 """
@@ -145,6 +146,7 @@ class Variant:
     warm: bool = True  # partial transcripts prefill the reply's prompt
     kept: bool = True  # ... and a reply over exactly that prompt samples from its logits
     speculate_ms: float = SPECULATE_MS  # the pause that starts it (speculate_after_ms)
+    early_spec: bool = True  # semantic VAD: complete words start it before the pause
 
     @property
     def server_default(self) -> bool:
@@ -181,12 +183,14 @@ def bench_core(wake: Callable[[], None], settings: dict | None = None, *,
 
 
 def speak(texts: Sequence[str], voice: str) -> list[np.ndarray]:
-    """Each text spoken as float32 mono at 16 kHz."""
-    if voice == "espeak":
+    """Each text spoken as float32 mono at 16 kHz by `voice`: espeak (espeak-ng's en-us),
+    espeak:<espeak-ng voice> (e.g. en-us+f3, en-gb-x-rp) or piper (the shipped voice)."""
+    if voice.split(":")[0] == "espeak":
         sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
         from speech import espeak  # tests/speech.py
 
-        return [espeak(t, rate=p.INPUT_RATE) for t in texts]
+        name = voice.partition(":")[2] or "en-us"
+        return [espeak(t, rate=p.INPUT_RATE, voice=name) for t in texts]
     from voxline.codecs.resample import resample
     from voxline.engines.models.piper_tts import PiperTTS
 
@@ -376,7 +380,8 @@ class WsServer:
 
     def __init__(self, label: str, speculate_ms: float, threads: int,
                  warm_prefill: bool = True, turn_detection: str = "server_vad",
-                 log_prefix: str = "") -> None:
+                 log_prefix: str = "", early_speculation: bool = True) -> None:
+        self.early_speculation = early_speculation
         self.label, self.speculate_ms, self.threads = label, speculate_ms, threads
         self.log_prefix = log_prefix  # the server's log goes to prefix + label + .log
         self.warm_prefill = warm_prefill
@@ -395,7 +400,8 @@ class WsServer:
         cmd = [sys.executable, "-c", "from voxline.cli import main; raise SystemExit(main())",
                "serve", "--host", "127.0.0.1", "--port", str(port),
                "--speculate-after-ms", str(self.speculate_ms),
-               "--warm-prefill" if self.warm_prefill else "--no-warm-prefill"]
+               "--warm-prefill" if self.warm_prefill else "--no-warm-prefill",
+               "--early-speculation" if self.early_speculation else "--no-early-speculation"]
         if not self.log_prefix:
             return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
@@ -586,7 +592,7 @@ def print_turn(i: int, t: TurnTiming, clip: Clip) -> None:
     seg_ms = t.ms(t.first_text, t.segment_ready)
     tts_ms = t.ms(t.segment_ready or t.first_text, t.first_audio)
     clock = "" if t.stopped_audio_ms is None else f"{t.stopped_audio_ms - clip.speech_end_ms:+5.0f}"
-    print(f"  {i:>2} {t.mode:<20} {clip.speech_s:4.1f}s | {fmt(t.from_speech_end)} {fmt(t.from_stopped)}"
+    print(f"  {i:>2} {t.mode:<34} {clip.speech_s:4.1f}s | {fmt(t.from_speech_end)} {fmt(t.from_stopped)}"
           f" | {fmt(vad_ms)} {clock:>5} {fmt(asr_ms)} {fmt(t.asr_ms)} {fmt(llm_ms)} {fmt(seg_ms)}"
           f" {fmt(tts_ms)}"
           f" | {t.transcript[:40]!r} -> {t.first_segment[:40]!r}"
@@ -595,9 +601,9 @@ def print_turn(i: int, t: TurnTiming, clip: Clip) -> None:
 
 def summarize(results: dict[str, list[TurnTiming]]) -> None:
     print()
-    head = (f"{'variant':<20} {'n':>3} | {'from end of speech audio (ms)':^29} | "
+    head = (f"{'variant':<34} {'n':>3} | {'from end of speech audio (ms)':^29} | "
             f"{'from VAD speech_stopped (ms)':^29}")
-    sub = f"{'':<20} {'':>3} | " + " | ".join([f"{'p50':>6} {'p95':>6} {'min':>6} {'max':>6}"] * 2)
+    sub = f"{'':<34} {'':>3} | " + " | ".join([f"{'p50':>6} {'p95':>6} {'min':>6} {'max':>6}"] * 2)
     print(head)
     print(sub)
     print("-" * len(sub))
@@ -606,28 +612,28 @@ def summarize(results: dict[str, list[TurnTiming]]) -> None:
         a = [t.from_speech_end for t in turns if t.from_speech_end is not None]
         b = [t.from_stopped for t in turns if t.from_stopped is not None]
         if not a or not b:
-            print(f"{mode:<20} {0:>3} | no complete turns")
+            print(f"{mode:<34} {0:>3} | no complete turns")
             continue
         row = []
         for vals in (a, b):
             row.append(f"{pct(vals, 50):6.0f} {pct(vals, 95):6.0f} {min(vals):6.0f} {max(vals):6.0f}")
         stats[mode] = (pct(a, 50), pct(a, 95), pct(b, 50), pct(b, 95))
-        print(f"{mode:<20} {len(a):>3} | " + " | ".join(row))
+        print(f"{mode:<34} {len(a):>3} | " + " | ".join(row))
     pairs = [(m, m + "+spec") for m in MODES if m in stats and m + "+spec" in stats]
     if "inprocess" in stats and "process" in stats:
         pairs.append(("inprocess", "process"))
     for base, other in pairs:
         i, q = stats[base], stats[other]
-        print(f"{'ratio':<20} {'':>3} | {q[0] / i[0]:6.2f} {q[1] / i[1]:6.2f} {'':>13} | "
+        print(f"{'ratio':<34} {'':>3} | {q[0] / i[0]:6.2f} {q[1] / i[1]:6.2f} {'':>13} | "
               f"{q[2] / i[2]:6.2f} {q[3] / i[3]:6.2f}   ({other} / {base})")
     print()
-    print(f"{'variant':<20} | {'turns':>5} {'paused':>6} {'false cuts':>10} | "
+    print(f"{'variant':<34} | {'turns':>5} {'paused':>6} {'false cuts':>10} | "
           f"{'speculations/turn':>17} {'discards/turn':>13} | {'CPU s/turn':>10}")
     for mode, turns in results.items():
         paused = sum(1 for t in turns if " ... " in t.text)
         cuts = sum(t.false_cut for t in turns)
         cpu = [t.cpu_s for t in turns if t.cpu_s is not None]
-        print(f"{mode:<20} | {len(turns):>5} {paused:>6} {cuts:>10} | "
+        print(f"{mode:<34} | {len(turns):>5} {paused:>6} {cuts:>10} | "
               f"{np.mean([t.speculations for t in turns]):>17.2f} "
               f"{np.mean([t.discards for t in turns]):>13.2f} | "
               f"{(f'{np.mean(cpu):10.2f}' if cpu else '         -')}")
@@ -635,7 +641,7 @@ def summarize(results: dict[str, list[TurnTiming]]) -> None:
     print("Median breakdown (ms):  VAD = speech end -> speech_stopped, ASR = speech_stopped -> "
           "final transcript, LLM = final -> first text delta, text = first delta -> first "
           "spoken segment complete, TTS = segment complete -> first audio")
-    print(f"{'variant':<20} | {'VAD':>5} {'ASR':>5} {'asr_ms':>6} {'LLM':>5} {'text':>5} {'TTS':>5}")
+    print(f"{'variant':<34} | {'VAD':>5} {'ASR':>5} {'asr_ms':>6} {'LLM':>5} {'text':>5} {'TTS':>5}")
     for mode, turns in results.items():
         cols = [
             median_ms(turns, lambda t: t.ms(t.speech_end, t.stopped)),
@@ -645,7 +651,7 @@ def summarize(results: dict[str, list[TurnTiming]]) -> None:
             median_ms(turns, lambda t: t.ms(t.first_text, t.segment_ready)),
             median_ms(turns, lambda t: t.ms(t.segment_ready or t.first_text, t.first_audio)),
         ]
-        print(f"{mode:<20} | " + " ".join(cols))
+        print(f"{mode:<34} | " + " ".join(cols))
 
 
 def markdown_table(results: dict[str, list[TurnTiming]]) -> None:
@@ -707,6 +713,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="comma-separated: on, off -- the warm_prefill setting (partial "
                          "transcripts prefill the reply's prompt); on,off runs both, "
                          "interleaved (default: on, the engine default)")
+    ap.add_argument("--early-speculation", default="on",
+                    help="comma-separated: on, off -- the early_speculation setting (semantic "
+                         "VAD: an early take whose words end a sentence starts the reply "
+                         "before the pause); on,off runs both, interleaved, labelled -early "
+                         "when off (default: on, the engine default)")
     ap.add_argument("--variants", default="",
                     help=f"comma-separated steps of the latency ladder, run side by side "
                          f"instead of --speculation x --warm-prefill: {', '.join(LADDER)} "
@@ -716,8 +727,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                          "semantic_vad (the engine's detector: Smart Turn + transcript rules, "
                          "eagerness auto); each runs as its own server or engine, interleaved "
                          "(default: server_vad)")
-    ap.add_argument("--voice", choices=["espeak", "piper"], default="espeak",
-                    help="who speaks the questions (default espeak-ng)")
+    ap.add_argument("--voice", default="espeak",
+                    help="comma-separated: who speaks the questions -- espeak (espeak-ng en-us, "
+                         "the default), espeak:<espeak-ng voice> (e.g. espeak:en-us+f3, "
+                         "espeak:en-gb-x-rp), piper (the shipped voice); more than one runs "
+                         "every utterance in each voice, rows per variant x voice")
     ap.add_argument("--no-partials", action="store_true",
                     help="open streams with transcribe_partials=False (default: engine default, on)")
     ap.add_argument("--full-replies", action="store_true",
@@ -735,6 +749,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="--mode ws: write each server's log to this prefix + variant + .log "
                          "(with VOXLINE_TRACE=1 in the environment, its turn milestones too)")
     args = ap.parse_args(argv)
+    args.voices = [v.strip() for v in args.voice.split(",") if v.strip()]
+    if not args.voices or any(v != "piper" and v.split(":")[0] != "espeak" for v in args.voices):
+        ap.error("--voice takes a comma-separated list of espeak, espeak:<voice>, piper")
     args.modes = [m.strip() for m in args.mode.split(",") if m.strip()]
     if not args.modes or any(m not in MODES for m in args.modes):
         ap.error(f"--mode takes a comma-separated subset of {','.join(MODES)}")
@@ -750,6 +767,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--speculate-after-ms takes comma-separated milliseconds, e.g. 160,96")
     if not args.speculate_after_ms or min(args.speculate_after_ms) <= 0:
         ap.error("--speculate-after-ms takes positive milliseconds (--speculation off turns it off)")
+    args.early_speculation = [choices.get(v.strip())
+                              for v in args.early_speculation.split(",") if v.strip()]
+    if not args.early_speculation or None in args.early_speculation:
+        ap.error("--early-speculation takes on, off or on,off")
     args.warm_prefill = [choices.get(v.strip()) for v in args.warm_prefill.split(",") if v.strip()]
     if not args.warm_prefill or None in args.warm_prefill:
         ap.error("--warm-prefill takes on, off or on,off")
@@ -779,12 +800,16 @@ def variant_grid(args: argparse.Namespace) -> dict[str, Variant]:
     if args.variants:
         return args.variants
     grid = {}
-    for spec, warm in itertools.product(args.speculation, args.warm_prefill):
+    for spec, warm, early in itertools.product(args.speculation, args.warm_prefill,
+                                               args.early_speculation):
+        if not spec and not early:
+            continue  # (no speculation: nothing to start early)
         for ms in args.speculate_after_ms if spec else [SPECULATE_MS]:
             label = ("+spec" if spec else "") + (
                 f"@{ms:g}" if spec and len(args.speculate_after_ms) > 1 else "") + (
-                ("+warm" if warm else "-warm") if len(args.warm_prefill) > 1 else "")
-            grid[label] = Variant(speculate=spec, warm=warm, speculate_ms=ms)
+                ("+warm" if warm else "-warm") if len(args.warm_prefill) > 1 else "") + (
+                "-early" if spec and not early else "")
+            grid[label] = Variant(speculate=spec, warm=warm, speculate_ms=ms, early_spec=early)
     return grid
 
 
@@ -798,9 +823,15 @@ async def amain(args: argparse.Namespace) -> int:
     print(f"machine: {load_note()}. The CPUs are shared with other work, so numbers are "
           "noisy; the variants run interleaved, utterance by utterance, so compare them side by "
           "side.")
-    warm_clip, clips = make_clips(args.utterances, args.voice)
+    voiced: dict[str, list[Clip]] = {}
+    warms = []
+    for voice in args.voices:
+        warm, voiced[voice] = make_clips(args.utterances, voice)
+        warms.append(warm)
+    warm_clip = warms[0]  # the first voice warms up
+    clips = [c for cs in voiced.values() for c in cs]
     lengths = [c.speech_s for c in clips]
-    print(f"{len(clips)} utterances ({args.voice}), speech {min(lengths):.1f}-{max(lengths):.1f} s "
+    print(f"{len(clips)} utterances ({', '.join(args.voices)}), speech {min(lengths):.1f}-{max(lengths):.1f} s "
           f"each, {sum(c.pause_ms > 0 for c in clips)} of them pausing mid-sentence; fresh "
           f"stream per utterance; partial transcripts "
           f"{'off' if args.no_partials else 'on (engine default)'}; replies "
@@ -823,7 +854,8 @@ async def amain(args: argparse.Namespace) -> int:
                     for detection in args.turn_detection:
                         named = detection_label(label, detection)
                         server = WsServer(named, speculate, args.threads, v.warm, detection,
-                                          log_prefix=args.server_log)
+                                          log_prefix=args.server_log,
+                                          early_speculation=v.early_spec)
                         variants[named] = server
                         await server.start()
                         print(f"{named} ready in {time.perf_counter() - t0:.1f} s")
@@ -831,6 +863,7 @@ async def amain(args: argparse.Namespace) -> int:
                 kwargs: dict[str, object] = {"speculate_after_ms": speculate,
                                              "warm_prefill": v.warm,
                                              "early_pause_transcript": v.early_pause,
+                                             "early_speculation": v.early_spec,
                                              "speculate_speech": v.speech,
                                              "kept_logits": v.kept}
                 if args.threads:
@@ -864,19 +897,28 @@ async def amain(args: argparse.Namespace) -> int:
                 print(f"warm-up {label}: {fmt(t.from_speech_end)} ms from end of speech "
                       f"({t.transcript!r})" + (f" ERRORS: {t.errors}" if t.errors else ""))
         print()
-        print(f"  {'#':>2} {'variant':<20} {'speech':>6} | {'end':>5} {'vadst':>5} | {'VAD':>5} "
+        print(f"  {'#':>2} {'variant':<34} {'speech':>6} | {'end':>5} {'vadst':>5} | {'VAD':>5} "
               f"{'clock':>5} {'ASR':>5} {'model':>5} {'LLM':>5} {'text':>5} {'TTS':>5} | "
               "transcript -> first spoken segment")
         print("     (ms; end = from end of speech audio, vadst = from speech_stopped; clock = VAD "
               "audio_end_ms - true speech end on the stream clock; model = ASR model time of "
               "the final transcript, so ASR - model = queueing; with speculation the reply may "
               "be ready before speech_stopped, so parts can be negative)")
-        results: dict[str, list[TurnTiming]] = {label: [] for label in variants}
-        for i, clip in enumerate(clips):
+        def row(label: str, voice: str) -> str:  # per voice when there are several
+            return label if len(args.voices) == 1 else f"{label} {voice}"
+
+        results: dict[str, list[TurnTiming]] = {
+            row(label, voice): [] for voice in args.voices for label in variants}
+        # voices alternate utterance by utterance too, so each sees the same load
+        schedule = [(voice, c) for k in range(args.utterances)
+                    for voice in args.voices if k < len(voiced[voice])
+                    for c in [voiced[voice][k]]]
+        for i, (voice, clip) in enumerate(schedule):
             order = list(variants) if i % 2 == 0 else list(reversed(variants))
             for label in order:
                 t = await turn(label, f"bench-{label}-{i}", clip)
-                results[label].append(t)
+                t.mode = row(label, voice)
+                results[row(label, voice)].append(t)
                 print_turn(i, t, clip)
         summarize(results)
         markdown_table(results)

@@ -99,6 +99,8 @@ class EngineCore:
     with spare capacity only (embedded LLM; see `warm_prefill`).
     `early_pause_transcript`: a pause transcript is taken where the speech fell silent,
     so it is mostly done when the pause is reported (see `turns`).
+    `early_speculation`: under semantic VAD, that take starts the speculative reply
+    when its words end a sentence, before the pause is reported (see `turns`).
     `llm_step_tokens`: the embedded LLM's tokens per batched step (`LLMStage.token_budget`).
     `max_videos`: videos rendered at once (the `video_streams` setting; see `Videos`).
     """
@@ -109,7 +111,8 @@ class EngineCore:
                  max_responses: int = setting_default("max_responses"),
                  speculate_after_ms: float = DEFAULT_SPECULATE_AFTER_MS,
                  generation_lead_ms: float | None = None, warm_prefill: bool = False,
-                 early_pause_transcript: bool = True, llm_step_tokens: int = STEP_TOKENS,
+                 early_pause_transcript: bool = True, early_speculation: bool = True,
+                 llm_step_tokens: int = STEP_TOKENS,
                  max_videos: int = 4) -> None:
         self.models = models
         self.max_responses = max_responses
@@ -130,7 +133,8 @@ class EngineCore:
         self.responses.warm = self.warm
         self.turns = Turns(self.registry, self.vad, self.asr, self.responses,
                            self._outputs.append, speculate_after_ms, max_responses,
-                           warm=self.warm, early_pause=early_pause_transcript)
+                           warm=self.warm, early_pause=early_pause_transcript,
+                           early_speculation=early_speculation)
         context = StageContext(wake, self._outputs.append, self.registry.live, self.turns,
                                max_videos=max_videos)
         self.parts: dict[str, StagePart] = {
@@ -175,6 +179,7 @@ class EngineCore:
                    speculate_after_ms=settings.speculate_after_ms,
                    warm_prefill=settings.warm_prefill,
                    early_pause_transcript=settings.early_pause_transcript,
+                   early_speculation=settings.early_speculation,
                    generation_lead_ms=settings.generation_lead_s * 1000 or None,
                    llm_step_tokens=settings.llm_step_tokens,
                    max_videos=settings.video_streams or 1)

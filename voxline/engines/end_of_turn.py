@@ -22,14 +22,18 @@ shortening words with no sign either way takes a confidently finished one. A tra
 comma alone (after a word that could end the sentence) is the one "more is coming" a
 finished sound overrules: it reads as NEUTRAL.
 
-    words / sound   FINISHED   LEANS        UNSURE       GOING_ON     AWAITED      none
-    COMPLETE        AGREED     AGREED       COMPLETE     INCOMPLETE   COMPLETE     COMPLETE
-    NEUTRAL         COMPLETE   NEUTRAL      NEUTRAL      INCOMPLETE   NEUTRAL      NEUTRAL
-    INCOMPLETE      INCOMPLETE INCOMPLETE   INCOMPLETE   INCOMPLETE   INCOMPLETE   INCOMPLETE
-    pending         COMPLETE   INCOMPLETE*  INCOMPLETE*  INCOMPLETE   INCOMPLETE*  NEUTRAL
+    words / sound   CONFIDENT  FINISHED   LEANS        UNSURE       GOING_ON     AWAITED      none
+    COMPLETE        CONFIDENT  AGREED     AGREED       COMPLETE     INCOMPLETE   COMPLETE     COMPLETE
+    NEUTRAL         AGREED     COMPLETE   NEUTRAL      NEUTRAL      INCOMPLETE   NEUTRAL      NEUTRAL
+    INCOMPLETE      INCOMPLETE INCOMPLETE INCOMPLETE   INCOMPLETE   INCOMPLETE   INCOMPLETE   INCOMPLETE
+    pending         AGREED     COMPLETE   INCOMPLETE*  INCOMPLETE*  INCOMPLETE   INCOMPLETE*  NEUTRAL
 
-Each verdict is a pause length per eagerness (`SILENCE_MS`, `AGREED_MS`): INCOMPLETE
-waits up to OpenAI's documented maxima (8 / 4 / 2 s for `low` / `medium` / `high`).
+Each verdict is a pause length per eagerness (`SILENCE_MS`, `AGREED_MS`, `CONFIDENT_MS`):
+INCOMPLETE waits up to OpenAI's documented maxima (8 / 4 / 2 s for `low` / `medium` /
+`high`). A CONFIDENT sound (the top band of FINISHED, `CONFIDENT_AT`) is a FINISHED one
+that moves the verdict one step shorter still; it only ever shortens the COMPLETE and
+AGREED waits, never the NEUTRAL or INCOMPLETE ones, so a pause that sounds or reads
+unfinished waits as long as before.
 `auto` is `medium`. With no model (or before it has answered) the sound is "none", and
 the table is the words' rules alone, as before the model. The model usually answers
 before the transcript (a Whisper-tiny encoder over 8 s against Moonshine over the whole
@@ -63,6 +67,9 @@ SILENCE_MS: dict[str, tuple[int, int, int]] = {
 EAGERNESS = tuple(SILENCE_MS)
 # The pause that ends a turn whose words are complete and which sounds finished.
 AGREED_MS: dict[str, int] = {"high": 160, "medium": 200, "auto": 200, "low": 400}
+# ... and which sounds confidently finished (`CONFIDENT_AT`). At or below the engine's
+# 160 ms pause point, the turn ends as soon as the model's verdict on the pause lands.
+CONFIDENT_MS: dict[str, int] = {"high": 160, "medium": 160, "auto": 160, "low": 300}
 
 
 class Sound(enum.IntEnum):
@@ -71,6 +78,7 @@ class Sound(enum.IntEnum):
     GOING_ON = 2  # mid-phrase intonation: more is coming
     AWAITED = 3  # the model is judging this pause (never a reading of a probability)
     LEANS_FINISHED = 4  # more finished than not, short of FINISHED: agrees, never overrules
+    CONFIDENT = 5  # FINISHED, and surely so: shortens the finished verdicts one step more
 
 
 # (finished at or above, leans finished at or above, going on below) the model's
@@ -82,6 +90,11 @@ SOUND_THRESHOLDS: dict[str, tuple[float, float, float]] = {
     "auto": (0.9, 0.5, 0.1),
     "low": (0.95, 0.7, 0.1),
 }
+# The model's probability at or above which a finished sound is CONFIDENT, per eagerness.
+# Smart Turn scores most finished questions in the shipped Piper voice 0.95-0.99 190 ms
+# into the pause; of the end-of-turn bench's mid-clause pauses, only ones whose words
+# trail off (which wait regardless) or that a FINISHED verdict already cuts reach it.
+CONFIDENT_AT: dict[str, float] = {"high": 0.9, "medium": 0.95, "auto": 0.95, "low": 0.98}
 
 _FILLERS = frozenset({"um", "umm", "uh", "uhh", "er", "erm", "hmm", "mm", "ah", "eh"})
 # Words a finished thought rarely ends on: conjunctions, prepositions, articles,
@@ -135,6 +148,8 @@ def silence_ms(eagerness: str, end: Ending) -> int:
 def sound(eagerness: str, probability: float) -> Sound:
     """How the end-of-turn model's `probability` (speaker finished) reads at `eagerness`."""
     finished, leans, going_on = SOUND_THRESHOLDS[eagerness]
+    if probability >= CONFIDENT_AT[eagerness]:
+        return Sound.CONFIDENT
     if probability >= finished:
         return Sound.FINISHED
     if probability >= leans:
@@ -148,17 +163,32 @@ def decide(eagerness: str, words: Ending | None, heard: Sound | None,
     yet) and which sounds like `heard` (None: no model, or not yet); the module docstring
     has the table. `comma`: the words are INCOMPLETE by a trailing comma alone
     (`comma_only`), which a finished sound overrules: they read as NEUTRAL."""
-    if comma and words == Ending.INCOMPLETE and heard == Sound.FINISHED:
+    finished = heard in (Sound.FINISHED, Sound.CONFIDENT)
+    if comma and words == Ending.INCOMPLETE and finished:
         words = Ending.NEUTRAL
     if words is None:
         if heard is None:
             return silence_ms(eagerness, Ending.NEUTRAL)
-        return silence_ms(eagerness, Ending.COMPLETE if heard == Sound.FINISHED
-                          else Ending.INCOMPLETE)
+        if heard == Sound.CONFIDENT:
+            return AGREED_MS[eagerness]
+        return silence_ms(eagerness, Ending.COMPLETE if finished else Ending.INCOMPLETE)
     if heard == Sound.GOING_ON:
         return silence_ms(eagerness, Ending.INCOMPLETE)
+    if words == Ending.COMPLETE and heard == Sound.CONFIDENT:
+        return CONFIDENT_MS[eagerness]
     if words == Ending.COMPLETE and heard in (Sound.FINISHED, Sound.LEANS_FINISHED):
+        return AGREED_MS[eagerness]
+    if words == Ending.NEUTRAL and heard == Sound.CONFIDENT:
         return AGREED_MS[eagerness]
     if words == Ending.NEUTRAL and heard == Sound.FINISHED:
         return silence_ms(eagerness, Ending.COMPLETE)
     return silence_ms(eagerness, words)
+
+
+def leans_complete(words: Ending | None, heard: Sound | None) -> bool:
+    """Whether the evidence on a pause so far leans towards the turn being complete, so a
+    reply is worth starting before the pause is judged: words that end a sentence (and no
+    sound of more to come), or a finished sound over words with no sign either way."""
+    if heard == Sound.GOING_ON or words is None or words == Ending.INCOMPLETE:
+        return False
+    return words == Ending.COMPLETE or heard in (Sound.FINISHED, Sound.CONFIDENT)

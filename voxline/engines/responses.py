@@ -149,9 +149,9 @@ class Responses:
 
     # ---------------------------------------------------------------- speculation
 
-    def speculate(self, stream: StreamState, item_id: str, text: str) -> None:
+    def speculate(self, stream: StreamState, item_id: str, text: str) -> bool:
         """See `Speculations.speculate`."""
-        self.speculations.speculate(stream, item_id, text)
+        return self.speculations.speculate(stream, item_id, text)
 
     def turn_ended(self, stream: StreamState, item_id: str) -> None:
         """See `Speculations.turn_ended`."""

@@ -47,15 +47,16 @@ class Speculations:
         # comparison).
         self.speaks = True
 
-    def speculate(self, stream: StreamState, item_id: str, text: str) -> None:
+    def speculate(self, stream: StreamState, item_id: str, text: str) -> bool:
         """Start the stream's `auto_response` to the user's turn so far (`text`, the turn
-        `item_id` paused on), holding its output; nothing if a response is under way."""
+        `item_id` paused on), holding its output; nothing if a response is under way.
+        Whether one started."""
         sid = stream.internal_id
         cfg = stream.config.auto_response
         if (cfg is None or not text or sid in self.book.runs or sid in self.book.deferred
                 or stream.pending_finals or stream.conversation.has(item_id)
                 or stream.config.tools or cfg.tools):  # a function call is not held back
-            return
+            return False
         before = len(stream.slot.tokens) if stream.slot is not None else 0
         warm = self.warm.adopt(stream) if self.warm is not None else None
         before = before if warm is None else warm  # discarded, it undoes the warm prefill
@@ -63,7 +64,7 @@ class Speculations:
         run = self.prompts.new_run(stream, cfg, "", "")
         if run is None:
             stream.conversation.delete(item_id)
-            return
+            return False
         run.key = f"speculation-{stream.responses}"
         run.speculative = Speculative(item_id, before, dropped=frozenset(stream.window.dropped),
                                       speaks=self.speaks)
@@ -72,6 +73,7 @@ class Speculations:
         self.llm.add(run.request)
         trace(stream.internal_id, "speculation_started")
         self.book.emit(p.Speculation(stream.external_id, p.SpeculationOutcome.STARTED))
+        return True
 
     def turn_ended(self, stream: StreamState, item_id: str) -> None:
         """The user turn `item_id` is final: a speculation no longer owns its user item."""

@@ -28,6 +28,17 @@ turn's final transcript when no speech follows. Moonshine's encoder is not incre
 a take is the whole utterance so far, only started earlier. A take replaces the turn's
 queued partials and stops a running one early (it covers them); made stale by voice, it
 is dropped unrun if still queued (`ASRJob.early`), and reports as a partial if it ran.
+
+Under semantic turn detection the take can also start the reply (`early_speculation`):
+when it lands with words that end a sentence (`end_of_turn.leans_complete`) and no voice
+since, the speculative reply starts at once, before the pause is reported, so its first
+segment and audio are made while the pause is still being judged. It answers exactly the
+take's text, which is the pause transcript (and the final one) as long as no voice
+follows; voice before the pause (a gap between words, a breath) makes the take stale and
+discards the speculation unsent, as speech after the pause does (`TurnResumed`). The
+end-of-turn model is not asked this early: its verdict 30-100 ms into a silence swings
+(complete questions in the Piper voice from 0.03 to 0.99), so it judges the pause as
+before and only the words gate the early start.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from voxline.engines import end_of_turn
 from voxline.engines import protocol as p
 from voxline.engines.asr_stage import ASRJob, ASRStage, TranscriptionOptions
 from voxline.engines.end_of_turn_stage import EndOfTurnJob, EndOfTurnStage
@@ -94,6 +106,7 @@ class EarlyTake:
     text: str | None = None  # once landed
     asr_ms: float = 0.0
     tokens: tuple[TokenLogprob, ...] | None = None  # its log-probabilities, if asked for
+    speculated: bool = False  # it started a speculative reply before any pause
 
 
 class Turns:
@@ -104,15 +117,19 @@ class Turns:
     `end_of_turn` (None: rules over the words alone) hears semantic-VAD pauses.
     `warm` (None: off) prefills the reply's prompt from each partial transcript.
     `early_pause`: take the pause transcript where the speech fell silent (see above).
+    `early_speculation`: under semantic turn detection, such a take whose words end a
+    sentence starts the speculative reply before the pause (see above).
     """
 
     def __init__(self, registry: StreamRegistry, vad: VADStage, asr: ASRStage,
                  responses: Responses, emit: Callable[[p.EngineOutput], None],
                  speculate_after_ms: float, max_responses: int,
                  end_of_turn: EndOfTurnStage | None = None,
-                 warm: WarmPrefills | None = None, early_pause: bool = True) -> None:
+                 warm: WarmPrefills | None = None, early_pause: bool = True,
+                 early_speculation: bool = True) -> None:
         self.registry = registry
         self.early_pause = early_pause
+        self.early_speculation = early_speculation
         self._takes: dict[StreamId, EarlyTake] = {}  # each stream's latest early take
         self.warm = warm
         self.end_of_turn = end_of_turn
@@ -221,6 +238,20 @@ class Turns:
             case PartialDue():
                 utt = turn.utterance
                 self.asr.add(asr_job(stream, utt.item_id, utt.audio(), final=False))
+        take = self._takes.get(stream.internal_id)
+        if take is not None and take.speculated:
+            self._check_early_speculation(stream, take)
+
+    def _check_early_speculation(self, stream: StreamState, take: EarlyTake) -> None:
+        """Voice before the pause made the take that speculated stale: the reply answered
+        words the turn has outgrown (after the pause, `TurnResumed` governs)."""
+        det = stream.input.detector
+        if det is None or det.paused:
+            return
+        if self._fresh_take(stream, take.utterance) is not take:
+            take.speculated = False
+            trace(stream.internal_id, "early_speculation_stale")
+            self.responses.discard_speculation(stream)
 
     def _paused(self, stream: StreamState, utt: Utterance) -> None:
         """The pause transcript: the fresh early take (landed, or waited for), else a job
@@ -305,6 +336,7 @@ class Turns:
         take = self._takes.get(stream.internal_id)
         if take is not None and take.job is job:
             take.text, take.asr_ms, take.tokens = text, seconds * 1000, job.tokens
+            self._speculate_early(stream, take)
         utt = stream.input.utterance
         if text and stream.config.transcribe_partials and utt is not None \
                 and utt.item_id == job.item_id:
@@ -312,6 +344,22 @@ class Turns:
                                            wire_tokens(job.tokens)))
             if self.warm is not None:
                 self.warm.partial(stream, job.item_id, text)
+
+    def _speculate_early(self, stream: StreamState, take: EarlyTake) -> None:
+        """Semantic turn detection: a fresh take whose words end a sentence starts the
+        reply now rather than at the pause (see the module docstring)."""
+        td = stream.config.turn_detection
+        det = stream.input.detector
+        if (not self.early_speculation or self.speculate_after_ms <= 0 or td is None
+                or td.eagerness is None or det is None or det.paused or not take.text
+                or self._fresh_take(stream, take.utterance) is not take
+                or self.responses.in_progress() >= self.max_responses):
+            return
+        if not end_of_turn.leans_complete(end_of_turn.ending(take.text), None):
+            return
+        if self.responses.speculate(stream, take.utterance.item_id, take.text):
+            take.speculated = True
+            trace(stream.internal_id, "early_speculation")
 
     def asr_failed(self, job: ASRJob, error: Exception) -> None:
         """A failed final lands as failed; a failed partial, early take or pause transcript

@@ -115,9 +115,11 @@ class CompileCache:
         """Record the folder's files (size, CRC-32) as a good cache; returns their count.
         Errors are logged, not raised: a marker not written only costs a check."""
         t0 = time.perf_counter()
+        files: dict[str, list[int]] = {}
         try:
-            files = {str(p.relative_to(self.path)): [p.stat().st_size, _crc(p)]
-                     for p in _files(self.path)}
+            for p in _files(self.path):
+                with contextlib.suppress(OSError):  # gone meanwhile (a rename, an eviction)
+                    files[str(p.relative_to(self.path))] = [p.stat().st_size, _crc(p)]
             tmp = self.path / f"{MARKER}.tmp"
             tmp.write_text(json.dumps({**self.versions, "files": files}))
             tmp.replace(self.path / MARKER)
@@ -184,8 +186,8 @@ def _point_torch_at(path: Path) -> None:
         knobs = getattr(triton, "knobs", None)
         if knobs is not None and hasattr(knobs, "cache"):
             knobs.cache.dir = str(triton_dir)
-    except (ImportError, AttributeError):
-        pass
+    except Exception as exc:  # the environment variable above still applies
+        logger.debug("triton.knobs.cache.dir not set: %s", exc)
 
 
 def _remove_tree(path: Path) -> None:

@@ -34,6 +34,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -139,6 +140,31 @@ class Server:
                 self.proc.wait(10)
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    """Nothing listens on `port` (connections of a server just stopped may linger)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def parent_pid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def serve_cmd(args: argparse.Namespace, cache: Path) -> list[str]:
     cmd = [sys.executable, "-m", "voxline.cli", "serve", "--port", str(args.port),
            "--cache", str(cache), "--engine", "process"]
@@ -156,6 +182,8 @@ def start_arm(name: str, args: argparse.Namespace, cache: Path, out: Path,
     url = f"http://127.0.0.1:{args.port}"
     log = out.with_name(f"{out.stem}_{name}.log")
     print(f"== {name}: {' '.join(serve_cmd(args, cache)[3:])}", flush=True)
+    if not port_is_free(args.port):  # /health would be another server's
+        return {"error": f"port {args.port} is taken by another process"}, None
     server = Server(serve_cmd(args, cache), log)
     deadline = server.t0 + budget
     ready = server.wait_ready(url, deadline)
@@ -198,8 +226,8 @@ def crash_arm(args: argparse.Namespace, server: Server, budget: float) -> dict[s
     try:
         time.sleep(args.load_s)
         pid = health(url)[1].get("engine", {}).get("pid")
-        if not pid:
-            result["error"] = "no engine pid in /health"
+        if not pid or parent_pid(int(pid)) != server.proc.pid:  # only our server's engine
+            result["error"] = f"engine pid {pid} from /health is not a child of our server"
             return result
         result["open_streams_at_kill"] = health(url)[1].get("engine", {}).get("open_streams")
         before = len(log_lines(server.log))
@@ -209,15 +237,27 @@ def crash_arm(args: argparse.Namespace, server: Server, budget: float) -> dict[s
         deadline = t_arm + budget
         refusals: dict[str, int] = {}
         accepted = health_ok = None
+        down = None  # when /health first said the engine was not ready
         while time.perf_counter() < deadline and accepted is None:
-            if health_ok is None and health(url)[0] == 200:
-                health_ok = time.perf_counter() - t_kill
-            kind = try_session(url)
-            if kind == "session.created":
-                accepted = time.perf_counter() - t_kill
+            code, body = health(url)
+            now = time.perf_counter() - t_kill
+            if code != 200 and down is None:
+                down = now
+            new_engine = body.get("engine", {}).get("pid") not in (None, int(pid))
+            if code == 200 and new_engine:
+                if health_ok is None:
+                    health_ok = now
+                # a session the new engine process accepts (before it is seen, the
+                # server still takes the killed one for alive)
+                kind = try_session(url)
+                if kind == "session.created":
+                    accepted = time.perf_counter() - t_kill
+                    continue
             else:
-                refusals[kind[:80]] = refusals.get(kind[:80], 0) + 1
-                time.sleep(0.25)
+                kind = "engine down" if code != 200 else "killed engine not yet seen"
+            refusals[kind[:80]] = refusals.get(kind[:80], 0) + 1
+            time.sleep(0.25)
+        result["down_seen_s"] = None if down is None else round(down, 2)
         lines = log_lines(server.log)[before:]
         back = [(float(m["s"]), int(m["k"])) for ln in lines
                 if (m := ENGINE_BACK.search(ln)) is not None]
@@ -253,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="the JSON to write (logs beside it)")
     parser.add_argument("--tiny", action="store_true", help="CPU default models, no checkpoint")
     parser.add_argument("--serve-args", default="", help="more `voxline serve` flags")
-    parser.add_argument("--port", type=int, default=8766)
+    parser.add_argument("--port", type=int, default=0,
+                        help="the servers' port (default: a free one)")
     parser.add_argument("--cache", default=None, help="the fresh cache folder of the cold "
                         "arm (default: a new temporary one; removed at the end unless given)")
     parser.add_argument("--arms", default="cold,warm,crash",
@@ -272,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     arms = [a for a in args.arms.split(",") if a]
     if unknown := set(arms) - set(BUDGETS):
         parser.error(f"unknown arms {sorted(unknown)}; choose from {list(BUDGETS)}")
+    args.port = args.port or free_port()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     cache = Path(args.cache) if args.cache else Path(tempfile.mkdtemp(prefix="voxline-start-"))

@@ -373,3 +373,68 @@ def test_background_graphs_off_is_refused_without_a_graphed_model_on_cuda():
     with pytest.raises(ValueError, match="background_graphs=off"):
         check_background_graphs(load_settings(background_graphs="off"))
     check_background_graphs(load_settings())
+
+
+# --------------------------------------------- the real models, padded up (eager twin)
+
+
+def test_qwen3_steps_padded_up_to_covering_buckets_speak_the_same(tmp_path, one_torch_thread):
+    """Qwen3-TTS with only the covering buckets made (the rest deferred): every step runs
+    padded up, and the greedy audio is the plain generator's."""
+    from test_qwen3_tts_graphs import _assert_same, _by_job, _jobs
+    from test_qwen3_tts_stage import make_stage, run, write_test_checkpoint
+
+    model_dir = write_test_checkpoint(tmp_path / "model")
+    plain = run(make_stage(model_dir, graphs=False), _jobs())
+    stage = make_stage(model_dir, graphs=True, batch_buckets=[1, 2, 4])
+    backfill = GraphBackfill("tts")
+    stage.generator.prepare(backfill=backfill)  # on the CPU: eager steps, no capture
+    stage.codec.prepare(backfill=backfill)
+    made = {name: set(steps.steps) for name, steps in (
+        ("decode", stage.generator.decode_steps), ("prefill", stage.generator.prefill_steps),
+        ("codec", stage.codec.steps))}
+    assert len(backfill) > 0
+    padded = run(stage, _jobs())
+    _assert_same(_by_job(plain), _by_job(padded))
+    # no deferred bucket was made by the requests: they ran in the covering ones
+    assert set(stage.generator.decode_steps.steps) == made["decode"]
+    assert set(stage.generator.prefill_steps.steps) == made["prefill"]
+    assert set(stage.codec.steps.steps) == made["codec"]
+    assert stage.generator.decode_steps.deferred  # e.g. batch 2: run padded up to 4
+
+
+class CountingBackfill:
+    """A model's deferred captures as the engine sees them: units and the threads they ran on."""
+
+    def __init__(self, units: int) -> None:
+        self.left = units
+        self.threads: list[str] = []
+
+    def __len__(self) -> int:
+        return self.left
+
+    def step(self) -> bool:
+        self.threads.append(threading.current_thread().name)
+        self.left -= 1
+        return self.left > 0
+
+
+def test_the_engine_core_runs_each_stage_backfill_on_its_worker_thread():
+    from core_driver import CoreDriver
+    from fakes import CountingLM, EnergyVAD, FixedASR, ToneTTS
+
+    from voxline.engines.core import EngineCore, Models
+    from voxline.engines.speech_model import SentenceSpeechModel
+
+    tts, asr = CountingBackfill(3), CountingBackfill(2)
+    driver = CoreDriver()
+    driver.core = EngineCore(Models(EnergyVAD(), FixedASR("hi"), CountingLM(),
+                                    SentenceSpeechModel(ToneTTS()),
+                                    backfills={"tts": tts, "asr": asr}), driver.woke.set)
+    try:
+        driver.run_until(lambda _: not len(tts) and not len(asr))
+    finally:
+        driver.close()
+    assert tts.threads and all(t.startswith("voxline-tts") for t in tts.threads)
+    assert asr.threads and all(t.startswith("voxline-asr") for t in asr.threads)
+    assert len(tts.threads) == 3 and len(asr.threads) == 2

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import socket
 import time
 
@@ -214,18 +213,6 @@ def test_engine_streams_follow_max_sessions(monkeypatch):
         assert seen["max_streams"] == sessions + factory.REQUEST_STREAMS
     factory.make_engine_core(lambda: None, {"max_sessions": 8}, max_streams=3)
     assert seen["max_streams"] == 3
-
-
-def test_compile_cache_goes_to_the_voxline_cache_unless_set(monkeypatch, tmp_path):
-    from voxline.config import load_settings
-    from voxline.engines.factory import persistent_compile_cache
-
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    settings = load_settings(cache=tmp_path)
-    assert persistent_compile_cache(settings) == str(tmp_path / "inductor")
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
-    assert persistent_compile_cache(settings) == "/elsewhere"
 
 
 def test_model_threads_hand_the_gil_over_within_half_a_millisecond(monkeypatch):

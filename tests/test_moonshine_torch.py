@@ -236,7 +236,7 @@ def test_encoder_graphs_that_fail_to_capture_leave_the_encoder_eager(
     asr = MoonshineTorchASR(build_model(state), tokenizer, max_batch=2)
     want = asr.transcribe_many(clips[:2], [DEFAULT] * 2)
 
-    def fail(self, keys, *, progress=True):
+    def fail(self, keys, **options):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(BucketedSteps, "prepare", fail)

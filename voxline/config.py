@@ -278,6 +278,14 @@ class Settings(BaseSettings):
                                                 "'auto' (on wherever the LLM's decode steps are "
                                                 "graphed) or 'off' (prompts run eagerly, "
                                                 "kernel by kernel)")
+    background_graphs: AutoOff = Field(default=AutoOff.AUTO,
+                                   description="models on CUDA (Qwen3-TTS, Moonshine): "
+                                               "'auto' captures only the smallest and largest "
+                                               "CUDA-graph buckets before the engine is ready "
+                                               "and the rest afterwards, on each stage's "
+                                               "thread between its steps (a batch meanwhile "
+                                               "runs padded up to a captured bucket); 'off' "
+                                               "captures every bucket before ready")
     gil_switch_us: int = Field(default=500, ge=20, le=5000,
                                description="with a model on a GPU: the engine process's GIL "
                                            "switch interval in microseconds (its stages' "

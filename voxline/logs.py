@@ -1,5 +1,7 @@
-"""Logging set-up, a timing helper for slow start-up work, an event-loop lag watch, and
-the garbage collector's pauses (measured, and kept off the start-up heap)."""
+"""Logging set-up, timing helpers for slow start-up work (`timed`, and `phase`: the
+``start-up phase: NAME: S.S s`` lines `benchmarks/gpu_serving/bench_gpu_start.py` reads), an
+event-loop lag watch, and the garbage collector's pauses (measured, and kept off the
+start-up heap)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,24 @@ def timed(logger: logging.Logger, what: str) -> Iterator[None]:
     t0 = time.perf_counter()
     yield
     logger.info("%s done in %.2f s", what, time.perf_counter() - t0)
+
+
+PHASE_PREFIX = "start-up phase: "
+
+
+@contextmanager
+def phase(logger: logging.Logger, name: str) -> Iterator[None]:
+    """Time one slow piece of start-up (loading weights, compiling, capturing a stage's
+    graphs, warming up) and log ``start-up phase: NAME: S.S s`` when it ends; a piece
+    that raises logs nothing (its error says enough)."""
+    t0 = time.perf_counter()
+    yield
+    log_phase(logger, name, time.perf_counter() - t0)
+
+
+def log_phase(logger: logging.Logger, name: str, seconds: float) -> None:
+    """The phase line of a piece timed elsewhere (see `phase`)."""
+    logger.info("%s%s: %.1f s", PHASE_PREFIX, name, seconds)
 
 
 class LoopLag:

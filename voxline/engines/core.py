@@ -50,7 +50,7 @@ from voxline.engines.llm_stage import STEP_TOKENS, ChatModel, LLMStage, plan_kin
 from voxline.engines.remote_llm import RemoteChat, RemoteLLMStage
 from voxline.engines.responses import Responses
 from voxline.engines.speech_model import SpeechModel
-from voxline.engines.stage import RequestRefused, StageWorker
+from voxline.engines.stage import Backfill, RequestRefused, StageWorker
 from voxline.engines.stage_registry import STAGES, InputHandler, StageContext, StagePart
 from voxline.engines.stage_table import StageSlot, StageTable
 from voxline.engines.streams import StreamRegistry, StreamState
@@ -83,6 +83,9 @@ class Models:
     llm: ChatModel
     tts: SpeechModel
     stages: dict[str, Any] = field(default_factory=dict)
+    # per stage name ("asr", "llm", "tts"): CUDA graphs its worker captures after the
+    # engine is ready (`background_graphs`; `voxline.kernels.cuda_graphs.GraphBackfill`)
+    backfills: dict[str, Backfill] = field(default_factory=dict)
 
 
 class EngineCore:
@@ -142,7 +145,8 @@ class EngineCore:
         self._handlers: dict[type[p.EngineInput], InputHandler] = {
             kind: handle for part in self.parts.values() for kind, handle in part.handlers.items()}
         # `_release_closed` reads the LLM's running plan: KV slots a step in flight writes
-        self._llm_worker = StageWorker(self.llm, wake, "voxline-llm")
+        self._llm_worker = StageWorker(self.llm, wake, "voxline-llm",
+                                       backfill=models.backfills.get("llm"))
         self.table = self._stage_table(wake)
 
     def _stage_table(self, wake: Callable[[], None]) -> StageTable:
@@ -162,9 +166,11 @@ class EngineCore:
             StageSlot("vad", self.vad, StageWorker(self.vad, wake, thread_name=None),
                       route=turns.on_frames, fail=turns.vad_failed, rounds=ROUNDS_PER_STEP),
             llm_row,
-            StageSlot("asr", self.asr, StageWorker(self.asr, wake, "voxline-asr"),
+            StageSlot("asr", self.asr, StageWorker(self.asr, wake, "voxline-asr",
+                                                   backfill=self.models.backfills.get("asr")),
                       route=route_each(turns.on_transcript), fail=fail_each(turns.asr_failed)),
-            StageSlot("tts", self.tts, StageWorker(self.tts, wake, "voxline-tts"),
+            StageSlot("tts", self.tts, StageWorker(self.tts, wake, "voxline-tts",
+                                                   backfill=self.models.backfills.get("tts")),
                       route=responses.route_speech, fail=responses.fail_speech,
                       waiting=responses.speech_ready, prepare=responses.start_speech,
                       note=self.tts.load_note),

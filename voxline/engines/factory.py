@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -41,7 +42,14 @@ from voxline.engines.remote_llm import RemoteChat, RemoteLLMConfig, parse_llm_sp
 from voxline.engines.sizing import check_llm_placement, runs_on_gpu
 from voxline.engines.speech_model import SentenceSpeechModel, SpeechModel
 from voxline.engines.stage_registry import STAGES
-from voxline.kernels.cuda_graphs import ladder_buckets, set_urgent_streams, stream_priority
+from voxline.kernels.compile_cache import CompileCache, open_compile_cache
+from voxline.kernels.cuda_graphs import (
+    GraphBackfill,
+    ladder_buckets,
+    set_urgent_streams,
+    stream_priority,
+)
+from voxline.logs import phase
 
 logger = logging.getLogger(__name__)
 
@@ -86,15 +94,45 @@ def model_threads(settings: Settings) -> int:
     return settings.threads or max(1, (os.cpu_count() or 2) // 2)
 
 
-def persistent_compile_cache(settings: Settings) -> str:
-    """Point torch.compile's cache (Inductor's, ``TORCHINDUCTOR_CACHE_DIR``) into the
-    voxline cache unless the environment already names one; returns the directory.
+# Settings that change the code torch.compile and Triton generate: their values name the
+# compile cache's folder (`voxline.kernels.compile_cache`), so changing one starts a new
+# cache instead of mixing kernels. Shapes (buckets, sessions) need not: they are in every
+# cache entry's own key.
+COMPILE_CACHE_FIELDS = ("tts_device", "tts_pdl", "llm_device", "llm_dtype", "asr_device")
 
-    Inductor's default is under /tmp, which a reboot or a fresh container empties: on an
-    H200 a cold start compiles every bucket again (~290 s), a warm one took 94 s."""
-    path = os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(settings.cache / "inductor"))
-    logger.info("torch.compile cache: %s", path)
-    return path
+
+def persistent_compile_cache(settings: Settings) -> CompileCache:
+    """The compile cache of this start under ``settings.cache``: torch.compile's
+    Inductor/AOTAutograd caches and Triton's, checked (a corrupt or stale one is rebuilt
+    with a warning) and made the folder they write to (see
+    :mod:`voxline.kernels.compile_cache`). Inductor's default is under /tmp, which a
+    reboot or a fresh container empties: on an H200 a cold start compiled every bucket
+    again (~290 s), a warm one took 94 s."""
+    return open_compile_cache(settings.cache, {name: getattr(settings, name)
+                                               for name in COMPILE_CACHE_FIELDS})
+
+
+def graph_backfill(settings: Settings, name: str, device: str) -> GraphBackfill | None:
+    """A backfill for the graphs of the model of stage `name` on `device` when
+    ``background_graphs`` is auto and the device is CUDA; None: capture all at load."""
+    if settings.background_graphs == AutoOff.OFF or not device.startswith("cuda"):
+        return None
+    return GraphBackfill(name)
+
+
+def check_background_graphs(settings: Settings) -> None:
+    """``background_graphs=off`` is refused where no graphed model runs on CUDA."""
+    if settings.background_graphs == AutoOff.OFF and not (
+            settings.tts_device.startswith("cuda") or settings.asr_device.startswith("cuda")):
+        raise ValueError(f"background_graphs=off applies to Qwen3-TTS or Moonshine on CUDA; "
+                         f"with tts_device={settings.tts_device} and asr_device="
+                         f"{settings.asr_device} no graphs are captured")
+
+
+def _mark_in_background(cache: CompileCache) -> None:
+    """Record the compile cache as good without holding up the caller (the CRCs of a
+    cache's files take a while; the marker is replaced atomically)."""
+    threading.Thread(target=cache.mark_good, name="voxline-compile-cache", daemon=True).start()
 
 
 def load_models(settings: Settings | None = None, *, llm_path: str | None = None,
@@ -115,18 +153,36 @@ def load_models(settings: Settings | None = None, *, llm_path: str | None = None
                          "GPU (llm_device, asr_device or tts_device=cuda); the CPU engine "
                          "keeps CPython's switch interval")
     set_stream_priority(settings)
-    persistent_compile_cache(settings)
+    check_background_graphs(settings)
+    cache = persistent_compile_cache(settings)
     if settings.trace:
         trace.enable()
     t0 = time.perf_counter()
-    vad = SileroVAD.load(threads=1)
-    asr = load_asr(settings, threads)
-    llm = load_reply_model(settings, llm_path, max_slots, max_len)
-    tts = load_tts(settings)
-    stages = {reg.name: model for reg in STAGES if (model := reg.load(settings)) is not None}
+    backfills: dict[str, GraphBackfill] = {}
+    with phase(logger, "VAD load"):
+        vad = SileroVAD.load(threads=1)
+    with phase(logger, f"ASR load ({settings.asr_device})"):
+        asr = load_asr(settings, threads, backfills)
+    with phase(logger, "LLM load" + ("" if settings.remote_llm else f" ({settings.llm_device})")):
+        llm = load_reply_model(settings, llm_path, max_slots, max_len)
+    with phase(logger, f"TTS load ({settings.tts_device})"):
+        tts = load_tts(settings, backfills)
+    stages = {}
+    for reg in STAGES:
+        with phase(logger, f"{reg.name} load"):
+            model = reg.load(settings)
+        if model is not None:
+            stages[reg.name] = model
     logger.info("all models loaded in %.2f s", time.perf_counter() - t0)
-    models = Models(vad=vad, asr=asr, llm=llm, tts=tts, stages=stages)
-    warm_up(models)
+    models = Models(vad=vad, asr=asr, llm=llm, tts=tts, stages=stages,
+                    backfills={k: v for k, v in backfills.items() if len(v)})
+    with phase(logger, "warm-up"):
+        warm_up(models)
+    _mark_in_background(cache)
+    for backfill in models.backfills.values():  # their compiles join the cache too
+        backfill.on_done.append(lambda: _mark_in_background(cache))
+        logger.info("%s: %d graph buckets left for after ready (background_graphs=auto)",
+                    backfill.name, len(backfill))
     return models
 
 
@@ -208,7 +264,8 @@ def llm_device(settings: Settings) -> str:
     return device
 
 
-def load_asr(settings: Settings, threads: int) -> ASRModel:
+def load_asr(settings: Settings, threads: int,
+             backfills: dict[str, GraphBackfill] | None = None) -> ASRModel:
     """The ASR `settings.asr` names on `asr_device`: the shipped Moonshine (onnxruntime on
     the CPU; torch on a GPU) or a Whisper checkpoint; on a GPU batched up to one job per
     session."""
@@ -224,8 +281,12 @@ def load_asr(settings: Settings, threads: int) -> ASRModel:
     if checkpoint is None and gpu:
         from voxline.engines.models.moonshine_torch import MoonshineTorchASR
 
+        backfill = graph_backfill(settings, "asr", settings.asr_device)
+        if backfill is not None and backfills is not None:
+            backfills["asr"] = backfill
         return MoonshineTorchASR.load(settings.asr_device, max_batch=settings.max_sessions,
-                                      cache_dir=settings.cache)
+                                      cache_dir=settings.cache,
+                                      backfill=backfill if backfills is not None else None)
     if checkpoint is None:
         from voxline.engines.models.moonshine_asr import MoonshineASR
 
@@ -260,7 +321,8 @@ def set_tts_pdl(mode: AutoOff, cuda: bool) -> None:
     logger.info("Qwen3-TTS: programmatic dependent launch off (tts_pdl=off)")
 
 
-def load_tts(settings: Settings) -> SpeechModel:
+def load_tts(settings: Settings,
+             backfills: dict[str, GraphBackfill] | None = None) -> SpeechModel:
     """The speech stage `settings.tts` names: Piper (shipped) or a Qwen3-TTS checkpoint."""
     backend = settings.tts_backend
     if backend.kind is TTSBackend.QWEN3:
@@ -277,6 +339,9 @@ def load_tts(settings: Settings) -> SpeechModel:
         if buckets is None and cuda:
             buckets = ladder_buckets(settings.tts_max_streams)
         set_tts_pdl(settings.tts_pdl, cuda)
+        backfill = graph_backfill(settings, "tts", settings.tts_device)
+        if backfill is not None and backfills is not None:
+            backfills["tts"] = backfill
         stage = Qwen3SpeechModel(model_dir, device=settings.tts_device,
                                  dtype=torch.bfloat16 if cuda else torch.float32,
                                  speaker=settings.tts_speaker, language=settings.tts_language,
@@ -285,7 +350,8 @@ def load_tts(settings: Settings) -> SpeechModel:
                                  initial_chunk_frames=settings.tts_first_chunk_frames,
                                  chunk_frames=settings.tts_chunk_frames,
                                  ramp=ramp, schedule=schedule,
-                                 max_frames=settings.tts_max_frames)
+                                 max_frames=settings.tts_max_frames,
+                                 backfill=backfill if backfills is not None else None)
         logger.info("Qwen3-TTS %s (voice %s) loaded on %s in %.2f s%s", model_dir, stage.speaker,
                     settings.tts_device, time.perf_counter() - t0,
                     " -- RANDOM-WEIGHT TEST CHECKPOINT, not a voice" if stage.random_weights else "")

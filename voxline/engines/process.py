@@ -77,7 +77,7 @@ from voxline.engines.protocol import (
     encode,
 )
 from voxline.errors import EngineBusyError, EngineDeadError, EngineError
-from voxline.logs import freeze_startup_objects
+from voxline.logs import freeze_startup_objects, log_phase
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def _serve(
             return 1
         loaded.set()
         load_seconds = time.perf_counter() - t0
-        logger.info("engine core loaded in %.2f s", load_seconds)
+        log_phase(logger, "engine core (models, graphs, warm-up)", load_seconds)
         freeze_startup_objects(logger)  # the models' heap never again in a full collection
         outputs.send(encode(EngineReady(load_seconds, os.getpid())))
         pump = threading.Thread(
@@ -348,6 +348,7 @@ class MultiprocessEngineClient(EngineClient):
         self._child: _Child | None = None  # the live, ready child
         self._children: set[_Child] = set()  # every child not yet stopped (live or starting)
         self._tasks: set[asyncio.Task[None]] = set()  # death handling and restarts
+        self._down_since: float | None = None  # when the live child was seen gone
 
     async def start(self) -> None:
         if self._ctx is not None:
@@ -449,11 +450,15 @@ class MultiprocessEngineClient(EngineClient):
         self._child = child
         self._set_ready(ready.pid, ready.load_seconds)
         logger.info(
-            "engine process %d ready in %.2f s (core load %.2f s)",
-            ready.pid,
+            "engine process ready after %.1f s (pid %d, core load %.1f s)",
             time.perf_counter() - child.t_spawn,
+            ready.pid,
             ready.load_seconds,
         )
+        if self._down_since is not None:  # the line bench_gpu_start.py times a crash by
+            logger.warning("engine back after %.1f s (restart #%d)",
+                           time.perf_counter() - self._down_since, self._restarts)
+            self._down_since = None
 
     async def _read_outputs(self, child: _Child) -> None:
         while True:
@@ -491,6 +496,7 @@ class MultiprocessEngineClient(EngineClient):
     def _retire(self, child: _Child) -> None:
         """The live child said it is going away: fail its streams now, not at its exit."""
         message = f"engine process {child.process.pid} failed: {child.failure}"
+        self._down_since = time.perf_counter()
         child.stopping = True  # its exit is now expected
         self._child = None
         self._set_down(message)
@@ -516,6 +522,7 @@ class MultiprocessEngineClient(EngineClient):
         if child.stopping:
             return
         if child is self._child:
+            self._down_since = time.perf_counter()
             self._set_down(self._death_message(child, code))
             self._track(self._handle_death(child))
         elif not child.ready.done():

@@ -25,6 +25,7 @@ What the three calls mean for each stage:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,6 +34,8 @@ from typing import Generic, Protocol, TypeVar
 
 from voxline.engines.protocol import ErrorCode
 from voxline.errors import VoxlineError
+
+logger = logging.getLogger(__name__)
 
 StreamId = int  # engine-internal, unique per opened stream; callers' ids live in StreamState
 
@@ -83,6 +86,15 @@ def _timed(execute: Callable[[PlanT], ResultT], plan: PlanT) -> tuple[ResultT, f
     return result, t1 - t0, t1
 
 
+class Backfill(Protocol):
+    """Deferred start-up work of a stage's model (`voxline.kernels.cuda_graphs.GraphBackfill`:
+    CUDA graphs captured after the engine is ready), done one unit per `step()`."""
+
+    def __len__(self) -> int: ...
+
+    def step(self) -> bool: ...
+
+
 class StageWorker(Generic[PlanT, ResultT]):
     """Runs one stage's `execute`, one plan at a time, and wakes the loop when it is done.
 
@@ -91,15 +103,54 @@ class StageWorker(Generic[PlanT, ResultT]):
     sees an `update` (or the caller's error handling) for every plan it scheduled. With
     `thread_name=None` the plan runs inline inside `start()`, for models cheaper than a
     thread hop (VAD).
+
+    `backfill`: the model's deferred graph captures, one unit at a time on the worker's
+    own thread (`start_background`, while no plan runs): a plan submitted meanwhile
+    waits for that unit in the thread's queue, so a capture never overlaps a plan's
+    replays of the same graphs, stream and memory pool.
     """
 
     def __init__(self, stage: Stage[PlanT, ResultT, object], wake: Callable[[], None],
-                 thread_name: str | None) -> None:
+                 thread_name: str | None, backfill: Backfill | None = None) -> None:
         self.stage = stage
         self._wake = wake
         self._pool = (ThreadPoolExecutor(1, thread_name_prefix=thread_name)
                       if thread_name is not None else None)
         self._running: tuple[PlanT, Future[tuple[ResultT, float, float]]] | None = None
+        if backfill is not None and self._pool is None and len(backfill):
+            raise ValueError("a backfill needs a worker thread (thread_name)")
+        self._backfill = backfill if backfill is not None and len(backfill) else None
+        self._background: Future[bool] | None = None
+
+    def backfill_due(self) -> bool:
+        """Deferred work waits, and nothing (plan or unit) runs: `start_background` would
+        start the next unit."""
+        self._reap_background()
+        return self._backfill is not None and self._background is None and self._running is None
+
+    def start_background(self) -> bool:
+        """Submit the next unit of deferred work if `backfill_due`; True if submitted."""
+        if not self.backfill_due():
+            return False
+        assert self._pool is not None and self._backfill is not None
+        fut = self._pool.submit(self._backfill.step)
+        fut.add_done_callback(lambda _f: self._wake())
+        self._background = fut
+        return True
+
+    def _reap_background(self) -> None:
+        fut = self._background
+        if fut is None or not fut.done():
+            return
+        self._background = None
+        try:
+            more = fut.result()
+        except Exception as exc:
+            logger.warning("deferred graph capture failed, so requests keep running in the "
+                           "buckets already captured: %s: %s", type(exc).__name__, exc)
+            more = False
+        if not more:
+            self._backfill = None
 
     @property
     def running(self) -> PlanT | None:

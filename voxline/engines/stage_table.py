@@ -8,7 +8,8 @@ work from the stage). The path is written once, here:
     collect -> (error: log -> fail) | (update -> route) -> landed
 
 `StageTable.step` runs that for every slot in table order, then starts each idle slot in
-table order: `prepare`, `worker.start()`, `settle`. An inline slot (a worker with no
+table order: `prepare`, `worker.start()`, `settle`, and a unit of the worker's deferred
+graph captures when no plan started. An inline slot (a worker with no
 thread, VAD) does the whole path within its start, up to `rounds` plans a step, and stops
 at the first failed one. Callbacks run on the loop thread only, so they may touch any
 engine state; a slot never sees another slot's plan.
@@ -125,7 +126,8 @@ class StageSlot(Generic[PlanT, ResultT, OutT]):
         """A plan waits to be collected, or the idle worker has something to start."""
         if self.worker.done():
             return True
-        return self.worker.idle and (self.stage.has_work() or self.waiting())
+        return self.worker.idle and (self.stage.has_work() or self.waiting()
+                                     or self.worker.backfill_due())
 
     def collect(self) -> bool:
         """Take the finished plan (if any) down the path; False if none or it failed."""
@@ -153,6 +155,8 @@ class StageSlot(Generic[PlanT, ResultT, OutT]):
             if self.worker.inline and not self.collect():  # finished within start()
                 break
         self.settle()
+        if self.worker.idle:  # no plan: a deferred graph capture may run now
+            self.worker.start_background()
 
     def close(self) -> None:
         self.worker.close()

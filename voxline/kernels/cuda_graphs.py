@@ -7,6 +7,17 @@ runs the same function eagerly over the same padded buffers: the eager twin.
 :class:`BucketedSteps` keeps one step per bucket key, created (and captured) on first use
 or up front with :meth:`BucketedSteps.prepare`. All graphs share one memory pool.
 
+Background capture (:class:`GraphBackfill`): ``prepare(keys, backfill=...)`` captures
+only the buckets that cover the rest (:func:`first_keys`: the smallest, for a lone
+first session, and the largest, which every batch fits) and leaves the others to the
+backfill, which the stage's own worker thread runs one bucket at a time while the
+stage has no plan (:class:`voxline.engines.stage.StageWorker`): a capture never runs
+beside a replay of the same steps, their stream or their pool. Until a bucket is
+captured, :meth:`BucketedSteps.ready` names the smallest captured bucket that covers
+it, and the caller pads up to that one. Captures record in CUDA's thread-local capture
+mode, so the other stages' threads may allocate and synchronize meanwhile (a capture
+after the engine is ready, in the background or on first use, runs beside them).
+
 Each :class:`BucketedSteps` captures on a CUDA stream of its own: cuBLAS keeps one
 workspace per (handle, stream) and a captured graph keeps the address of the workspace
 of the stream it was captured on, so graphs captured on one (PyTorch's default capture
@@ -18,15 +29,19 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["BucketedSteps", "PackedInputs", "StageStream", "StaticStep", "bucket_for", "copy_in",
-           "ladder_buckets", "pow2_buckets", "set_urgent_streams", "stream_priority", "to_device"]
+from voxline.logs import log_phase
+
+__all__ = ["BucketedSteps", "GraphBackfill", "PackedInputs", "StageStream", "StaticStep",
+           "bucket_for", "copy_in", "covers", "first_keys", "ladder_buckets", "pow2_buckets",
+           "same_tail", "set_urgent_streams", "stream_priority", "to_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +151,7 @@ class StaticStep:
         self.packed = packed
         self.outputs: dict[str, Tensor] = {}
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.seconds = (0.0, 0.0)  # capture's warm-up (and compile) and recording
 
     def _run(self) -> None:
         results = self.fn(**self.inputs)
@@ -146,19 +162,26 @@ class StaticStep:
 
     @torch.inference_mode()
     def capture(self, pool: tuple[int, int] | None = None, warmup: int = 2,
-                stream: torch.cuda.Stream | None = None) -> None:
+                stream: torch.cuda.Stream | None = None, mode: str = "thread_local") -> None:
         """Warm up on a side stream (allocator, cuBLAS handles), then record one graph on
-        ``stream`` (default: PyTorch's shared capture stream)."""
+        ``stream`` (default: PyTorch's shared capture stream); ``mode`` is CUDA's capture
+        mode ("thread_local" while other threads use the GPU)."""
+        t0 = time.perf_counter()
         side = stream or torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(warmup):
                 self._run()
         torch.cuda.current_stream().wait_stream(side)
+        t1 = time.perf_counter()  # the warm-up's host time (a compile's), not its kernels'
+
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=stream):
+        with torch.cuda.graph(graph, pool=pool, stream=stream,
+                              capture_error_mode=mode):  # type: ignore[arg-type]
             self._run()
         self.graph = graph
+        # warm-up (a compiled step compiles on its first run of a shape), then recording
+        self.seconds = (t1 - t0, time.perf_counter() - t1)
 
     @torch.inference_mode()
     def __call__(self) -> dict[str, Tensor]:
@@ -170,37 +193,159 @@ class StaticStep:
         return self.outputs
 
 
+def covers(have: Hashable, want: Hashable) -> bool:
+    """Whether bucket ``have`` holds a request for ``want``: every part at least as large
+    (ints, or tuples of ints such as (batch, length))."""
+    if isinstance(have, tuple) and isinstance(want, tuple):
+        return len(have) == len(want) and all(h >= w for h, w in zip(have, want, strict=True))
+    return have >= want  # type: ignore[operator]
+
+
+def same_tail(have: Hashable, want: Hashable) -> bool:
+    """:func:`covers` on the first part only, the rest equal: keys whose later parts are
+    exact shapes, not bucket bounds (a code2wav chunk's frames, a top-k cap)."""
+    assert isinstance(have, tuple) and isinstance(want, tuple)
+    return have[0] >= want[0] and have[1:] == want[1:]
+
+
+def first_keys(keys: Iterable[K], fits: Callable[[K, K], bool] = covers) -> list[K]:
+    """The buckets to capture before the engine is ready: those no other bucket covers
+    (together they hold every request) and those covering no other (the cheapest, for
+    the first lone sessions)."""
+    keys = list(dict.fromkeys(keys))
+    top = [k for k in keys if not any(o != k and fits(o, k) for o in keys)]
+    bottom = [k for k in keys if not any(o != k and fits(k, o) for o in keys)]
+    return list(dict.fromkeys([*top, *bottom]))
+
+
 class BucketedSteps(Generic[K]):
     """One :class:`StaticStep` per bucket key, made by ``make(key)``; captured when
-    ``capture`` is set (the step's initial inputs must be safe to run: padding only)."""
+    ``capture`` is set (the step's initial inputs must be safe to run: padding only).
+    ``fits(have, want)``: whether bucket ``have`` holds a request for ``want``
+    (default :func:`covers`), for padding up while buckets are captured in the background."""
 
-    def __init__(self, make: Callable[[K], StaticStep], *, capture: bool, name: str) -> None:
+    def __init__(self, make: Callable[[K], StaticStep], *, capture: bool, name: str,
+                 fits: Callable[[K, K], bool] = covers) -> None:
         self.make = make
         self.capture = capture
         self.name = name
+        self.fits = fits
         self.steps: dict[K, StaticStep] = {}
-        self.pool = torch.cuda.graph_pool_handle() if capture else None
-        self.capture_stream = torch.cuda.Stream() if capture else None  # see the module docstring
+        self.deferred: set[K] = set()  # left to a GraphBackfill, not captured yet
+        self.pool: tuple[int, int] | None = None  # made at the first capture
+        self.capture_stream: torch.cuda.Stream | None = None  # see the module docstring
+
+    def _capture(self, step: StaticStep) -> None:
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+            self.capture_stream = torch.cuda.Stream()
+        step.capture(self.pool, stream=self.capture_stream)
+
+    def ready(self, key: K) -> K:
+        """The bucket to run a request for ``key`` in: ``key`` unless it is deferred and
+        not captured yet, then the smallest captured bucket that holds it (none: ``key``,
+        captured now by :meth:`get`)."""
+        if key in self.steps or key not in self.deferred:
+            return key
+        held = [k for k in self.steps if self.fits(k, key)]
+        if held:
+            return min(held)  # type: ignore[type-var]
+        self.deferred.discard(key)
+        return key
 
     def get(self, key: K) -> StaticStep:
         step = self.steps.get(key)
         if step is None:
             step = self.make(key)
             if self.capture:
-                step.capture(self.pool, stream=self.capture_stream)
+                self._capture(step)
             self.steps[key] = step
+            self.deferred.discard(key)
         return step
 
-    def prepare(self, keys: Iterable[K], *, progress: bool = True) -> None:
+    def prepare(self, keys: Iterable[K], *, progress: bool = True,
+                backfill: GraphBackfill | None = None) -> None:
         """Create (and capture) the given buckets now, largest first, logging progress
-        (each bucket at INFO, or at DEBUG when the caller logs the whole instead)."""
+        (each bucket at INFO, or at DEBUG when the caller logs the whole instead). With a
+        ``backfill``, only the :func:`first_keys` now; the rest join the backfill."""
         keys = sorted(keys, reverse=True)  # type: ignore[type-var]
+        if backfill is not None:
+            now = set(first_keys(keys, self.fits))
+            later = [k for k in keys if k not in now and k not in self.steps]
+            keys = [k for k in keys if k in now]
+            self.deferred.update(later)
+            backfill.add(self, later)
         level = logging.INFO if progress else logging.DEBUG
         t0 = time.perf_counter()
+        warm = record = 0.0
         for i, key in enumerate(keys, 1):
-            self.get(key)
+            new = key not in self.steps
+            step = self.get(key)
+            if new:
+                warm, record = warm + step.seconds[0], record + step.seconds[1]
             logger.log(level, "%s: bucket %s ready (%d/%d, %.1f s)", self.name, key, i,
                        len(keys), time.perf_counter() - t0)
+        if self.capture and keys:
+            log_phase(logger, f"{self.name}: compile and warm-up ({len(keys)} buckets)", warm)
+            log_phase(logger, f"{self.name}: graph capture ({len(keys)} buckets)", record)
+
+
+class GraphBackfill:
+    """The buckets a model's :meth:`BucketedSteps.prepare` left for after the engine is
+    ready, captured one per :meth:`step` on the thread that replays them (the stage's
+    worker, between plans; see the module docstring), in the order they were added
+    (each ``prepare`` adds its own largest first)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._queue: deque[tuple[BucketedSteps[Any], Hashable]] = deque()
+        self.total = 0
+        self.seconds = 0.0
+        self.on_done: list[Callable[[], None]] = []  # run once, when the last bucket is in
+        self.done = False
+
+    def add(self, steps: BucketedSteps[Any], keys: Iterable[Hashable]) -> None:
+        for key in keys:
+            self._queue.append((steps, key))
+            self.total += 1
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def step(self) -> bool:
+        """Capture the next deferred bucket (one a request already captured is skipped);
+        True while more remain. Logs each bucket, and the whole when the last is in."""
+        while self._queue:
+            steps, key = self._queue.popleft()
+            if key in steps.steps:
+                continue
+            t0 = time.perf_counter()
+            steps.get(key)
+            took = time.perf_counter() - t0
+            self.seconds += took
+            logger.info("%s: %s bucket %s captured in the background (%.2f s; %d left)",
+                        self.name, steps.name, key, took, len(self._queue))
+            break
+        if self._queue:
+            return True
+        self.finish_log()
+        return False
+
+    def finish_log(self) -> None:
+        """The phase line of the whole, and the ``on_done`` callbacks (once)."""
+        if self._queue or self.done:
+            return
+        self.done = True
+        if self.total:
+            log_phase(logger, f"{self.name} graphs in the background ({self.total})",
+                      self.seconds)
+        for callback in self.on_done:
+            callback()
+
+    def run_all(self) -> None:
+        """Capture every deferred bucket now (no background)."""
+        while self.step():
+            pass
 
 
 # CUDA stream priorities: a lower number is served sooner. When multiprocessors free up,

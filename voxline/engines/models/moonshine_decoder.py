@@ -170,6 +170,7 @@ class StaticDecoder:
             return alone.decode_scored(states, valid, budgets, bos=bos, eos=eos, scored=scored)
         key = (bucket_for(n, self.row_buckets), bucket_for(width, self.frame_buckets))
         assert key[0] is not None and key[1] is not None
+        key = self.steps.ready(key)  # a bucket captured in the background: padded up meanwhile
         self._prime(*key, states, valid, bos)
         step = self.steps.get(key)
         rows: list[list[int]] = [[] for _ in range(n)]

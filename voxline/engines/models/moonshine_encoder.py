@@ -93,6 +93,7 @@ class StaticEncoder:
         if key[0] is None or key[1] is None:
             raise ValueError(f"{len(clips)} clips of up to {max(lengths)} samples are past the "
                              "encoder's buckets")
+        key = self.steps.ready(key)  # a bucket captured in the background: padded up meanwhile
         step = self.steps.get(key)
         width = samples_for(key[1])
         values = torch.zeros(key[0], width)

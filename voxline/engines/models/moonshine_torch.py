@@ -58,8 +58,8 @@ from voxline.engines.models.moonshine_decoder import StaticDecoder
 from voxline.engines.models.moonshine_encoder import GRAPH_ROWS, StaticEncoder, conv_counts
 from voxline.engines.models.whisper_asr import BatchTranscriber, TranscriptionOptions
 from voxline.errors import ModelUnavailableError
-from voxline.kernels.cuda_graphs import stream_priority, to_device
-from voxline.logs import timed
+from voxline.kernels.cuda_graphs import GraphBackfill, stream_priority, to_device
+from voxline.logs import phase, timed
 
 log = logging.getLogger(__name__)
 
@@ -261,28 +261,35 @@ class MoonshineTorchASR(BatchTranscriber):
 
     @classmethod
     def load(cls, device: str = "cpu", *, model_dir: str | None = None,
-             max_batch: int = 16, cache_dir: str | Path | None = None) -> MoonshineTorchASR:
+             max_batch: int = 16, cache_dir: str | Path | None = None,
+             backfill: GraphBackfill | None = None) -> MoonshineTorchASR:
         """The shipped weights (or the same files in `model_dir`) on `device`; their
-        float32 copy is kept in `cache_dir` (see `shipped_state_dict`)."""
+        float32 copy is kept in `cache_dir` (see `shipped_state_dict`). With a
+        `backfill`, only the graph buckets that cover the others are captured here, the
+        rest by the engine's ASR thread once it is ready."""
         directory = shipped_model_dir() if model_dir is None else Path(model_dir)
-        with timed(log, f"loading {_MODEL} from {directory} onto {device}"):
+        with phase(log, "Moonshine weights"), \
+                timed(log, f"loading {_MODEL} from {directory} onto {device}"):
             model = build_model(shipped_state_dict(directory, cache_dir=cache_dir)).to(device)
             tokenizer = MoonshineTokenizer.from_file(directory / "tokenizer.bin")
             asr = cls(model, tokenizer, max_batch=max_batch)
         if asr.decoder.steps.capture:
             with timed(log, f"capturing {len(asr.decoder.keys())} Moonshine decoder graphs "
                             f"({asr.decoder.nbytes / 2**20:.0f} MiB of buffers)"):
-                asr.decoder.steps.prepare(asr.decoder.keys(), progress=False)  # 1 s in all
-            asr.prepare_encoder()
+                asr.decoder.steps.prepare(asr.decoder.keys(), progress=False,
+                                          backfill=backfill)  # 1 s in all
+            asr.prepare_encoder(backfill)
         return asr
 
-    def prepare_encoder(self) -> None:
-        """Capture the encoder's graphs now, logging time and memory. If they fail to
-        capture, the encoder runs eagerly (as before those graphs), with a warning."""
+    def prepare_encoder(self, backfill: GraphBackfill | None = None) -> None:
+        """Capture the encoder's graphs now (with a `backfill`: those covering the rest),
+        logging time and memory. If they fail to capture, the encoder runs eagerly (as
+        before those graphs), with a warning."""
         reserved = torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0
         try:
             with timed(log, f"capturing {len(self.encoder.keys())} Moonshine encoder graphs"):
-                self.encoder.steps.prepare(self.encoder.keys(), progress=False)
+                self.encoder.steps.prepare(self.encoder.keys(), progress=False,
+                                           backfill=backfill)
         except RuntimeError as exc:
             log.warning("Moonshine encoder graphs failed to capture, so it runs eagerly "
                         "(%s: %s)", type(exc).__name__, exc)

@@ -15,7 +15,15 @@ import torch
 from torch import Tensor
 
 from voxline.kernels.compiled import maybe_compile
-from voxline.kernels.cuda_graphs import BucketedSteps, StaticStep, bucket_for, copy_in, pow2_buckets
+from voxline.kernels.cuda_graphs import (
+    BucketedSteps,
+    GraphBackfill,
+    StaticStep,
+    bucket_for,
+    copy_in,
+    pow2_buckets,
+    same_tail,
+)
 
 from .code2wav import Code2WavDecoder, Code2WavState
 
@@ -72,10 +80,14 @@ class GraphedCode2Wav:
         self.compile_frames = set(self.frame_buckets if compile_frames is None else compile_frames)
         self._compiled_decode = maybe_compile(_decode_rows, compile)
         self.steps: BucketedSteps[tuple[int, int]] = BucketedSteps(
-            self._make, capture=self.capture, name="code2wav")
+            self._make, capture=self.capture, name="code2wav",
+            fits=same_tail)  # (batch, frames): a chunk's frames are exact, not padded
 
-    def prepare(self) -> None:
-        self.steps.prepare([(b, t) for b in self.batch_buckets for t in self.frame_buckets])
+    def prepare(self, backfill: GraphBackfill | None = None) -> None:
+        """Capture every (batch, frames) graph now, or (``backfill``) those covering the
+        rest now and the rest after the engine is ready."""
+        self.steps.prepare([(b, t) for b in self.batch_buckets for t in self.frame_buckets],
+                           backfill=backfill)
 
     def open(self) -> int:
         """A fresh stream's slot (state reset to the start of an utterance)."""
@@ -143,6 +155,7 @@ class GraphedCode2Wav:
         b = bucket_for(n, self.batch_buckets)
         if b is None or t not in self.frame_buckets:
             return self._fn(torch.tensor(list(slots), device=codes.device), codes)["wav"]
+        b, t = self.steps.ready((b, t))
         step = self.steps.get((b, t))
         copy_in(step.inputs["slots"], torch.tensor([*slots, *[self.scratch] * (b - n)]))
         step.inputs["codes"][:n].copy_(codes)

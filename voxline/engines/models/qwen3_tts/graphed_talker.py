@@ -64,11 +64,13 @@ from voxline.kernels.attention import attend, attend_matmul, attend_sum, positio
 from voxline.kernels.compiled import maybe_compile
 from voxline.kernels.cuda_graphs import (
     BucketedSteps,
+    GraphBackfill,
     PackedInputs,
     StaticStep,
     bucket_for,
     copy_in,
     pow2_buckets,
+    same_tail,
 )
 from voxline.kernels.decode_attention import attend_decode
 from voxline.kernels.decoder_step import attn_mlp, attn_out_mlp, attn_prep
@@ -220,17 +222,22 @@ class GraphedTalkerGenerator(TalkerGenerator):
         self.decode_steps: BucketedSteps[tuple[int, int]] = BucketedSteps(
             self._make_decode, capture=self.capture, name="talker decode")
         self.frame_steps: BucketedSteps[tuple[int, int]] = BucketedSteps(
-            self._make_frame, capture=self.capture, name="code predictor frame")
+            self._make_frame, capture=self.capture, name="code predictor frame",
+            fits=same_tail)  # (batch, top-k cap): a cap is exact
         self.prefill_steps: BucketedSteps[tuple[int, int]] = BucketedSteps(
             self._make_prefill, capture=self.capture, name="talker prefill")
 
-    def prepare(self, max_length: int | None = None) -> None:
+    def prepare(self, max_length: int | None = None, backfill: GraphBackfill | None = None) -> None:
         """Create (capture) every bucket now instead of on first use; lengths up to
-        ``max_length`` (default: all)."""
+        ``max_length`` (default: all). With a ``backfill``, only the buckets that cover
+        the rest now (:meth:`BucketedSteps.prepare`)."""
         lengths = [n for n in self.length_buckets if max_length is None or n <= max_length]
-        self.frame_steps.prepare([(b, self.predictor_top_k_cap) for b in self.batch_buckets])
-        self.decode_steps.prepare([(b, n) for b in self.batch_buckets for n in lengths])
-        self.prefill_steps.prepare([(b, q) for b in self.batch_buckets for q in self.prefill_buckets])
+        self.frame_steps.prepare([(b, self.predictor_top_k_cap) for b in self.batch_buckets],
+                                 backfill=backfill)
+        self.decode_steps.prepare([(b, n) for b in self.batch_buckets for n in lengths],
+                                  backfill=backfill)
+        self.prefill_steps.prepare([(b, q) for b in self.batch_buckets for q in self.prefill_buckets],
+                                   backfill=backfill)
 
     # -- stream lifecycle ------------------------------------------------------------
 
@@ -383,6 +390,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
             settings = self._settings(FRAME_ROWS, n, self._frame_settings, streams).tensors
             out = self._frame_fn(hidden, settings["ints"], settings["floats"], cap)
             return out["frames"], out["embeds"]
+        b, cap = self.frame_steps.ready((b, cap))
         step = self.frame_steps.get((b, cap))
         step.inputs["hidden"][:n].copy_(hidden)
         send_settings(step.packed, self._frame_settings, streams)  # type: ignore[arg-type]
@@ -432,6 +440,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
                                                        [s.prompt.embeds for s in streams])
             settings = self._settings(FIRST_ROWS, n, self._first_settings, streams).tensors
             return hidden, self._pick(logits, settings["ints"], settings["floats"])
+        b, q = self.prefill_steps.ready((b, q))
         step = self.prefill_steps.get((b, q))
         x = step.inputs["x"]
         x.zero_()  # padded positions: finite and never attended to by real ones
@@ -536,7 +545,7 @@ class GraphedTalkerGenerator(TalkerGenerator):
             out = self._decode_fn(need)(x, settings["ints"], settings["floats"])
             hidden, code = out["hidden"], out["code"]
         else:
-            step = self.decode_steps.get((b, length))
+            step = self.decode_steps.get(self.decode_steps.ready((b, length)))
             step.inputs["x"][:n].copy_(x)
             send_settings(step.packed, self._first_settings, streams)  # type: ignore[arg-type]
             out = step()

@@ -80,7 +80,8 @@ import torch
 from voxline.codecs.tempo import TimeStretch
 from voxline.engines.protocol import VoiceReference
 from voxline.engines.speech_model import SpeechJob, SpeechOut
-from voxline.kernels.cuda_graphs import to_device
+from voxline.kernels.cuda_graphs import GraphBackfill, to_device
+from voxline.logs import phase
 
 from .checkpoint import Qwen3TTSModel
 from .codec_chunks import ChunkScheduler, LaunchedChunks
@@ -140,6 +141,7 @@ class Qwen3SpeechModel:
         overlap_codec: bool | None = None,
         schedule: StepPolicy = FIFO,
         clock: Callable[[], float] = time.monotonic,
+        backfill: GraphBackfill | None = None,
     ) -> None:
         """``model``: a loaded model (then ``tokenizer`` is required) or a checkpoint
         directory in the official layout (loaded on ``device``: talker in ``dtype``,
@@ -171,6 +173,9 @@ class Qwen3SpeechModel:
         ``schedule``: how steps treat arriving jobs (:mod:`.scheduling`; default ``FIFO``:
         every live stream every step, every free slot prefilled at once), judged by each
         job's playout buffer on ``clock`` (seconds, monotonic).
+        ``backfill``: with capture at load, only the buckets that cover the others are
+        captured here; the rest join it, for the engine's TTS thread to capture once the
+        engine is ready (:class:`~voxline.kernels.cuda_graphs.GraphBackfill`).
         """
         if initial_chunk_frames < 1 or chunk_frames < 1:
             raise ValueError("initial_chunk_frames and chunk_frames must be >= 1")
@@ -192,6 +197,7 @@ class Qwen3SpeechModel:
         self._build(assistant_ids([self.tokenizer.chat.newline], self.tokenizer.chat), self.speaker)
 
         self.max_streams = max_streams
+        self.backfill = backfill
         if graphs is None:
             graphs = self.model.talker.device.type == "cuda"
         self.generator, self.codec = self._make_generator(
@@ -217,9 +223,10 @@ class Qwen3SpeechModel:
         if not isinstance(model, Qwen3TTSModel):
             model_dir = self.model_dir = Path(model)
             self.random_weights = _is_random_weights(model_dir)
-            model = Qwen3TTSModel.from_pretrained(
-                model_dir, dtype=dtype, device=device, codec_dtype=codec_dtype
-            )
+            with phase(logger, "Qwen3-TTS weights"):
+                model = Qwen3TTSModel.from_pretrained(
+                    model_dir, dtype=dtype, device=device, codec_dtype=codec_dtype
+                )
             tokenizer = tokenizer or Qwen3TextTokenizer.from_pretrained(model_dir, model.config)
             if self.random_weights:
                 logger.warning(
@@ -257,9 +264,11 @@ class Qwen3SpeechModel:
                                 batch_buckets=batch_buckets, compile=graphed.compiled,
                                 compile_frames={chunk_frames})
         if graphed.capture and capture_at_load:
-            graphed.prepare()
+            with phase(logger, "Qwen3-TTS talker graphs" + (" (first buckets)" if self.backfill else "")):
+                graphed.prepare(backfill=self.backfill)
         if codec.capture and capture_at_load:
-            codec.prepare()
+            with phase(logger, "Qwen3-TTS code2wav graphs" + (" (first buckets)" if self.backfill else "")):
+                codec.prepare(backfill=self.backfill)
         return graphed, codec
 
     @property

@@ -359,3 +359,59 @@ def test_video_messages_cross_the_process_wire_unchanged():
     assert p.decode_input(p.encode(p.CancelVideo("s1", "v"))) == p.CancelVideo("s1", "v")
     steer = p.SteerVideo("s1", "v", "a boat", negative_prompt="blur")
     assert p.decode_input(p.encode(steer)) == steer
+
+
+@pytest.mark.parametrize("ahead", [1, 0])
+def test_a_video_is_denoised_at_most_decode_ahead_chunks_ahead_of_its_decode(ahead):
+    from voxline.engines.video_stage import VideoJob, VideoStage
+
+    model = FakeVideoModel(decode_ahead=ahead)
+    stage = VideoStage(model)
+    job = VideoJob(1, "a", model.begin_video(video("s1", "a", frames=8)))  # 4 chunks
+    stage.add(job)
+    for _ in range(ahead + 1):  # chunk 0, and chunk 1 beside its decode when pipelined
+        planned = stage.schedule()
+        assert planned is job
+        stage.update(job, stage.execute(job))
+    assert not stage.has_work() and stage.schedule() is None  # held back by the decode
+    decoder = stage.decoder
+    item = decoder.schedule()
+    piece = decoder.update(item, decoder.execute(item))
+    assert (piece.index, piece.last, job.chunks_decoded) == (0, True, 1)
+    assert stage.has_work() and stage.schedule() is job  # the next chunk may go
+
+
+def test_cancel_mid_chunk_sends_nothing_more_of_the_video(helios_dir):
+    import threading
+
+    from voxline.config import Settings
+    from voxline.engines.stage_registry import load_video
+
+    model = load_video(Settings(video=f"helios:{helios_dir}"))
+    release = threading.Event()
+    original = model._vae_pieces
+
+    def held_pieces(current):
+        for k, piece in enumerate(original(current)):
+            if k == 2:
+                assert release.wait(60)
+            yield piece
+
+    model._vae_pieces = held_pieces
+    h = Harness(model)
+    h.send(p.OpenStream("s1"), HELIOS_VIDEO)
+    h.run_until(has(p.VideoChunk, index=0, piece=1))  # the decode now waits in piece 2
+    h.send(p.CancelVideo("s1", "v"))
+    h.run_until(has(p.VideoDone))
+    sent = len(h.chunks("v"))
+    release.set()
+    h.drain()
+    assert len(h.chunks("v")) == sent == 2  # the piece decoding at the cancel is dropped
+    assert [(d.video_id, d.status) for d in h.of(p.VideoDone)] == [("v", DONE.CANCELLED)]
+    model._vae_pieces = original  # the VAE is free for the next video (its cache cleared)
+    h.send(p.CreateVideo("s1", "w", "dance monkey", width=16, height=16, num_frames=33,
+                         num_inference_steps=2, guidance_scale=1.0, seed=3))
+    h.run_until(has(p.VideoDone, video_id="w"))
+    assert h.of(p.VideoDone)[-1].status == DONE.COMPLETED
+    assert len(h.chunks("v")) == 2  # still: the held piece came back after the cancel
+    h.close()

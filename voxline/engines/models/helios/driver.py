@@ -103,7 +103,7 @@ class HeliosRender:
         latents join the history, so the chunk after it may start at once); its frames
         come from the returned `ChunkDecode`, on the decode stream, a piece at a time."""
         driver = self._driver
-        with _freeing_on_oom(), driver.streams.denoising():
+        with _freeing_on_oom(), torch.no_grad(), driver.streams.denoising():
             driver.start_chunk(self)
             latents = driver.denoise_chunk(self)
             keep = self.frame_counts[self.chunks_done]
@@ -176,7 +176,7 @@ class ChunkDecode:
 
     def next_piece(self) -> tuple[np.ndarray, bool]:
         """The next piece as uint8 (frames, height, width, 3), and whether it is the last."""
-        with _freeing_on_oom(), self._driver.streams.decoding(self._ready):
+        with _freeing_on_oom(), torch.no_grad(), self._driver.streams.decoding(self._ready):
             self._ready = None
             frames, last = next(self._pieces)
         self.done = last

@@ -13,15 +13,21 @@ Each arm adds one change to the one before it, so each row says what that change
 - `fp8`: the blocks' projections in float8 (`video_weights=fp8`, lossy: the frames' PSNR
   against the bf16 arm on the same seed is printed beside its speed).
 
-Every arm is timed two ways: serial (denoise, then decode, as the stage runs a chunk today)
-and pipelined (chunk n's VAE decode on a second CUDA stream in a thread while chunk n+1
-denoises). The first frame is timed to the first decoded piece (`decode_pieces`: the Wan
+Every arm is timed up to three ways (`--paths`): serial (denoise, then decode), pipelined
+(this script's own loop: chunk n's VAE decode on a second CUDA stream in a thread while
+chunk n+1 denoises) and product (the server's own video stages, `video_stage.VideoStage`
+and its decode stage on their worker threads and the driver's streams: what a call gets,
+timed when each decoded piece reaches the loop; serial for the cuDNN-attention arm, as the
+server runs it). No arm after `cudnn-bench` runs with `torch.backends.cudnn.benchmark` on
+(its autotuning held the side stream's decode back until the denoise was done); each row
+records the flag. The first frame is timed to the first decoded piece (`decode_pieces`: the Wan
 VAE decodes a latent frame at a time, so frame 1 is out after one decoder call), the prompt
 already in the prompt cache (cached; the uncached figure adds the text encode, printed).
 Steady fps is 32 frames over the median interval between later chunks' last frames.
 
-    PYTHONPATH=/tmp/site:$PWD python3 benchmarks/bench_gpu_video_realtime.py --out $OUT/rt.json
-    .venv/bin/python benchmarks/bench_gpu_video_realtime.py --tiny    # CPU, tiny checkpoint
+    PYTHONPATH=/tmp/site:$PWD python3 benchmarks/video/bench_gpu_video_realtime.py \
+        --arms 1step,compiled,fp8 --out $OUT/rt.json
+    .venv/bin/python benchmarks/video/bench_gpu_video_realtime.py --tiny --chunks 3  # CPU
 """
 
 from __future__ import annotations

@@ -143,3 +143,17 @@ def make_fake_core(wake, stop_after: int = 12, step_seconds: float = 0.0,
     lm = CountingLM(max_slots=max_slots, stop_after=stop_after, step_seconds=step_seconds)
     return EngineCore(Models(EnergyVAD(), FixedASR(asr_text), lm,
                              SentenceSpeechModel(ToneTTS())), wake, max_responses=max_responses)
+
+
+class OnePieceDecode:
+    """A video chunk decoded in one piece (the video stage's `ChunkDecode`), for fakes whose
+    `denoise_next` makes the whole chunk at once."""
+
+    def __init__(self, frames) -> None:
+        self.frames = frames
+
+    def next_piece(self):
+        return self.frames, True
+
+    def close(self) -> None:
+        pass

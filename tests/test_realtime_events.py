@@ -716,8 +716,9 @@ def _samples() -> dict[type[ServerEvent], ServerEvent]:
         mcp_ev.McpCallFailed(item_id="mcp_1", output_index=1),
         mcp_ev.VideoStarted(response_id="resp_1", video_id="video_1", prompt="a train",
                             width=32, height=16, fps=24, num_frames=33),
-        mcp_ev.VideoChunk(response_id="resp_1", video_id="video_1", index=0, total=1, frames=1,
-                          width=1, height=1, fps=24, pixels=b"abc"),
+        mcp_ev.VideoChunk(response_id="resp_1", video_id="video_1", index=0, total=1, frames=1),
+        mcp_ev.VideoFrames(response_id="resp_1", video_id="video_1", index=0, piece=0, frames=1,
+                           width=1, height=1, fps=24, pixels=b"abc"),
         mcp_ev.VideoUpdated(response_id="resp_1", video_id="video_1", prompt="a cat"),
         mcp_ev.VideoDone(response_id="resp_1", video_id="video_1", status="completed"),
         OutputAudioBufferStarted(response_id="resp_1"),
@@ -772,6 +773,7 @@ GA_NAMES = {
     mcp_ev.McpCallFailed: "response.mcp_call.failed",
     mcp_ev.VideoStarted: "response.output_video.started",  # voxline extensions
     mcp_ev.VideoChunk: "response.output_video.chunk",
+    mcp_ev.VideoFrames: None,  # pixels for the track or recorder, never sent
     mcp_ev.VideoUpdated: "response.output_video.updated",
     mcp_ev.VideoDone: "response.output_video.done",
     OutputAudioBufferStarted: "output_audio_buffer.started",

@@ -133,10 +133,20 @@ def test_a_video_response_sends_create_video_and_ends_after_the_video():
     a.on_engine(ep.ResponseFinished("stream_1", rid, ep.ResponseStatus.COMPLETED, ""), 1.2)
     a.tick(5.0)
     assert a.response is not None  # the reply is done, its video is not
-    pixels = frames(33, h=16, w=32).tobytes()
-    a.on_engine(ep.VideoChunk("stream_1", cv.video_id, pixels, 33, 16, 32, 0, 2, False), 5.1)
-    chunk = [e for e in a.take_events() if isinstance(e, ev.VideoChunk)]
-    assert [(c.index, c.total, c.frames, c.pixels == pixels) for c in chunk] == [(0, 2, 33, True)]
+    pixels = frames(33, h=16, w=32)
+    head, rest = pixels[:1].tobytes(), pixels[1:].tobytes()
+    # the chunk's pieces come as decoded (pixels for the track), its progress event once
+    a.on_engine(ep.VideoChunk("stream_1", cv.video_id, head, 1, 16, 32, 0, 2, False, piece=0,
+                              chunk_done=False), 5.1)
+    out = [e for e in a.take_events() if isinstance(e, ev.VideoFrames | ev.VideoChunk)]
+    assert [(type(e), e.index, e.piece, e.frames, e.pixels == head) for e in out] == [
+        (ev.VideoFrames, 0, 0, 1, True)]
+    a.on_engine(ep.VideoChunk("stream_1", cv.video_id, rest, 32, 16, 32, 0, 2, False, piece=1,
+                              chunk_done=True), 5.2)
+    out = [e for e in a.take_events() if isinstance(e, ev.VideoFrames | ev.VideoChunk)]
+    assert [(type(e), e.index, e.frames) for e in out] == [(ev.VideoFrames, 0, 32),
+                                                           (ev.VideoChunk, 0, 33)]
+    assert out[0].pixels == rest and out[1].total == 2
     a.on_engine(ep.VideoDone("stream_1", cv.video_id, ep.ResponseStatus.COMPLETED), 6.0)
     out = a.take_events()
     kinds = [type(e) for e in out]
@@ -159,7 +169,7 @@ def test_cancel_sends_cancel_video_and_ends_the_video_at_once():
     a.on_engine(ep.VideoChunk("stream_1", cv.video_id, pixels, 33, 16, 32, 1, 2, False), 2.1)
     a.on_engine(ep.ResponseFinished("stream_1", rid, ep.ResponseStatus.CANCELLED, ""), 2.2)
     out = a.take_events()
-    assert not [e for e in out if isinstance(e, ev.VideoChunk)]
+    assert not [e for e in out if isinstance(e, ev.VideoChunk | ev.VideoFrames)]
     assert next(e for e in out if isinstance(e, ev.ResponseDone)).response.status == "cancelled"
 
 

@@ -290,12 +290,16 @@ class RequestSizedRender:
     def finished(self) -> bool:
         return self.made >= self.total_chunks
 
-    def next_chunk(self) -> np.ndarray:
+    def denoise_next(self):
+        from fakes import OnePieceDecode
+
         self.made += 1
-        return np.full(self.shape, 40 * self.made, np.uint8)
+        return OnePieceDecode(np.full(self.shape, 40 * self.made, np.uint8))
 
 
 class RequestSizedVideoModel:
+    decode_ahead = 1
+
     def begin_video(self, msg: ep.CreateVideo) -> RequestSizedRender:
         return RequestSizedRender(msg)
 

@@ -69,14 +69,15 @@ class GatedRender:
     def __getattr__(self, name: str):
         return getattr(self._render, name)
 
-    def next_chunk(self):
+    def denoise_next(self):
         assert GATE.acquire(timeout=60), "the test let no chunk through"
-        return self._render.next_chunk()
+        return self._render.denoise_next()
 
 
 class GatedModel:
     def __init__(self, model) -> None:
         self.model = model
+        self.decode_ahead = model.decode_ahead
 
     def begin_video(self, msg):
         return GatedRender(self.model.begin_video(msg))

@@ -131,3 +131,21 @@ def test_decode_pieces_stream_the_chunk_a_latent_frame_at_a_time(pipe):
     assert [[len(p) for p in pieces] for pieces in got] == [[1] + [4] * 8, [1] + [4] * 7 + [3]]
     for pieces, chunk in zip(got, want, strict=True):
         assert np.array_equal(to_uint8(np.concatenate(pieces)), chunk)
+
+
+def test_denoise_next_then_its_pieces_equal_the_whole_chunks_without_autograd(pipe):
+    """The video stage's path (`denoise_next` on one thread, `next_piece` on another): the
+    same frames as `next_chunk`, and no autograd graph kept on the worker threads (their
+    grad mode is their own)."""
+    s = spec(num_frames=65)
+    want = HeliosChunkDriver(pipe).begin(s)
+    chunks = [want.next_chunk(), want.next_chunk()]
+    render = HeliosChunkDriver(pipe).begin(s)
+    decodes = [render.denoise_next(), render.denoise_next()]
+    assert render.finished and not render.history.requires_grad
+    for decode, chunk in zip(decodes, chunks, strict=True):
+        pieces, last = [], False
+        while not last:
+            frames, last = decode.next_piece()
+            pieces.append(frames)
+        assert np.array_equal(np.concatenate(pieces), chunk)

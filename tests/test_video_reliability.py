@@ -38,13 +38,17 @@ class SlowRender:
     def finished(self) -> bool:
         return self.made >= self.total_chunks
 
-    def next_chunk(self) -> np.ndarray:
+    def denoise_next(self):
+        from fakes import OnePieceDecode
+
         time.sleep(self.seconds)  # on the video worker thread, as a model's compute
         self.made += 1
-        return np.zeros((2, 16, 16, 3), np.uint8)
+        return OnePieceDecode(np.zeros((2, 16, 16, 3), np.uint8))
 
 
 class SlowVideoModel:
+    decode_ahead = 1
+
     def begin_video(self, msg: p.CreateVideo) -> SlowRender:
         return SlowRender(max(1, msg.num_frames // 2), 0.05 if msg.prompt == "slow" else 0.0)
 

@@ -35,17 +35,31 @@ class CountingRender:
     def finished(self) -> bool:
         return self.made >= self.total_chunks
 
-    def next_chunk(self) -> np.ndarray:
+    def denoise_next(self) -> OnePiece:
         if self.made == self.fail_at:
             raise MemoryError("out of memory (test)")
         self.made += 1
         self.prompts.append(self.prompt)
-        return np.full((2, 4, 4, 3), self.made - 1, np.uint8)
+        return OnePiece(np.full((2, 4, 4, 3), self.made - 1, np.uint8))
+
+
+class OnePiece:
+    """A chunk decoded in one piece."""
+
+    def __init__(self, frames: np.ndarray) -> None:
+        self.frames = frames
+
+    def next_piece(self) -> tuple[np.ndarray, bool]:
+        return self.frames, True
+
+    def close(self) -> None:
+        pass
 
 
 class FakeVideoModel:
-    def __init__(self, fail_at: int | None = None) -> None:
+    def __init__(self, fail_at: int | None = None, decode_ahead: int = 1) -> None:
         self.fail_at = fail_at
+        self.decode_ahead = decode_ahead
         self.renders: dict[str, CountingRender] = {}  # by prompt
 
     def begin_video(self, msg: p.CreateVideo) -> CountingRender:
@@ -124,7 +138,8 @@ def test_a_failed_chunk_fails_that_video_only():
     h.run_until(lambda outs: len(h.of(p.VideoDone)) == 2)
     done = {d.video_id: d for d in h.of(p.VideoDone)}
     assert done["bad"].status == DONE.FAILED and "out of memory" in done["bad"].error
-    assert "chunk 1" in done["bad"].error and len(h.chunks("bad")) == 1
+    # chunk 0 is sent unless its decode was still running when chunk 1's denoise failed
+    assert "chunk 1" in done["bad"].error and len(h.chunks("bad")) <= 1
     assert done["good"].status == DONE.COMPLETED and len(h.chunks("good")) == 3
     error, = h.of(p.StreamError)
     assert error.code == p.ErrorCode.ENGINE_ERROR and "'bad'" in error.message
@@ -240,7 +255,16 @@ def helios_dir(tmp_path_factory):
     torch.set_num_threads(threads)
 
 
-def test_helios_through_the_video_setting_streams_chunks_equal_to_a_plain_call(helios_dir):
+def frames_of(chunks: list[p.VideoChunk], size: int = 16) -> np.ndarray:
+    return np.concatenate([np.frombuffer(c.frames, np.uint8).reshape(c.num_frames, size,
+                                                                      size, 3) for c in chunks])
+
+
+HELIOS_VIDEO = p.CreateVideo("s1", "v", "dance monkey", width=16, height=16, num_frames=65,
+                             num_inference_steps=2, guidance_scale=1.0, seed=3)
+
+
+def test_helios_through_the_video_setting_streams_pieces_equal_to_a_plain_call(helios_dir):
     import torch
     from diffusers import HeliosPipeline
 
@@ -248,23 +272,69 @@ def test_helios_through_the_video_setting_streams_chunks_equal_to_a_plain_call(h
     from voxline.engines.models.helios.driver import to_uint8
     from voxline.engines.stage_registry import load_video
 
-    h = Harness(load_video(Settings(video=f"helios:{helios_dir}")))
-    msg = p.CreateVideo("s1", "v", "dance monkey", width=16, height=16, num_frames=65,
-                        num_inference_steps=2, guidance_scale=1.0, seed=3)
-    h.send(p.OpenStream("s1"), msg)
-    h.run_until(has(p.VideoChunk, index=0))
+    model = load_video(Settings(video=f"helios:{helios_dir}"))
+    assert model.decode_ahead == 1  # pipelined by default
+    h = Harness(model)
+    h.send(p.OpenStream("s1"), HELIOS_VIDEO)
+    h.run_until(has(p.VideoChunk, index=0, chunk_done=True))
     assert not h.of(p.VideoDone)  # the first chunk is out before the video ends
     h.run_until(has(p.VideoDone))
-    first, last = h.chunks("v")
-    assert (first.num_frames, last.num_frames, last.final) == (33, 32, True)
-    got = np.concatenate([np.frombuffer(c.frames, np.uint8).reshape(c.num_frames, 16, 16, 3)
-                          for c in (first, last)])
+    chunks = h.chunks("v")
+    # the Wan VAE decodes a latent frame a piece: 1 frame, then 4 (the last chunk's last 3)
+    assert [(c.index, c.piece, c.num_frames) for c in chunks] == (
+        [(0, 0, 1)] + [(0, i, 4) for i in range(1, 9)]
+        + [(1, 0, 1)] + [(1, i, 4) for i in range(1, 8)] + [(1, 8, 3)])
+    per_chunk = [[c for c in chunks if c.index == k] for k in (0, 1)]
+    assert [sum(c.num_frames for c in cs) for cs in per_chunk] == [33, 32]
+    assert [c.chunk_done for c in chunks] == [False] * (len(per_chunk[0]) - 1) + [True] + [
+        False] * (len(per_chunk[1]) - 1) + [True]
+    assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
     pipe = HeliosPipeline.from_pretrained(str(helios_dir))
     pipe.set_progress_bar_config(disable=True)
     ref = pipe("dance monkey", height=16, width=16, num_frames=65, num_inference_steps=2,
                guidance_scale=1.0, generator=torch.Generator().manual_seed(3),
                output_type="np").frames[0]
-    assert np.array_equal(got, to_uint8(ref))
+    assert np.array_equal(frames_of(chunks), to_uint8(ref))
+    h.close()
+
+
+def test_pieces_are_sent_while_their_chunk_still_decodes_and_match_the_serial_order(helios_dir):
+    """The first piece reaches the stream while the first chunk's last latent frame is held
+    back in the decoder (ordering by events, not time); pipelined and serial give the same
+    frames on the same seed."""
+    import threading
+
+    from voxline.config import Settings
+    from voxline.engines.stage_registry import load_video
+
+    serial_model = load_video(Settings(video=f"helios:{helios_dir}", video_pipelined_decode="off"))
+    assert serial_model.decode_ahead == 0
+    h = Harness(serial_model)
+    h.send(p.OpenStream("s1"), HELIOS_VIDEO)
+    h.run_until(has(p.VideoDone))
+    serial = frames_of(h.chunks("v"))
+    h.close()
+
+    model = load_video(Settings(video=f"helios:{helios_dir}"))
+    release, calls = threading.Event(), []
+    original = model._vae_pieces
+
+    def held_pieces(current):
+        for k, piece in enumerate(original(current)):
+            if not calls and k == current.shape[2] - 1:  # the first chunk's last latent frame
+                assert release.wait(60)
+            yield piece
+        calls.append(1)
+
+    model._vae_pieces = held_pieces
+    h = Harness(model)
+    h.send(p.OpenStream("s1"), HELIOS_VIDEO)
+    h.run_until(has(p.VideoChunk, index=0, piece=7))
+    assert not [c for c in h.chunks("v") if c.chunk_done]  # the chunk is not all decoded
+    release.set()
+    h.run_until(has(p.VideoDone))
+    assert h.of(p.VideoDone)[0].status == DONE.COMPLETED
+    assert np.array_equal(frames_of(h.chunks("v")), serial)
     h.close()
 
 
@@ -281,7 +351,7 @@ def test_the_engine_imports_no_diffusers_until_a_video_model_loads():
 
 def test_video_messages_cross_the_process_wire_unchanged():
     chunk = p.VideoChunk("s1", "v", bytes(range(48)), num_frames=1, height=4, width=4, index=0,
-                         total_chunks=2, final=False)
+                         total_chunks=2, final=False, piece=3, chunk_done=False)
     done = p.VideoDone("s1", "v", DONE.CANCELLED)
     assert [p.decode_output(p.encode(m)) for m in (chunk, done)] == [chunk, done]
     create = video("s1", "v", seed=9, steps_per_stage=2, realtime=True, wait_for_slot=True)
@@ -289,3 +359,59 @@ def test_video_messages_cross_the_process_wire_unchanged():
     assert p.decode_input(p.encode(p.CancelVideo("s1", "v"))) == p.CancelVideo("s1", "v")
     steer = p.SteerVideo("s1", "v", "a boat", negative_prompt="blur")
     assert p.decode_input(p.encode(steer)) == steer
+
+
+@pytest.mark.parametrize("ahead", [1, 0])
+def test_a_video_is_denoised_at_most_decode_ahead_chunks_ahead_of_its_decode(ahead):
+    from voxline.engines.video_stage import VideoJob, VideoStage
+
+    model = FakeVideoModel(decode_ahead=ahead)
+    stage = VideoStage(model)
+    job = VideoJob(1, "a", model.begin_video(video("s1", "a", frames=8)))  # 4 chunks
+    stage.add(job)
+    for _ in range(ahead + 1):  # chunk 0, and chunk 1 beside its decode when pipelined
+        planned = stage.schedule()
+        assert planned is job
+        stage.update(job, stage.execute(job))
+    assert not stage.has_work() and stage.schedule() is None  # held back by the decode
+    decoder = stage.decoder
+    item = decoder.schedule()
+    piece = decoder.update(item, decoder.execute(item))
+    assert (piece.index, piece.last, job.chunks_decoded) == (0, True, 1)
+    assert stage.has_work() and stage.schedule() is job  # the next chunk may go
+
+
+def test_cancel_mid_chunk_sends_nothing_more_of_the_video(helios_dir):
+    import threading
+
+    from voxline.config import Settings
+    from voxline.engines.stage_registry import load_video
+
+    model = load_video(Settings(video=f"helios:{helios_dir}"))
+    release = threading.Event()
+    original = model._vae_pieces
+
+    def held_pieces(current):
+        for k, piece in enumerate(original(current)):
+            if k == 2:
+                assert release.wait(60)
+            yield piece
+
+    model._vae_pieces = held_pieces
+    h = Harness(model)
+    h.send(p.OpenStream("s1"), HELIOS_VIDEO)
+    h.run_until(has(p.VideoChunk, index=0, piece=1))  # the decode now waits in piece 2
+    h.send(p.CancelVideo("s1", "v"))
+    h.run_until(has(p.VideoDone))
+    sent = len(h.chunks("v"))
+    release.set()
+    h.drain()
+    assert len(h.chunks("v")) == sent == 2  # the piece decoding at the cancel is dropped
+    assert [(d.video_id, d.status) for d in h.of(p.VideoDone)] == [("v", DONE.CANCELLED)]
+    model._vae_pieces = original  # the VAE is free for the next video (its cache cleared)
+    h.send(p.CreateVideo("s1", "w", "dance monkey", width=16, height=16, num_frames=33,
+                         num_inference_steps=2, guidance_scale=1.0, seed=3))
+    h.run_until(has(p.VideoDone, video_id="w"))
+    assert h.of(p.VideoDone)[-1].status == DONE.COMPLETED
+    assert len(h.chunks("v")) == 2  # still: the held piece came back after the cancel
+    h.close()

@@ -332,6 +332,12 @@ class Settings(BaseSettings):
                                  "diffusers' name (native: PyTorch SDPA; e.g. flash, "
                                  "_native_cudnn, sage, xformers when their package is "
                                  "installed); refused at start-up when diffusers cannot run it")
+    video_pipelined_decode: AutoOff = Field(
+        default=AutoOff.AUTO, description="decode a video chunk's frames (the VAE, on its own "
+        "thread and CUDA stream) while the next chunk denoises, and send each decoded piece "
+        "at once: 'auto' (on, except with video_attention=_native_cudnn, whose process-wide "
+        "SDPA flags fail the VAE's attention beside it: then serial) or 'off' (each chunk "
+        "decodes after its denoise; pieces are still sent as decoded)")
     video_weights: VideoWeights = Field(
         default=VideoWeights.BF16,
         description="number format of the video transformer's block projections: bf16 (as "

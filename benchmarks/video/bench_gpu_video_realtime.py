@@ -13,15 +13,21 @@ Each arm adds one change to the one before it, so each row says what that change
 - `fp8`: the blocks' projections in float8 (`video_weights=fp8`, lossy: the frames' PSNR
   against the bf16 arm on the same seed is printed beside its speed).
 
-Every arm is timed two ways: serial (denoise, then decode, as the stage runs a chunk today)
-and pipelined (chunk n's VAE decode on a second CUDA stream in a thread while chunk n+1
-denoises). The first frame is timed to the first decoded piece (`decode_pieces`: the Wan
+Every arm is timed up to three ways (`--paths`): serial (denoise, then decode), pipelined
+(this script's own loop: chunk n's VAE decode on a second CUDA stream in a thread while
+chunk n+1 denoises) and product (the server's own video stages, `video_stage.VideoStage`
+and its decode stage on their worker threads and the driver's streams: what a call gets,
+timed when each decoded piece reaches the loop; serial for the cuDNN-attention arm, as the
+server runs it). No arm after `cudnn-bench` runs with `torch.backends.cudnn.benchmark` on
+(its autotuning held the side stream's decode back until the denoise was done); each row
+records the flag. The first frame is timed to the first decoded piece (`decode_pieces`: the Wan
 VAE decodes a latent frame at a time, so frame 1 is out after one decoder call), the prompt
 already in the prompt cache (cached; the uncached figure adds the text encode, printed).
 Steady fps is 32 frames over the median interval between later chunks' last frames.
 
-    PYTHONPATH=/tmp/site:$PWD python3 benchmarks/bench_gpu_video_realtime.py --out $OUT/rt.json
-    .venv/bin/python benchmarks/bench_gpu_video_realtime.py --tiny    # CPU, tiny checkpoint
+    PYTHONPATH=/tmp/site:$PWD python3 benchmarks/video/bench_gpu_video_realtime.py \
+        --arms 1step,compiled,fp8 --out $OUT/rt.json
+    .venv/bin/python benchmarks/video/bench_gpu_video_realtime.py --tiny --chunks 3  # CPU
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
@@ -166,6 +173,55 @@ def pipelined(driver: HeliosPyramidDriver, spec: VideoSpec, device: str) -> dict
     return {"first_chunk_ms": ms(ends[0] - t0), **steady(ends, t0)}
 
 
+def product(driver: HeliosPyramidDriver, spec: VideoSpec, device: str, ahead: int
+            ) -> dict[str, Any]:
+    """One video through the server's own video stages (`voxline.engines.video_stage`:
+    the denoise row and the decode row of the engine's stage table, each its own worker
+    thread; on CUDA the driver's denoise and decode streams), `ahead` chunks of backpressure
+    (1: pipelined, `video_pipelined_decode=auto`; 0: serial). Times are taken when each
+    decoded piece reaches the loop thread, as the server would send it."""
+    from voxline.engines.stage import StageWorker
+    from voxline.engines.stage_table import StageSlot, StageTable
+    from voxline.engines.video_stage import VideoJob, VideoStage
+
+    driver.decode_ahead = ahead
+    stage = VideoStage(driver)
+    woke = threading.Event()
+    pieces: list[tuple[float, int, bool]] = []  # (clock, chunk, its last piece)
+    errors: list[Exception] = []
+
+    def route(_item: Any, out: Any, _seconds: float) -> None:
+        pieces.append((time.perf_counter(), out.index, out.last))
+
+    def fail(_plan: Any, error: Exception) -> None:
+        errors.append(error)
+
+    table = StageTable([
+        StageSlot("video", stage, StageWorker(stage, woke.set, "bench-video"),
+                  route=lambda *_a: None, fail=fail),
+        StageSlot("video_decode", stage.decoder,
+                  StageWorker(stage.decoder, woke.set, "bench-video-decode"),
+                  route=route, fail=fail)])
+    job = VideoJob(0, "v", driver.begin(spec))
+    stage.add(job)
+    t0 = now(device)
+    try:
+        while job.chunks_decoded < job.render.total_chunks and not errors:
+            woke.clear()
+            table.step()
+            if not table.has_work():
+                woke.wait(1.0)
+    finally:
+        table.close()
+        driver.decode_ahead = 1
+    if errors:
+        raise errors[0]
+    ends = [t for t, _index, last in pieces if last]
+    load = table.load_report(0.0) or ""
+    return {"first_frame_ms": ms(pieces[0][0] - t0), "first_chunk_ms": ms(ends[0] - t0),
+            "pieces": len(pieces), **steady(ends, t0), "stage_load": load}
+
+
 def steady(ends: list[float], start: float | None = None) -> dict[str, Any]:
     """Chunk intervals, steady fps (32-frame chunks after the first, over the time from the
     first chunk's end to the last's) and, played at 24 fps from the first chunk's end,
@@ -241,6 +297,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     c0 = now(device)
     driver.encode(spec0)
     out["text_encode_uncached_ms"] = ms(now(device) - c0)
+    paths = set(args.paths.split(","))
     state: dict[str, Any] = {}
     frames: dict[str, np.ndarray] = {}
     wanted = args.arms.split(",") if args.arms else [a.name for a in arms()]
@@ -261,21 +318,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             driver.begin(spec_for(args, arm, seed=99)).next_chunk()
             row["warm_s"] = round(now(device) - w0, 1)
         with torch.no_grad():
-            s = serial(driver, spec_for(args, arm), device)
+            s = serial(driver, spec_for(args, arm), device)  # every path runs the serial one
             frames[arm.name] = s.pop("_frames")
             row["serial"] = s
-            if arm.attention == "native":
-                row["pipelined"] = pipelined(driver, spec_for(args, arm), device)
-            else:
-                row["pipelined"] = {"skipped": "SDPA kernel flags are process-wide"}
+            row["cudnn_benchmark"] = torch.backends.cudnn.benchmark
+            native = arm.attention == "native"
+            if "pipelined" in paths:
+                row["pipelined"] = (pipelined(driver, spec_for(args, arm), device) if native
+                                    else {"skipped": "SDPA kernel flags are process-wide"})
+            if "product" in paths:  # the server's stages; serial where the server is
+                row["product"] = product(driver, spec_for(args, arm), device,
+                                         ahead=1 if native else 0)
         if device == "cuda":
             row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
         out["arms"][arm.name] = row
+        piped, prod = row.get("pipelined", {}), row.get("product", {})
         print(f"{arm.name:12s} first frame {s['first_frame_ms']:8.1f} ms  serial "
               f"{s['steady_fps']} fps ({s['overall_fps']} overall, {s['stalls_at_24fps']} stalls)  "
-              f"pipelined {row['pipelined'].get('steady_fps')} fps "
-              f"({row['pipelined'].get('overall_fps')} overall, "
-              f"{row['pipelined'].get('stalls_at_24fps')} stalls)  "
+              f"pipelined {piped.get('steady_fps')} fps ({piped.get('overall_fps')} overall, "
+              f"{piped.get('stalls_at_24fps')} stalls)  product first frame "
+              f"{prod.get('first_frame_ms')} ms, {prod.get('steady_fps')} fps "
+              f"({prod.get('overall_fps')} overall, {prod.get('stalls_at_24fps')} stalls)  "
               f"denoise {s['denoise_ms']}  decode {s['decode_ms']}", flush=True)
         write(args, out)
     if "fp8" in frames and "compiled" in frames:
@@ -305,7 +368,11 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=None)
     parser.add_argument("--height", type=int, default=None)
     parser.add_argument("--chunks", type=int, default=5, help="chunks of each arm's video")
-    parser.add_argument("--arms", default="", help="comma-separated arm names (default all)")
+    parser.add_argument("--arms", default="", help="comma-separated arm names (default all): "
+                        + ",".join(a.name for a in arms()))
+    parser.add_argument("--paths", default="pipelined,product",
+                        help="besides serial, which paths each arm times: pipelined (this "
+                        "script's side-stream thread), product (the server's video stages)")
     parser.add_argument("--budget-s", type=float, default=420.0,
                         help="stop starting arms after this many seconds")
     parser.add_argument("--out", default="", help="JSON results path")

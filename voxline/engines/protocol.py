@@ -274,8 +274,8 @@ class CloseStream(msgspec.Struct, tag=True, frozen=True):
 
 class CreateVideo(msgspec.Struct, tag=True, frozen=True):
     """Generate a video for `prompt` (the `video` setting's model); answered by one
-    `VideoChunk` per chunk as each is made, then `VideoDone`. Refused (a `StreamError`
-    naming the field, then `VideoDone` failed) for a size or frame count the model cannot
+    `VideoChunk` per decoded piece of each chunk as it is made, then `VideoDone`. Refused
+    (a `StreamError` naming the field, then `VideoDone` failed) for a size or frame count the model cannot
     make exactly, a `video_id` already running on the stream, or no video model loaded.
     `seed` None: a fresh random seed; the same seed gives the same frames on one build.
     `num_inference_steps` / `guidance_scale` None: the checkpoint's recommended setting.
@@ -462,8 +462,10 @@ class ResponseFinished(msgspec.Struct, tag=True, frozen=True):
 
 
 class VideoChunk(msgspec.Struct, tag=True, frozen=True):
-    """Chunk `index` of `total_chunks` of a video: `num_frames` frames of uint8 RGB,
-    (num_frames, height, width, 3) row-major in `frames`; `final` on the last chunk."""
+    """Piece `piece` of chunk `index` of `total_chunks` of a video, sent as soon as it is
+    decoded: `num_frames` frames of uint8 RGB, (num_frames, height, width, 3) row-major in
+    `frames`; `chunk_done` on the chunk's last piece (progress counts chunks), `final` on
+    the video's last piece."""
 
     stream_id: str
     video_id: str
@@ -474,6 +476,8 @@ class VideoChunk(msgspec.Struct, tag=True, frozen=True):
     index: int
     total_chunks: int
     final: bool
+    piece: int = 0
+    chunk_done: bool = True
 
 
 class VideoDone(msgspec.Struct, tag=True, frozen=True):

@@ -150,7 +150,24 @@ def load_video(settings: Settings) -> VideoModel | None:
                         steps_per_stage=settings.video_steps_per_stage,
                         realtime_amplify_first_chunk=settings.video_realtime_amplify_first_chunk)
     driver.check_step_settings()
+    driver.decode_ahead = decode_ahead(settings)
     return driver
+
+
+def decode_ahead(settings: Settings) -> int:
+    """1 (chunk n's decode beside chunk n+1's denoise) unless `video_pipelined_decode` is
+    off or the transformer's attention is cuDNN's: diffusers' `_native_cudnn` turns
+    PyTorch's SDPA kernels to cuDNN's alone process-wide while it runs, and the VAE's
+    attention (head dimension 384) has no cuDNN kernel, so a decode beside it fails."""
+    from voxline.config import AutoOff
+
+    if settings.video_pipelined_decode == AutoOff.OFF:
+        return 0
+    if settings.video_attention == "_native_cudnn":
+        logger.info("video_pipelined_decode: each chunk decodes after its denoise "
+                    "(video_attention=_native_cudnn sets SDPA's kernels process-wide)")
+        return 0
+    return 1
 
 
 def _attach_video(ctx: StageContext, model: VideoModel | None) -> StagePart:
@@ -159,9 +176,13 @@ def _attach_video(ctx: StageContext, model: VideoModel | None) -> StagePart:
 
     videos = Videos(VideoStage(model) if model is not None else None, ctx.emit, ctx.live,
                     ctx.max_videos)
-    rows = [] if videos.stage is None else [
-        StageSlot("video", videos.stage, StageWorker(videos.stage, ctx.wake, "voxline-video"),
-                  route=videos.route, fail=videos.fail)]
+    stage = videos.stage
+    rows = [] if stage is None else [
+        StageSlot("video", stage, StageWorker(stage, ctx.wake, "voxline-video"),
+                  route=videos.denoised, fail=videos.fail),
+        StageSlot("video_decode", stage.decoder,
+                  StageWorker(stage.decoder, ctx.wake, "voxline-video-decode"),
+                  route=videos.route, fail=videos.fail_decode)]
     return StagePart(owner=videos, rows=rows,
                      handlers={p.CreateVideo: videos.create, p.SteerVideo: videos.steer,
                                p.CancelVideo: lambda stream, msg: videos.cancel(stream,

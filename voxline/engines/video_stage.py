@@ -1,24 +1,40 @@
-"""The video stage: one chunk of one video per step, videos interleaved round-robin.
+"""The video stage: one chunk of one video per step, videos interleaved round-robin, each
+chunk's VAE decode in a second stage beside the next chunk's denoise, a piece at a time.
 
-Stage interface (`voxline.engines.stage`): the queue holds one `VideoJob` per video in
-progress; `schedule` takes the job at its head (skipping cancelled ones), `execute` asks
-that job's render for its next chunk (the first chunk also encodes the prompt), and
-`update` puts an unfinished job back at the tail, so N videos each get one chunk in N
-steps and a long video never starves a short one. A job is out of the queue while its
-chunk runs, so the loop thread and the worker never touch one render at once.
+Two stages (`voxline.engines.stage`), two rows of the stage table, each its own worker:
 
-`Videos` is the stage's owner on the loop thread: it admits `CreateVideo` (validated by
+- `VideoStage` (row "video", the denoise): its queue holds one `VideoJob` per video in
+  progress; `schedule` takes the first job that is not too far ahead of its decode
+  (skipping cancelled ones), `execute` asks that job's render to denoise its next chunk
+  (the first chunk also encodes the prompt; the chunk joins the render's history there, so
+  the chunk after it may start at once), and `update` hands the chunk to the decode stage
+  and puts an unfinished job back at the tail, so N videos each get one chunk in N steps
+  and a long video never starves a short one. A job is out of the queue while its chunk
+  runs, so the loop thread and the worker never touch one render at once.
+- `VideoDecodeStage` (row "video_decode"): the denoised chunks in the order they were
+  made; each plan decodes one piece (the Wan VAE: one latent frame, 1 frame then 4 each)
+  of the chunk at the head, so the first frame is out after one decoder call.
+
+Backpressure: a video is denoised at most `VideoModel.decode_ahead` chunks ahead of its
+decode (1: chunk n decodes beside chunk n+1's denoise, and chunk n+2 waits for chunk n's
+last piece, so memory stays one chunk's latents a video; 0: nothing is denoised while any
+chunk decodes, the serial order).
+
+`Videos` is the stages' owner on the loop thread: it admits `CreateVideo` (validated by
 the model before anything is queued), holds the engine to `max_videos` rendering at once
 (the `video_streams` setting: a request past it is refused `server_busy`, or with
 `wait_for_slot` waits, first in first out, until a video ends), steers a video in progress
-to a new prompt from its next chunk (`SteerVideo`: its render keeps its history),
-cancels between chunks (`CancelVideo`, a closed stream), and routes each chunk as a
-`VideoChunk` (progress: `index` of `total_chunks`) and each end as one `VideoDone`, by
-internal stream id, so nothing of a closed stream is sent. A plan whose `execute` raised
-(an out-of-memory included) fails that video only.
+to a new prompt from its next chunk not yet started (`SteerVideo`: its render keeps its
+history), cancels (`CancelVideo`, a closed stream: its queued chunks are dropped, a piece
+decoding now is not sent), and routes each decoded piece as a `VideoChunk` (`piece` of
+chunk `index` of `total_chunks`, `chunk_done` on the chunk's last piece: progress counts
+chunks) and each end as one `VideoDone`, by internal stream id, so nothing of a closed
+stream is sent. A plan whose `execute` raised (an out-of-memory included) fails that video
+only.
 
-The model is anything with `begin_video(CreateVideo) -> VideoRender` (the Helios chunk driver,
-`voxline.engines.models.helios`); this module imports neither torch nor diffusers.
+The model is anything with `begin_video(CreateVideo) -> VideoRender` and `decode_ahead`
+(the Helios chunk driver, `voxline.engines.models.helios`); this module imports neither
+torch nor diffusers.
 """
 
 from __future__ import annotations
@@ -38,16 +54,32 @@ NO_VIDEO_MODEL = ("CreateVideo: no video model is loaded; start the server with 
                   "--video helios:/path/to/checkpoint (the `video` setting)")
 
 
+class ChunkDecode(Protocol):
+    """One denoised chunk's frames, decoded a piece at a time (the decode stage's worker)."""
+
+    def next_piece(self) -> tuple[np.ndarray, bool]:
+        """uint8 (frames, height, width, 3), and whether it is the chunk's last piece."""
+        ...
+
+    def close(self) -> None:
+        """Drop the pieces not yet decoded (loop thread, the decode worker idle)."""
+        ...
+
+
 class VideoRender(Protocol):
-    """One video's model state; `next_chunk` is called from the stage's worker only."""
+    """One video's model state; `denoise_next` is called from the stage's worker only."""
 
     @property
     def total_chunks(self) -> int: ...
 
     @property
-    def finished(self) -> bool: ...
+    def finished(self) -> bool:
+        """Every chunk is denoised (its decode may still be running)."""
+        ...
 
-    def next_chunk(self) -> np.ndarray: ...  # uint8 (frames, height, width, 3)
+    def denoise_next(self) -> ChunkDecode:
+        """Denoise the next chunk and count it made; its frames come from the result."""
+        ...
 
     def steer(self, prompt: str, negative_prompt: str | None = None) -> None:
         """The chunks not yet started show `prompt` (loop thread; ValueError naming the
@@ -56,6 +88,10 @@ class VideoRender(Protocol):
 
 
 class VideoModel(Protocol):
+    # chunks a video may be denoised ahead of its decode: 1 overlaps chunk n's decode
+    # with chunk n+1's denoise; 0 denoises nothing while any chunk decodes
+    decode_ahead: int
+
     def begin_video(self, request: p.CreateVideo) -> VideoRender:
         """A new video's state, no model call; ValueError naming the field if refused."""
         ...
@@ -66,56 +102,140 @@ class VideoJob:
     stream_id: StreamId
     video_id: str
     render: VideoRender
-    chunks_done: int = 0
+    chunks_done: int = 0  # denoised
+    chunks_decoded: int = 0
     cancelled: bool = False
     waiting: bool = False  # admitted, waiting for a free slot (`wait_for_slot`)
 
 
-@dataclass(frozen=True)
-class VideoOut:
-    """What one chunk's plan came to: its frames, unless the job was cancelled meanwhile."""
+@dataclass(eq=False)
+class DecodeJob:
+    """One chunk of `job` waiting for (or in) its decode."""
 
     job: VideoJob
+    index: int
+    decode: ChunkDecode
+    piece: int = 0  # pieces sent so far
+
+
+@dataclass(frozen=True)
+class VideoPiece:
+    """What one decode plan came to: a piece of chunk `index`, unless it was cancelled."""
+
+    job: VideoJob
+    index: int
+    piece: int
     frames: np.ndarray | None
+    last: bool  # the chunk's last piece
+
+
+class VideoDecodeStage:
+    """The VAE decode of denoised chunks, one piece per plan, one chunk at a time in the
+    order they were denoised (the VAE holds one decode's causal cache)."""
+
+    def __init__(self) -> None:
+        self._queue: deque[DecodeJob] = deque()
+
+    def add(self, item: DecodeJob) -> None:
+        self._queue.append(item)
+
+    def drop(self, job: VideoJob) -> None:
+        """Close and forget `job`'s chunks waiting for their decode. The chunk at the head
+        may be in the worker now: it is closed when it comes back (`update`) or when next
+        scheduled, never from here."""
+        for item in [i for i in list(self._queue)[1:] if i.job is job]:
+            self._queue.remove(item)
+            item.decode.close()
+
+    def failed(self, item: DecodeJob) -> None:
+        """`item`'s decode raised (the worker is idle): close it and the job's other chunks."""
+        if self._queue and self._queue[0] is item:
+            self._queue.popleft()
+        item.decode.close()
+        self.drop(item.job)
+
+    def decoding(self) -> bool:
+        """Chunks wait for (or are in) their decode."""
+        return bool(self._queue)
+
+    def has_work(self) -> bool:
+        return bool(self._queue)
+
+    def schedule(self) -> DecodeJob | None:
+        while self._queue:
+            item = self._queue[0]
+            if not item.job.cancelled:
+                return item
+            self._queue.popleft().decode.close()
+        return None
+
+    def execute(self, item: DecodeJob) -> tuple[np.ndarray, bool]:
+        return item.decode.next_piece()
+
+    def update(self, item: DecodeJob, result: tuple[np.ndarray, bool]) -> VideoPiece:
+        frames, last = result
+        piece = item.piece
+        item.piece += 1
+        if last or item.job.cancelled:
+            if self._queue and self._queue[0] is item:
+                self._queue.popleft()
+            item.decode.close()
+        if last:
+            item.job.chunks_decoded += 1
+        if item.job.cancelled:
+            return VideoPiece(item.job, item.index, piece, None, last)
+        return VideoPiece(item.job, item.index, piece, frames, last)
 
 
 class VideoStage:
-    """Stage interface over a `VideoModel`; see the module docstring for the order."""
+    """Stage interface over a `VideoModel`'s denoise; see the module docstring."""
 
     def __init__(self, model: VideoModel) -> None:
         self.model = model
+        self.decoder = VideoDecodeStage()
         self._queue: deque[VideoJob] = deque()
 
     def add(self, job: VideoJob) -> None:
         self._queue.append(job)
 
     def remove(self, job: VideoJob) -> bool:
-        """Take a queued job out; False if it is not queued (its chunk is running)."""
+        """Take a queued job out (and its chunks waiting to decode); False if it is not
+        queued (its chunk is running)."""
+        self.decoder.drop(job)
         if job in self._queue:
             self._queue.remove(job)
             return True
         return False
 
+    def _ready(self, job: VideoJob) -> bool:
+        ahead = self.model.decode_ahead
+        if ahead <= 0 and self.decoder.decoding():
+            return False
+        return job.chunks_done - job.chunks_decoded <= ahead
+
     def has_work(self) -> bool:
-        return bool(self._queue)
+        return any(not job.cancelled and self._ready(job) for job in self._queue)
 
     def schedule(self) -> VideoJob | None:
-        while self._queue:
-            job = self._queue.popleft()
-            if not job.cancelled:
+        for job in list(self._queue):
+            if job.cancelled:
+                self._queue.remove(job)
+            elif self._ready(job):
+                self._queue.remove(job)
                 return job
         return None
 
-    def execute(self, job: VideoJob) -> np.ndarray:
-        return job.render.next_chunk()
+    def execute(self, job: VideoJob) -> ChunkDecode:
+        return job.render.denoise_next()
 
-    def update(self, job: VideoJob, frames: np.ndarray) -> VideoOut:
+    def update(self, job: VideoJob, decode: ChunkDecode) -> None:
         if job.cancelled:
-            return VideoOut(job, None)
+            decode.close()
+            return
+        self.decoder.add(DecodeJob(job, job.chunks_done, decode))
         job.chunks_done += 1
         if not job.render.finished:
             self._queue.append(job)
-        return VideoOut(job, frames)
 
 
 class Videos:
@@ -222,26 +342,39 @@ class Videos:
 
     # ------------------------------------------------------------------ stage callbacks
 
-    def route(self, job: VideoJob, out: VideoOut, seconds: float) -> None:
+    def denoised(self, job: VideoJob, _out: None, seconds: float) -> None:
+        """A chunk's denoise is done; its frames come from the decode stage."""
+
+    def route(self, item: DecodeJob, out: VideoPiece, seconds: float) -> None:
+        job = item.job
         stream = self._live(job.stream_id)
         if out.frames is None or stream is None or job.cancelled:
             return
         frames = np.ascontiguousarray(out.frames, dtype=np.uint8)
-        final = job.render.finished
+        final = out.last and out.index == job.render.total_chunks - 1
         self._emit(p.VideoChunk(stream.external_id, job.video_id, frames.tobytes(),
                                 num_frames=frames.shape[0], height=frames.shape[1],
-                                width=frames.shape[2], index=job.chunks_done - 1,
-                                total_chunks=job.render.total_chunks, final=final))
+                                width=frames.shape[2], index=out.index,
+                                total_chunks=job.render.total_chunks, final=final,
+                                piece=out.piece, chunk_done=out.last))
         if final:
             self._finish(job, p.ResponseStatus.COMPLETED)
 
-    def fail(self, job: VideoJob, error: Exception) -> None:
-        """The chunk's `execute` raised (out of memory, a model error): that video fails."""
+    def fail_decode(self, item: DecodeJob, error: Exception) -> None:
+        """A piece's decode raised: that video fails."""
+        if self.stage is not None:
+            self.stage.decoder.failed(item)
+        self.fail(item.job, error, item.index)
+
+    def fail(self, job: VideoJob, error: Exception, chunk: int | None = None) -> None:
+        """A chunk's denoise (or, `chunk` given, its decode) raised (out of memory, a model
+        error): that video fails."""
         if job.cancelled:
             return
-        job.cancelled = True
+        self._stop(job)
+        chunk = job.chunks_done if chunk is None else chunk
         self._finish(job, p.ResponseStatus.FAILED,
-                     f"video {job.video_id!r} failed at chunk {job.chunks_done}: {error}")
+                     f"video {job.video_id!r} failed at chunk {chunk}: {error}")
 
     def _finish(self, job: VideoJob, status: p.ResponseStatus, error: str = "") -> None:
         self._release(job)

@@ -275,19 +275,31 @@ class VideoStarted(ServerEvent):
 
 
 class VideoChunk(ServerEvent):
-    """voxline extension ``response.output_video.chunk``: chunk `index` of `total` made,
-    `frames` frames of it. `pixels` (uint8 RGB, (frames, height, width, 3)) is for the
-    transport's video track or recorder only: it is never rendered on the wire."""
+    """voxline extension ``response.output_video.chunk``: chunk `index` of `total` made (all
+    its pieces decoded), `frames` frames of it. Its pixels went before it, piece by piece,
+    in `VideoFrames`."""
 
     response_id: str
     video_id: str
     index: int
     total: int
     frames: int
-    width: int = Field(exclude=True)
-    height: int = Field(exclude=True)
-    fps: int = Field(exclude=True)
-    pixels: bytes = Field(exclude=True, repr=False)
+
+
+class VideoFrames(ServerEvent):
+    """A decoded piece of chunk `index` of a video, as soon as the model made it: `pixels`
+    (uint8 RGB, (frames, height, width, 3)) for the transport's video track or recorder
+    only. Never sent to a client (`response.output_video.chunk` reports the progress)."""
+
+    response_id: str
+    video_id: str
+    index: int
+    piece: int
+    frames: int
+    width: int
+    height: int
+    fps: int
+    pixels: bytes = Field(repr=False)
 
 
 class VideoUpdated(ServerEvent):
@@ -389,11 +401,12 @@ SERVER_EVENT_CLASSES: tuple[type[ServerEvent], ...] = (
     McpCallFailed,
     VideoStarted,
     VideoChunk,
+    VideoFrames,
     VideoUpdated,
     VideoDone,
 )
 
 # voxline's own Realtime extension events (not OpenAI's): sent only to a client that asked
 # for them (a response.create with "video"); the openai SDK passes unknown types through.
-VOXLINE_EXTENSION_EVENTS: tuple[type[ServerEvent], ...] = (VideoStarted, VideoChunk,
+VOXLINE_EXTENSION_EVENTS: tuple[type[ServerEvent], ...] = (VideoStarted, VideoChunk, VideoFrames,
                                                            VideoUpdated, VideoDone)

@@ -4,9 +4,10 @@ A ``response.create`` with "video" in ``output_modalities`` and a ``response.vid
 object (`commands.VideoParams`) makes its response show a generated video beside the
 reply: the session sends the engine `CreateVideo` (the video's id is fresh, ``video_...``)
 and reports it to the client as ``response.output_video.started``, one
-``response.output_video.chunk`` per chunk as the engine makes it (the chunk's frames ride
-along in the event's `pixels`, never rendered on the wire: the transport plays them on a
-video track or records them), and ``response.output_video.done``.
+``response.output_video.chunk`` per chunk as the engine makes it, and
+``response.output_video.done``. The frames come before their chunk's event, a decoded
+piece at a time, in `events.VideoFrames` (never rendered on the wire: the transport plays
+them on a video track or records them).
 
 Lifecycle rules: the response stays in progress until its video ended (`holds`), so
 ``response.done`` ends both. ``response.cancel`` and barge-in (the actor's `_cancel`) send
@@ -84,6 +85,7 @@ class ActiveVideo:
     video_id: str
     params: VideoParams
     held: bool = True  # its response waits for it (response.video; not the show_video tool)
+    chunk_frames: int = 0  # frames of the chunk being decoded, sent so far
 
 
 class VideoResponses:
@@ -185,10 +187,16 @@ class VideoResponses:
         if video is None or out.video_id != video.video_id:
             return  # a cancelled video's tail
         if isinstance(out, ep.VideoChunk):
-            self._actor.events.append(ev.VideoChunk(
+            self._actor.events.append(ev.VideoFrames(
                 response_id=video.response_id, video_id=video.video_id, index=out.index,
-                total=out.total_chunks, frames=out.num_frames, width=out.width,
-                height=out.height, fps=video.params.fps, pixels=out.frames))
+                piece=out.piece, frames=out.num_frames, width=out.width, height=out.height,
+                fps=video.params.fps, pixels=out.frames))
+            video.chunk_frames += out.num_frames
+            if out.chunk_done:
+                self._actor.events.append(ev.VideoChunk(
+                    response_id=video.response_id, video_id=video.video_id, index=out.index,
+                    total=out.total_chunks, frames=video.chunk_frames))
+                video.chunk_frames = 0
             return
         self._end(video, _STATUS.get(out.status, "failed"), out.error or None)
 

@@ -5,9 +5,9 @@ video events (`sessions.events.VideoStarted` / `VideoChunk` / `VideoDone`) go on
 without pixels, and this recorder encodes the pixels into the server's `/v1/videos` store
 under the event's ``video_id`` (`http.videos.VideoStore`: the same retention, the same MP4
 writer, `GET /v1/videos/{video_id}` and ``/content``). Encoding runs on a worker thread
-behind a bounded queue of chunks, so the session's writer never waits for it, except at
+behind a bounded queue of decoded pieces, so the session's writer never waits for it, except at
 the video's end: the ``response.output_video.done`` event goes out once the MP4 is
-complete, so its id is fetchable when the client reads it. A chunk that finds the queue
+complete, so its id is fetchable when the client reads it. A piece that finds the queue
 full fails that video ("the encoder fell behind"); a cancelled or failed video, or one
 the session left unfinished, leaves no file.
 """
@@ -27,7 +27,7 @@ from voxline.sessions import events as ev
 
 logger = logging.getLogger(__name__)
 
-QUEUED_CHUNKS = 8  # chunks waiting for the encoder, per session
+QUEUED_PIECES = 72  # decoded pieces waiting for the encoder, per session (8 Helios chunks)
 
 
 class _Recording:
@@ -36,7 +36,7 @@ class _Recording:
                                fps=event.fps, num_frames=event.num_frames)
         self.record = VideoRecord(event.video_id, request, int(time.time()), "in_progress")
         self.writer = Mp4Writer(store.directory / f"{event.video_id}.mp4", event.fps)
-        self.chunks: asyncio.Queue[np.ndarray | None] = asyncio.Queue(QUEUED_CHUNKS)
+        self.chunks: asyncio.Queue[np.ndarray | None] = asyncio.Queue(QUEUED_PIECES)
         self.task: asyncio.Task[None] | None = None
 
     async def encode(self) -> None:
@@ -57,8 +57,10 @@ class SessionVideoRecorder:
         match event:
             case ev.VideoStarted():
                 self._start(event)
+            case ev.VideoFrames():
+                self._frames(event)
             case ev.VideoChunk():
-                self._chunk(event)
+                self._progress(event)
             case ev.VideoDone():
                 await self._done(event)
 
@@ -72,7 +74,7 @@ class SessionVideoRecorder:
         rec.task = rec.record.task = asyncio.create_task(rec.encode(), name="video-record")
         self._active[event.video_id] = rec
 
-    def _chunk(self, event: ev.VideoChunk) -> None:
+    def _frames(self, event: ev.VideoFrames) -> None:
         rec = self._active.get(event.video_id)
         if rec is None:
             return
@@ -81,9 +83,12 @@ class SessionVideoRecorder:
         try:
             rec.chunks.put_nowait(frames)
         except asyncio.QueueFull:
-            self._fail(rec, f"the MP4 encoder fell behind by {QUEUED_CHUNKS} chunks")
-            return
-        rec.record.progress = min(99, 100 * (event.index + 1) // max(1, event.total))
+            self._fail(rec, f"the MP4 encoder fell behind by {QUEUED_PIECES} decoded pieces")
+
+    def _progress(self, event: ev.VideoChunk) -> None:
+        rec = self._active.get(event.video_id)
+        if rec is not None:
+            rec.record.progress = min(99, 100 * (event.index + 1) // max(1, event.total))
 
     async def _done(self, event: ev.VideoDone) -> None:
         rec = self._active.pop(event.video_id, None)

@@ -333,7 +333,8 @@ async def _encode_chunks(handle: Any, record: VideoRecord,
                     out.num_frames, out.height, out.width, 3)
                 await asyncio.to_thread(writer.add, frames)
                 record.live.grew()
-                record.progress = min(99, 100 * (out.index + 1) // out.total_chunks)
+                done = out.index + (1 if out.chunk_done else 0)  # progress counts chunks
+                record.progress = min(99, 100 * done // out.total_chunks)
             case p.StreamError():
                 record.error, record.error_code = out.message, out.code
             case p.VideoDone():

@@ -61,6 +61,7 @@ from voxline.sessions.events import (
     TextDone,
     VideoChunk,
     VideoDone,
+    VideoFrames,
     VideoStarted,
     VideoUpdated,
 )
@@ -156,6 +157,7 @@ _WIRE_TYPES: dict[type[ServerEvent], WireTypes] = {
     VideoStarted: WireTypes("response.output_video.started",
                             "response.output_video.started"),
     VideoChunk: WireTypes("response.output_video.chunk", "response.output_video.chunk"),
+    VideoFrames: WireTypes(None, None),  # pixels for the track or recorder only
     VideoUpdated: WireTypes("response.output_video.updated",
                             "response.output_video.updated"),
     VideoDone: WireTypes("response.output_video.done", "response.output_video.done"),

@@ -154,7 +154,7 @@ class GeneratedVideoTrack(VideoStreamTrack):
         match event:
             case ev.VideoStarted():
                 self.playout.start(event.video_id, event.fps)
-            case ev.VideoChunk():
+            case ev.VideoFrames():
                 frames = np.frombuffer(event.pixels, np.uint8).reshape(
                     event.frames, event.height, event.width, 3)
                 self.playout.push(event.video_id, frames)

@@ -28,6 +28,7 @@ kept to the window the next chunk reads, so a long video holds bounded state.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 from collections.abc import Iterator
@@ -40,6 +41,7 @@ from diffusers.pipelines.helios.pipeline_helios import calculate_shift
 from diffusers.utils.torch_utils import randn_tensor
 
 from voxline.engines.protocol import CreateVideo
+from voxline.kernels.cuda_graphs import NORMAL_PRIORITY
 
 from .chunks import LATENT_FRAMES_PER_CHUNK, VideoSpec, chunk_frame_counts, validate_spec
 from .prompt_cache import PromptCache, PromptKey
@@ -89,15 +91,103 @@ class HeliosRender:
         self.steering = (prompt, current[1] if negative_prompt is None else negative_prompt)
 
     def next_chunk(self) -> np.ndarray:
-        """The next chunk's frames, uint8 (frames, height, width, 3). An out-of-memory
-        frees the allocator's cached blocks before it propagates (the stage fails this
-        request only), so the next request starts from the memory the model holds."""
-        try:
+        """The next chunk's frames, uint8 (frames, height, width, 3), denoised and decoded
+        on the calling thread's stream. An out-of-memory frees the allocator's cached
+        blocks before it propagates (the stage fails this request only), so the next
+        request starts from the memory the model holds."""
+        with _freeing_on_oom():
             return to_uint8(self._driver.render_chunk(self))
-        except torch.OutOfMemoryError:
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            raise
+
+    def denoise_next(self) -> ChunkDecode:
+        """Denoise the next chunk on the driver's denoise stream and count it made (its
+        latents join the history, so the chunk after it may start at once); its frames
+        come from the returned `ChunkDecode`, on the decode stream, a piece at a time."""
+        driver = self._driver
+        with _freeing_on_oom(), torch.no_grad(), driver.streams.denoising():
+            driver.start_chunk(self)
+            latents = driver.denoise_chunk(self)
+            keep = self.frame_counts[self.chunks_done]
+            current = driver._append_history(self, latents)
+            self.chunks_done += 1
+            ready = driver.streams.ready(current)
+        return ChunkDecode(driver, current, keep, ready)
+
+
+class VideoStreams:
+    """The CUDA streams a chunk runs on: the denoise on one, the VAE decode on another (its
+    own thread), so chunk n's decode overlaps chunk n+1's denoise. Both are made at the
+    lowest priority CUDA has (0, `NORMAL_PRIORITY`, the speech steps'), below the ASR's and
+    the LLM's urgent streams: the voice's first words are never queued behind video.
+    Off CUDA there are no streams and each call runs on the calling thread as is.
+
+    The denoise thread records an event after the VAE's input is made, and waits for the
+    chunk's denoise before handing it over; the decode stream waits for that event. Every
+    piece ends in a copy to the host, so no decode work is in flight once a piece is out,
+    and the VAE input is marked used on the decode stream before the allocator may reuse it."""
+
+    def __init__(self, device: torch.device) -> None:
+        on_cuda = torch.device(device).type == "cuda"
+        self.denoise = (torch.cuda.Stream(device, priority=NORMAL_PRIORITY)
+                        if on_cuda else None)
+        self.decode = (torch.cuda.Stream(device, priority=NORMAL_PRIORITY)
+                       if on_cuda else None)
+
+    @contextlib.contextmanager
+    def denoising(self) -> Iterator[None]:
+        if self.denoise is None:
+            yield
+            return
+        self.denoise.wait_stream(torch.cuda.default_stream(self.denoise.device))
+        with torch.cuda.stream(self.denoise):
+            yield
+
+    def ready(self, current: torch.Tensor) -> torch.cuda.Event | None:
+        """An event after `current` is made (denoise stream), once its work is done."""
+        if self.denoise is None or self.decode is None:
+            return None
+        event = torch.cuda.Event()
+        event.record(self.denoise)
+        current.record_stream(self.decode)
+        event.synchronize()  # the stage's execute time is the denoise's
+        return event
+
+    @contextlib.contextmanager
+    def decoding(self, ready: torch.cuda.Event | None) -> Iterator[None]:
+        if self.decode is None:
+            yield
+            return
+        with torch.cuda.stream(self.decode):
+            if ready is not None:
+                self.decode.wait_event(ready)
+            yield
+
+
+class ChunkDecode:
+    """One denoised chunk's frames, decoded a piece (a latent frame) per `next_piece` on the
+    driver's decode stream. The VAE keeps one decode's causal cache: take one chunk's pieces
+    to the end (or `close` it) before another's."""
+
+    def __init__(self, driver: HeliosChunkDriver, current: torch.Tensor, keep: int,
+                 ready: torch.cuda.Event | None) -> None:
+        self._driver = driver
+        self._ready = ready
+        self._pieces = driver._frames(current, keep)
+        self.done = False
+
+    def next_piece(self) -> tuple[np.ndarray, bool]:
+        """The next piece as uint8 (frames, height, width, 3), and whether it is the last."""
+        with _freeing_on_oom(), torch.no_grad(), self._driver.streams.decoding(self._ready):
+            self._ready = None
+            frames, last = next(self._pieces)
+        self.done = last
+        if last:
+            self._pieces.close()
+        return to_uint8(frames), last
+
+    def close(self) -> None:
+        """Drop the rest (a cancelled video); clears the VAE's cache if it was mid-chunk."""
+        self.done = True
+        self._pieces.close()
 
 
 class HeliosChunkDriver:
@@ -133,6 +223,11 @@ class HeliosChunkDriver:
             1, z_dim, 1, 1, 1).to(self.device, vae.dtype)
         self.spatial = pipe.vae_scale_factor_spatial
         self.indices = _history_indices()
+        self.streams = VideoStreams(self.device)
+        # chunks a video may be denoised ahead of its decode (the video stage's
+        # backpressure): 1 pipelines chunk n's decode beside chunk n+1's denoise, 0 runs
+        # them one after the other (`video_pipelined_decode`)
+        self.decode_ahead = 1
 
     def begin(self, spec: VideoSpec) -> HeliosRender:
         """A new request's state (no model call: the prompt is encoded with chunk 0)."""
@@ -241,16 +336,19 @@ class HeliosChunkDriver:
         keep = render.frame_counts[render.chunks_done]
         current = self._append_history(render, latents)
         render.chunks_done += 1
-        return self._frames(current, keep)
+        return (frames for frames, _last in self._frames(current, keep))
 
-    def _frames(self, current: torch.Tensor, keep: int) -> Iterator[np.ndarray]:
+    def _frames(self, current: torch.Tensor, keep: int) -> Iterator[tuple[np.ndarray, bool]]:
+        """The chunk's `keep` frames a piece at a time, each with whether it is the last."""
         postprocess = self.pipe.video_processor.postprocess_video
         sent = 0
         for video in self._vae_pieces(current):
             frames = postprocess(video, output_type="np")[0][:keep - sent]
             sent += frames.shape[0]
             if frames.shape[0]:
-                yield frames
+                yield frames, sent >= keep
+            if sent >= keep:
+                return
 
     def _denoise_cached(self, render: HeliosRender) -> torch.Tensor:
         """`_denoise` under the request's step cache (or MagCache's calibration run)."""
@@ -394,12 +492,23 @@ class HeliosChunkDriver:
             vae.clear_cache()
 
 
+@contextlib.contextmanager
+def _freeing_on_oom() -> Iterator[None]:
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        raise
+
+
 def streams_frames(vae: torch.nn.Module) -> bool:
     """Whether `vae` can decode a latent frame at a time as `decode_pieces` drives it: a Wan
-    VAE without tiling, patching or hooks (an offload hook runs only around `decode`)."""
+    VAE without tiling, patching or hooks (an offload hook runs only around `decode`).
+    `clear_cache` makes the causal cache, so a VAE that never decoded yet streams too."""
     return (type(vae).__name__ == "AutoencoderKLWan" and not getattr(vae, "use_tiling", False)
             and getattr(vae.config, "patch_size", None) is None
-            and not hasattr(vae, "_hf_hook") and hasattr(vae, "_feat_map"))
+            and not hasattr(vae, "_hf_hook") and callable(getattr(vae, "clear_cache", None)))
 
 
 def compile_blocks(transformer: torch.nn.Module) -> None:

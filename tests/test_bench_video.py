@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from voxline.bench_video import chunk_lateness, frame_measures, is_new, summarize_clips
+from voxline.bench_video import (
+    chunk_lateness,
+    frame_measures,
+    is_new,
+    new_by_chunks,
+    summarize_clips,
+)
 
 FPS = 24
 P = 1 / FPS
@@ -62,9 +68,19 @@ def test_an_empty_clip_and_the_arm_summary():
     empty = frame_measures([], [], FPS)
     assert empty["frames"] == 0 and empty["steady_fps"] is None
     clip = frame_measures([i * P for i in range(10)], [True] * 10, FPS, requested_at=-1.0)
-    clip["chunk"] = chunk_lateness(0.0, [(0.0, 10)], FPS)
     s = summarize_clips([clip, clip])
     assert (s["clips"], s["frames"], s["stalls"]) == (2, 20, 0)
-    assert s["first_frame_ms"]["p50"] == 1000.0 and s["chunk_late_frames"] == 0
+    assert s["first_frame_ms"]["p50"] == 1000.0
     with pytest.raises(ValueError):
         frame_measures([0.0], [], FPS)
+
+
+def test_the_chunk_events_tell_which_frames_were_new():
+    # 4 frames at 0.0, the next 4 at 0.3: slots every 0.1 s from 0.01 (after the event)
+    arrivals = [0.01 + 0.1 * s for s in range(9)]
+    new = new_by_chunks(arrivals, [(0.0, 4), (0.3, 4)])
+    assert new == [True] * 8 + [False]
+    late = new_by_chunks(arrivals, [(0.0, 4), (0.55, 4)])  # slots 4 and 5 held
+    assert late == [True] * 4 + [False, False] + [True] * 3
+    m = frame_measures(arrivals, late, 10, tolerance_s=0.0)
+    assert (m["held_frames"], m["stalls"], m["freezes"]) == (2, 3, 1)

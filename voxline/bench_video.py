@@ -13,6 +13,10 @@ them against their due time: new frame ``i`` is due at the first frame's arrival
   too: the transport's own jitter);
 - steady fps: new frames per second over the clip after its first frame.
 
+Which frames are new is read two ways, both reported: by the picture (`is_new`: a luma
+thumbnail that changed; a still or smooth video reads as held) and by the chunk events
+(`new_by_chunks`: the server's playout rule replayed on the events' arrival times).
+
 `chunk_lateness` is the same due-time test on the server's chunk events (the data
 channel's ``response.output_video.chunk``, each naming its frame count): frame ``i`` is
 late when the event of the chunk holding it came after its due time, which says whether
@@ -102,6 +106,24 @@ def chunk_lateness(first_frame_at: float, chunks: Sequence[tuple[float, int]], f
             "generated_fps": round(later / span, 2) if span > 0 else None}
 
 
+def new_by_chunks(arrivals: Sequence[float], chunks: Sequence[tuple[float, int]]) -> list[bool]:
+    """Which received frames were new, from the chunk events alone: the server plays a
+    queued frame when one is there at its due time, else holds the last one. So frame
+    ``s`` (arrived at ``arrivals[s]``) is new when more frames had arrived in chunk
+    events by then than new frames were played before it. Independent of the pictures
+    (a still scene or a codec's smoothing cannot hide a new frame); the events come
+    before their frames (the frames are encoded first), so a frame on time reads new."""
+    out, played, ready, i = [], 0, 0, 0
+    for at in arrivals:
+        while i < len(chunks) and chunks[i][0] <= at:
+            ready += chunks[i][1]
+            i += 1
+        fresh = ready > played
+        played += fresh
+        out.append(fresh)
+    return out
+
+
 def summarize_clips(clips: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Clips of one arm (every stream's): totals of the counts, percentiles of the rest."""
     if not clips:
@@ -114,9 +136,4 @@ def summarize_clips(clips: Sequence[dict[str, Any]]) -> dict[str, Any]:
         vals = [c[key] for c in clips if c.get(key) is not None]
         out[key] = ({"min": min(vals), "p50": round(percentile(vals, 50), 1),
                      "max": max(vals)} if vals else None)
-    late = [c["chunk"]["late_frames"] for c in clips if c.get("chunk")]
-    gen = [c["chunk"]["generated_fps"] for c in clips
-           if c.get("chunk") and c["chunk"]["generated_fps"] is not None]
-    out["chunk_late_frames"] = sum(late)
-    out["generated_fps_p50"] = round(percentile(gen, 50), 2) if gen else None
     return out

@@ -60,6 +60,7 @@ from voxline.bench_video import (  # noqa: E402
     chunk_lateness,
     frame_measures,
     is_new,
+    new_by_chunks,
     summarize_clips,
 )
 from voxline.realtime.transports.ice import LOOPBACK, restrict_gathering  # noqa: E402
@@ -192,7 +193,7 @@ class VideoPeer:
                 err = started["error"]
                 await self.until(lambda e: e["type"] == "response.done", timeout, first_event)
                 return out | {"error": f"{err.get('code')}: {err.get('message')}"}
-            vid = started["video_id"]
+            vid = out["video_id"] = started["video_id"]
             done_task = asyncio.ensure_future(self.until(
                 lambda e: e["type"] == "response.output_video.done" and e["video_id"] == vid,
                 timeout, first_event))
@@ -213,15 +214,19 @@ class VideoPeer:
         except TimeoutError:
             out["error"] = "timeout"
         frames = self.frames[first_frame:]
-        new, prev = [], None
+        picture, prev = [], None
         for _, thumb in frames:
-            new.append(is_new(prev, thumb, min_diff))
+            picture.append(is_new(prev, thumb, min_diff))
             prev = thumb
-        out |= frame_measures([t for t, _ in frames], new, video["fps"], asked, tolerance_s)
+        arrivals = [t for t, _ in frames]
         chunks = [(t, int(e.get("frames", 0))) for t, e in self.events[first_event:]
                   if e["type"] == "response.output_video.chunk"]
+        fps = video["fps"]
+        out["picture"] = frame_measures(arrivals, picture, fps, asked, tolerance_s)
+        out["timing"] = frame_measures(arrivals, new_by_chunks(arrivals, chunks), fps, asked,
+                                       tolerance_s)
         if frames and chunks:
-            out["chunk"] = chunk_lateness(frames[0][0], chunks, video["fps"], tolerance_s)
+            out["chunk"] = chunk_lateness(frames[0][0], chunks, fps, tolerance_s)
         return out
 
     async def close(self) -> None:
@@ -243,6 +248,19 @@ def video_request(args: argparse.Namespace, k: int) -> dict[str, Any]:
     return video
 
 
+def summarize(clips: list[dict[str, Any]]) -> dict[str, Any]:
+    """An arm's clips that rendered: both readings of new frames, the chunk events' own
+    lateness and generated fps."""
+    good = [c for c in clips if "timing" in c and c.get("status") in ("completed", "cancelled")]
+    gen = [c["chunk"]["generated_fps"] for c in good
+           if c.get("chunk") and c["chunk"]["generated_fps"] is not None]
+    return {"picture": summarize_clips([c["picture"] for c in good]),
+            "timing": summarize_clips([c["timing"] for c in good]),
+            "chunk_late_frames": sum(c["chunk"]["late_frames"] for c in good if c.get("chunk")),
+            "generated_fps_p50": round(float(np.median(gen)), 2) if gen else None,
+            "server_held_frames": sum(c.get("server_held") or 0 for c in good)}
+
+
 async def open_peers(base: str, n: int, cell: int) -> list[VideoPeer]:
     peers = [VideoPeer(base, cell) for _ in range(n)]
     await asyncio.gather(*(p.place() for p in peers))
@@ -259,8 +277,7 @@ async def peer_arm(base: str, args: argparse.Namespace, streams: int) -> dict[st
             for k, p in enumerate(peers)))
     finally:
         await asyncio.gather(*(p.close() for p in peers), return_exceptions=True)
-    return {"streams": streams, "clips": list(clips), "summary": summarize_clips(
-        [c for c in clips if "frames" in c and not c.get("error")])}
+    return {"streams": streams, "clips": list(clips), "summary": summarize(clips)}
 
 
 async def loop_videos(peer: VideoPeer, args: argparse.Namespace, k: int,
@@ -314,7 +331,7 @@ async def voice_arm(base: str, args: argparse.Namespace, videos: int, out_dir: P
         row["voice"] = voice_summary(bench)
         row["bench_json"] = report.name
     row["clips"] = clips
-    row["video"] = summarize_clips([c for c in clips if "frames" in c and not c.get("error")])
+    row["video"] = summarize(clips)
     row["video_errors"] = [c["error"] for c in clips if c.get("error")]
     return row
 
@@ -342,39 +359,67 @@ def fmt(v: Any, key: str = "p50") -> str:
     return f"{v:.1f}" if isinstance(v, float) else str(v)
 
 
+def video_cells(s: dict[str, Any]) -> str:
+    """An arm's video summary as table cells; two readings as timing/picture."""
+    t, p = s["timing"], s["picture"]
+
+    def two(key: str, stat: str | None = None) -> str:
+        return "/".join(fmt(x.get(key), stat) if stat else str(x.get(key, "-")) for x in (t, p))
+    return (f"{t.get('clips', 0)} | {fmt(t.get('first_frame_ms'))}/"
+            f"{fmt(t.get('first_frame_ms'), 'max')} | {two('steady_fps', 'min')} | "
+            f"{fmt(s.get('generated_fps_p50'))} | {two('held_frames')}/"
+            f"{s.get('server_held_frames', '-')} | {two('stalls')} | {two('freezes')} | "
+            f"{fmt(t.get('worst_gap_ms'), 'max')} | {fmt(t.get('jitter_p99_ms'))}")
+
+
+VIDEO_HEAD = ("clips | first frame ms p50/max | steady fps min (timing/picture) | generated "
+              "fps p50 | held frames timing/picture/server | stalls timing/picture | freezes "
+              "timing/picture | worst gap ms | jitter p99 ms")
+
+
 def tables(result: dict[str, Any]) -> str:
-    lines = ["peer: streams | clips | first frame ms p50/max | steady fps min/p50 | "
-             "generated fps p50 | new/held frames | stalls | freezes | worst gap ms | "
-             "jitter p99 ms p50 | chunk-late frames | errors"]
+    lines = [f"peer: streams | {VIDEO_HEAD} | errors"]
     for arm in result.get("peer", []):
-        s = arm["summary"]
         errors = [c["error"] for c in arm["clips"] if c.get("error")]
-        lines.append(
-            f"  {arm['streams']} | {s.get('clips', 0)} | {fmt(s.get('first_frame_ms'))}/"
-            f"{fmt(s.get('first_frame_ms'), 'max')} | {fmt(s.get('steady_fps'), 'min')}/"
-            f"{fmt(s.get('steady_fps'))} | {fmt(s.get('generated_fps_p50'))} | "
-            f"{s.get('new_frames', '-')}/{s.get('held_frames', '-')} | {s.get('stalls', '-')} | "
-            f"{s.get('freezes', '-')} | {fmt(s.get('worst_gap_ms'), 'max')} | "
-            f"{fmt(s.get('jitter_p99_ms'))} | {s.get('chunk_late_frames', '-')} | "
-            f"{'; '.join(errors) or '-'}")
+        lines.append(f"  {arm['streams']} | {video_cells(arm['summary'])} | "
+                     f"{'; '.join(errors) or '-'}")
     if result.get("voice"):
         lines.append("voice beside video: videos | turns ok/n | speech_stopped->first audio "
-                     "p50/p95 ms | underruns (turns) | errors | video clips | steady fps "
-                     "min/p50 | stalls | freezes | video errors")
+                     f"p50/p95 ms | underruns (turns) | voice errors | {VIDEO_HEAD} | "
+                     "video errors")
         for row in result["voice"]:
-            v, s = row.get("voice") or {}, row["video"]
+            v = row.get("voice") or {}
             lines.append(
                 f"  {row['videos']} | {v.get('ok', '-')}/{v.get('turns', '-')} | "
                 f"{fmt(v.get('p50_ms'))}/{fmt(v.get('p95_ms'))} | {v.get('underruns', '-')} "
                 f"({v.get('turns_underran', '-')}) | {v.get('errors') or '-'} | "
-                f"{s.get('clips', 0)} | {fmt(s.get('steady_fps'), 'min')}/"
-                f"{fmt(s.get('steady_fps'))} | {s.get('stalls', '-')} | {s.get('freezes', '-')} | "
-                f"{len(row['video_errors'])}")
+                f"{video_cells(row['video'])} | {len(row['video_errors'])}")
+    lines.append("timing: new frames read from the chunk events (the server's playout rule); "
+                 "picture: from the frames' pixels; server: held frames the server logged")
     for note in result.get("notes", []):
         lines.append(f"note: {note}")
     for line in result.get("capacity_lines", []):
         lines.append(f"server: {line}")
     return "\n".join(lines)
+
+
+PLAYED = re.compile(r"video (\S+) played: (\d+) frames sent, (\d+) of them held")
+
+
+def attach_server_held(result: dict[str, Any], log: Path | None) -> None:
+    """Each clip's held frames as the server's track counted them (its log), then the
+    summaries again."""
+    if log is None or not log.exists():
+        return
+    held = {m.group(1): int(m.group(3)) for m in PLAYED.finditer(log.read_text(errors="replace"))}
+    for arm in result["peer"]:
+        for clip in arm["clips"]:
+            clip["server_held"] = held.get(clip.get("video_id", ""))
+        arm["summary"] = summarize(arm["clips"])
+    for row in result["voice"]:
+        for clip in row["clips"]:
+            clip["server_held"] = held.get(clip.get("video_id", ""))
+        row["video"] = summarize(row["clips"])
 
 
 CAPACITY = re.compile(r"(video capacity:.*|capacity:.*)")
@@ -435,7 +480,7 @@ async def run_arms(base: str, args: argparse.Namespace, out_dir: Path, result: d
         print(f"== peer arm: {n} stream(s)", flush=True)
         result["peer"].append(await peer_arm(base, args, n))
         save()
-        print(tables({"peer": result["peer"][-1:]}), flush=True)
+        print(tables({"peer": result["peer"][-1:]}).split("\ntiming:")[0], flush=True)
     for n in [int(x) for x in args.voice_videos.split(",") if x.strip()]:
         estimate = args.voice_estimate_s + args.video_lead_s * (n > 0)
         if time.monotonic() + estimate > deadline:
@@ -530,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
             if server is not None:
                 stop_server(server)
             result["capacity_lines"] = capacity_lines(log)
+            attach_server_held(result, log)
             save()
     print(tables(result), flush=True)
     print(f"wrote {out}", flush=True)

@@ -468,9 +468,41 @@ def stop_server(server: subprocess.Popen) -> None:
 # ------------------------------------------------------------------ main
 
 
+def build_helios(directory: Path, tiny: bool) -> Path:
+    """A Helios-Distilled-layout checkpoint that `--video helios:DIR` loads: the video
+    benchmark's components (`bench_gpu_video.build_components`: real shapes with random
+    bf16 weights built on the GPU, or the tests' tiny ones) under `HeliosPyramidPipeline`
+    with the DMD scheduler, written by `save_pretrained`."""
+    import torch
+    from bench_gpu_video import block_noise_gamma, build_components
+    from diffusers import HeliosDMDScheduler, HeliosPyramidPipeline
+
+    device = "cpu" if tiny else "cuda"
+    t0 = time.perf_counter()
+    parts = build_components(device, tiny)
+    pipe = HeliosPyramidPipeline(
+        scheduler=HeliosDMDScheduler(stages=3, gamma=block_noise_gamma(device, tiny),
+                                     use_dynamic_shifting=True, time_shift_type="linear"),
+        is_distilled=True, **parts)
+    built = time.perf_counter() - t0
+    pipe.save_pretrained(str(directory))
+    size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+    print(f"Helios checkpoint: built in {built:.1f} s, saved {size / 2**30:.1f} GiB to "
+          f"{directory} in {time.perf_counter() - t0 - built:.1f} s", flush=True)
+    del pipe, parts
+    if not tiny:
+        torch.cuda.empty_cache()
+    return directory
+
+
 async def run_arms(base: str, args: argparse.Namespace, out_dir: Path, result: dict[str, Any],
                    save: Any) -> None:
-    deadline = time.monotonic() + args.budget_s
+    deadline = args.started + args.budget_s
+    if args.warmup_s > 0:  # the first video compiles (video_compile): not a measured clip
+        print("== warm-up clip", flush=True)
+        warm = await peer_arm(base, argparse.Namespace(**{**vars(args), "clip_s": args.warmup_s}), 1)
+        result["warmup"] = warm["clips"]
+        save()
     for n in [int(x) for x in args.streams.split(",") if x.strip()]:
         estimate = args.clip_s * n * args.slowdown + 30
         if time.monotonic() + estimate > deadline:
@@ -492,8 +524,11 @@ async def run_arms(base: str, args: argparse.Namespace, out_dir: Path, result: d
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build-helios", metavar="DIR", help="only write the random Helios "
+                    "checkpoint (real shapes on the GPU; --tiny: the tests' tiny one) to DIR")
     ap.add_argument("--url", help="a running server (else one is started here)")
     ap.add_argument("--server-log", help="with --url: its log, for the capacity lines")
     ap.add_argument("--video", help="the started server's --video (e.g. helios:DIR)")
@@ -531,15 +566,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--video-lead-s", type=float, default=3.0,
                     help="seconds the videos run before the voice bench starts")
     ap.add_argument("--budget-s", type=float, default=1e9,
-                    help="arms that would end past this many seconds are skipped, noted")
+                    help="arms that would end past this many seconds from the script's start "
+                         "are skipped, noted")
+    ap.add_argument("--warmup-s", type=float, default=1.0,
+                    help="a clip this long first, not measured (the compile); 0: none")
     ap.add_argument("--slowdown", type=float, default=1.5,
                     help="budget estimate: a clip of N streams takes clip_s x N x this")
     ap.add_argument("--voice-estimate-s", type=float, default=120.0)
     args = ap.parse_args(argv)
+    args.started = started
+    sys.path.insert(0, str(ROOT / "benchmarks" / "video"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    if args.build_helios:
+        build_helios(Path(args.build_helios), args.tiny)
+        return 0
     args.modalities = [m.strip() for m in args.modalities.split(",") if m.strip()]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"args": {k: v for k, v in vars(args).items()}, "peer": [],
+    result: dict[str, Any] = {"args": dict(vars(args)), "peer": [],
                               "voice": [], "notes": [], "capacity_lines": []}
 
     def save() -> None:
@@ -548,16 +592,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="voxline-peer-") as tmp:
         server, log = None, Path(args.server_log) if args.server_log else None
         if args.tiny:
-            sys.path.insert(0, str(ROOT / "tests"))
-            from tiny_helios import save_tiny_helios
-
-            args.video = args.video or f"helios:{save_tiny_helios(Path(tmp) / 'helios', 'distilled')}"
+            args.video = args.video or f"helios:{build_helios(Path(tmp) / 'helios', True)}"
             # two videos at once (the CPU's default is 1); small, short, few sessions
             args.serve_args = args.serve_args or "--video-streams 2"
             args.width = args.height = 64
             args.fps, args.clip_s = 16, min(args.clip_s, 4.0)
             args.voice_sessions, args.voice_turns, args.voice_ramp = 2, 1, 0.0
             args.voice_args = "--max-output-tokens 8"
+        result["args"] = dict(vars(args))
         base = args.url
         try:
             if base is None:

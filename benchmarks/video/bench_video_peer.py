@@ -435,12 +435,18 @@ def capacity_lines(log: Path | None) -> list[str]:
 # ------------------------------------------------------------------ server
 
 
-def wait_ready(url: str, server: subprocess.Popen, log: Path, limit_s: float) -> float:
+def wait_ready(url: str, server: subprocess.Popen | None, log: Path | None,
+               limit_s: float) -> float:
+    """Seconds until /health answers 200 (a server started elsewhere: `server` None)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < limit_s:
-        if server.poll() is not None:
+        if server is not None and log is not None and server.poll() is not None:
             raise RuntimeError(f"voxline serve exited with {server.returncode} before ready; "
                                f"log tail:\n{log.read_text(errors='replace')[-3000:]}")
+        if log is not None and log.exists() and "engine failed to start" in log.read_text(
+                errors="replace"):
+            raise RuntimeError("the engine failed to start; log tail:\n"
+                               + log.read_text(errors="replace")[-3000:])
         with contextlib.suppress(OSError):
             with urllib.request.urlopen(url + "/health", timeout=2) as resp:
                 if resp.status == 200:
@@ -610,6 +616,8 @@ def main(argv: list[str] | None = None) -> int:
                 base = f"http://127.0.0.1:{args.port}"
                 result["ready_s"] = round(wait_ready(base, server, log, args.ready_timeout), 1)
                 print(f"== ready after {result['ready_s']} s", flush=True)
+            else:  # a server started beside this script may still be loading
+                result["ready_s"] = round(wait_ready(base, None, log, args.ready_timeout), 1)
             result["capacity_lines"] = capacity_lines(log)
             save()
             asyncio.run(run_arms(base.rstrip("/"), args, out.parent, result, save))

@@ -8,7 +8,8 @@
 #            the Helios-Distilled checkpoint (14.3 B transformer, UMT5-XXL, Wan VAE, bf16,
 #            random) built on the GPU and saved -> /tmp/helios (~40 GB, ~2-3 min)
 #   phase b (carry .devcarry/s; <= 10 min): Smart Turn's stub, `voxline serve` with the
-#            voice models and the video model (compiled, float8), ready (~3-5 min cold),
+#            voice models and the video model (compiled, float8; left running for a later
+#            b), ready (~3-5 min cold),
 #            a warm-up clip (the compile), the peer arms (1 and 2 streams, 20 s clips,
 #            ~2 min), then voxline bench beside 0, 1, 2 videos (~1 min each); an arm that
 #            would pass the budget is skipped and noted. Run b again (same warm machine) with
@@ -46,15 +47,22 @@ b)
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,memory.total --format=csv -l 1 \
     > "$out/gpu.csv" 2>/dev/null &
   smi=$!
-  # shellcheck disable=SC2086  # SERVE_ARGS splits into flags
-  python3 benchmarks/video/bench_video_peer.py --out "$out/peer.json" --audio-dir /tmp/q \
-    --video helios:/tmp/helios --port 8765 --budget-s "${BUDGET_S:-560}" \
-    --serve-args "--device cuda --tts qwen3:/tmp/ckpt/tts --llm-checkpoint /tmp/ckpt/llm \
---asr whisper:/tmp/ckpt/asr --asr-device cuda --tts-max-frames 100 --video-compile \
---video-weights fp8 ${SERVE_ARGS:-}" "$@"
+  # The server runs in its own session (setsid), so it outlives this call: a later `b` on
+  # the same warm machine (arms skipped for the budget) finds it up and ready.
+  if ! { [ -f /tmp/serve.pid ] && kill -0 "$(cat /tmp/serve.pid)" 2>/dev/null; }; then
+    # shellcheck disable=SC2086  # SERVE_ARGS splits into flags
+    setsid nohup python3 -m voxline.cli serve --port 8765 --ice-hosts 127.0.0.1 --device cuda \
+      --tts qwen3:/tmp/ckpt/tts --llm-checkpoint /tmp/ckpt/llm --asr whisper:/tmp/ckpt/asr \
+      --asr-device cuda --tts-max-frames 100 --video helios:/tmp/helios --video-compile \
+      --video-weights fp8 ${SERVE_ARGS:-} > /tmp/serve.log 2>&1 < /dev/null &
+    echo $! > /tmp/serve.pid
+  fi
+  python3 benchmarks/video/bench_video_peer.py --url http://127.0.0.1:8765 \
+    --server-log /tmp/serve.log --out "$out/peer.json" --audio-dir /tmp/q \
+    --budget-s "${BUDGET_S:-560}" "$@"
   rc=$?
   kill $smi 2>/dev/null
-  mv "$out/peer_server.log" "$out/server.log" 2>/dev/null
+  cp /tmp/serve.log "$out/server.log"
   tar czf /tmp/run.tgz -C "$out" . && rm -rf "${out:?}"/* && mv /tmp/run.tgz "$out/"
   exit $rc
   ;;

@@ -506,8 +506,12 @@ async def run_arms(base: str, args: argparse.Namespace, out_dir: Path, result: d
     deadline = args.started + args.budget_s
     if args.warmup_s > 0:  # the first video compiles (video_compile): not a measured clip
         print("== warm-up clip", flush=True)
-        warm = await peer_arm(base, argparse.Namespace(**{**vars(args), "clip_s": args.warmup_s}), 1)
-        result["warmup"] = warm["clips"]
+        try:
+            warm = await peer_arm(base, argparse.Namespace(**{**vars(args),
+                                                              "clip_s": args.warmup_s}), 1)
+            result["warmup"] = warm["clips"]
+        except (RuntimeError, OSError, TimeoutError, httpx.HTTPError) as exc:
+            result["notes"].append(f"warm-up clip failed: {exc!r}")
         save()
     for n in [int(x) for x in args.streams.split(",") if x.strip()]:
         estimate = args.clip_s * n * args.slowdown + 30
@@ -516,7 +520,12 @@ async def run_arms(base: str, args: argparse.Namespace, out_dir: Path, result: d
                                    "left the budget")
             continue
         print(f"== peer arm: {n} stream(s)", flush=True)
-        result["peer"].append(await peer_arm(base, args, n))
+        try:
+            result["peer"].append(await peer_arm(base, args, n))
+        except (RuntimeError, OSError, TimeoutError, httpx.HTTPError) as exc:
+            result["notes"].append(f"peer arm {n} stream(s) failed: {exc!r}")
+            print(f"== failed: {exc!r}", flush=True)
+            continue
         save()
         print(tables({"peer": result["peer"][-1:]}).split("\ntiming:")[0], flush=True)
     for n in [int(x) for x in args.voice_videos.split(",") if x.strip()]:
@@ -525,7 +534,11 @@ async def run_arms(base: str, args: argparse.Namespace, out_dir: Path, result: d
             result["notes"].append(f"voice arm beside {n} video(s) skipped: about "
                                    f"{estimate:.0f} s left the budget")
             continue
-        result["voice"].append(await voice_arm(base, args, n, out_dir))
+        try:
+            result["voice"].append(await voice_arm(base, args, n, out_dir))
+        except (RuntimeError, OSError, TimeoutError, httpx.HTTPError) as exc:
+            result["notes"].append(f"voice arm beside {n} video(s) failed: {exc!r}")
+            print(f"== failed: {exc!r}", flush=True)
         save()
 
 
@@ -574,11 +587,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="arms that would end past this many seconds from the script's start "
                          "are skipped, noted")
-    ap.add_argument("--warmup-s", type=float, default=1.0,
+    ap.add_argument("--warmup-s", type=float, default=2.0,
                     help="a clip this long first, not measured (the compile); 0: none")
     ap.add_argument("--slowdown", type=float, default=1.5,
                     help="budget estimate: a clip of N streams takes clip_s x N x this")
-    ap.add_argument("--voice-estimate-s", type=float, default=120.0)
+    ap.add_argument("--voice-estimate-s", type=float, default=75.0,
+                    help="budget estimate of one voice arm, seconds")
     args = ap.parse_args(argv)
     args.started = started
     sys.path.insert(0, str(ROOT / "benchmarks" / "video"))

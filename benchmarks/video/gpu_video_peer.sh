@@ -3,18 +3,18 @@
 # `voxline serve` at a real aiortc peer, then voice beside video, on one GPU. Two calls on
 # the same warm machine (/tmp persists while it is warm; the carries do not fit one call):
 #   phase a (carry .devcarry/a and .devcarry/d; ~4-5 min): the server's and diffusers'
-#            wheels -> /tmp/site, the voice checkpoints (bench_gpu_serve.py build --asr:
-#            Qwen3-TTS-1.7B, Llama-1B, whisper-large-v3-turbo shapes) -> /tmp/ckpt (~1 min),
+#            wheels -> /tmp/site, the voice checkpoints (bench_gpu_serve.py build:
+#            Qwen3-TTS-1.7B and Llama-1B shapes) -> /tmp/ckpt (~1 min),
 #            the Helios-Distilled checkpoint (14.3 B transformer, UMT5-XXL, Wan VAE, bf16,
 #            random) built on the GPU and saved -> /tmp/helios (~40 GB, ~2-3 min)
-#   phase b (carry .devcarry/s; <= 10 min): Smart Turn's stub, `voxline serve` with the
-#            voice models and the video model (compiled, float8; left running for a later
+#   phase b (carry .devcarry/b and .devcarry/s; <= 10 min): Moonshine's ORT files (ASR on
+#            the GPU) and Smart Turn's stub, `voxline serve` with the voice models and the video model (compiled, float8; left running for a later
 #            b), ready (~3-5 min cold),
 #            a warm-up clip (the compile), the peer arms (1 and 2 streams, 20 s clips,
 #            ~2 min), then voxline bench beside 0, 1, 2 videos (~1 min each); an arm that
 #            would pass the budget is skipped and noted. Run b again (same warm machine) with
 #            e.g. `--streams '' --voice-videos 1,2` for what was skipped.
-# .devcarry/{a,d,s} come from benchmarks/gpu_serving/gpu_serve_carry.sh. Writes to $OUT one
+# .devcarry/{a,b,d,s} come from benchmarks/gpu_serving/gpu_serve_carry.sh. Writes to $OUT one
 # archive, run.tgz: peer.json (both tables' numbers, the capacity lines), voice_v*.json
 # (voxline bench's own reports), server.log, gpu.csv.
 #   bash benchmarks/video/gpu_video_peer.sh a
@@ -34,7 +34,7 @@ a)
   python3 -c "import av, aiortc, diffusers, voxline.realtime.server, voxline.engines.factory; \
 print('imports ok, diffusers', diffusers.__version__)" || exit 1
   SECONDS=0
-  python3 benchmarks/gpu_serving/bench_gpu_serve.py build /tmp/ckpt --asr || exit 1
+  python3 benchmarks/gpu_serving/bench_gpu_serve.py build /tmp/ckpt || exit 1
   echo "voice checkpoints in ${SECONDS} s"; SECONDS=0
   python3 benchmarks/video/bench_video_peer.py --build-helios /tmp/helios --out /tmp/unused.json \
     || exit 1
@@ -43,6 +43,9 @@ print('imports ok, diffusers', diffusers.__version__)" || exit 1
 b)
   [ -f /tmp/helios/model_index.json ] || { echo "fresh machine: phase a's files are gone"; exit 3; }
   tar xzf .devcarry/s/pipecat_stub.tgz -C $site || exit 1
+  base=$site/moonshine_cpp/models/base-en
+  gunzip -c .devcarry/b/enc.ort.gz > $base/encoder_model.ort || exit 1
+  gunzip -c .devcarry/b/dec.ort.gz > $base/decoder_model_merged.ort || exit 1
   out=${OUT:-/tmp/out}; mkdir -p "$out"
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,memory.total --format=csv -l 1 \
     > "$out/gpu.csv" 2>/dev/null &
@@ -52,8 +55,8 @@ b)
   if ! { [ -f /tmp/serve.pid ] && kill -0 "$(cat /tmp/serve.pid)" 2>/dev/null; }; then
     # shellcheck disable=SC2086  # SERVE_ARGS splits into flags
     setsid nohup python3 -m voxline.cli serve --port 8765 --ice-hosts 127.0.0.1 --device cuda \
-      --tts qwen3:/tmp/ckpt/tts --llm-checkpoint /tmp/ckpt/llm --asr whisper:/tmp/ckpt/asr \
-      --asr-device cuda --tts-max-frames 100 --video helios:/tmp/helios --video-compile \
+      --tts qwen3:/tmp/ckpt/tts --llm-checkpoint /tmp/ckpt/llm --asr-device cuda \
+      --tts-max-frames 100 --video helios:/tmp/helios --video-compile \
       --video-weights fp8 ${SERVE_ARGS:-} > /tmp/serve.log 2>&1 < /dev/null &
     echo $! > /tmp/serve.pid
   fi

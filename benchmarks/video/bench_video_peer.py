@@ -263,7 +263,11 @@ def summarize(clips: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def open_peers(base: str, n: int, cell: int) -> list[VideoPeer]:
     peers = [VideoPeer(base, cell) for _ in range(n)]
-    await asyncio.gather(*(p.place() for p in peers))
+    placed = await asyncio.gather(*(p.place() for p in peers), return_exceptions=True)
+    failed = [x for x in placed if isinstance(x, BaseException)]
+    if failed:  # a call refused (max_sessions, say): hang up the others, say why
+        await asyncio.gather(*(p.close() for p in peers), return_exceptions=True)
+        raise RuntimeError(f"{len(failed)} of {n} calls not placed: {failed[0]!r}")
     return peers
 
 

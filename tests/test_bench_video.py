@@ -84,3 +84,20 @@ def test_the_chunk_events_tell_which_frames_were_new():
     assert late == [True] * 4 + [False, False] + [True] * 3
     m = frame_measures(arrivals, late, 10, tolerance_s=0.0)
     assert (m["held_frames"], m["stalls"], m["freezes"]) == (2, 3, 1)
+
+
+def test_the_track_logs_each_videos_held_frames(caplog):
+    import logging
+
+    from voxline.realtime.transports.video_track import VideoPlayout
+
+    p = VideoPlayout()
+    p.start("v1", fps=10)
+    p.push("v1", np.zeros((2, 2, 2, 3), np.uint8))
+    now = 0.0
+    for _ in range(5):  # 2 frames, then the second held 3 times
+        now = max(now, p.due(now))
+        p.take(now)
+    with caplog.at_level(logging.INFO, logger="voxline.realtime.transports.video_track"):
+        p.end("v1", "cancelled")
+    assert "video v1 played: 5 frames sent, 3 of them held" in caplog.text

@@ -6,7 +6,9 @@
 #                for the image's CPython 3.12), stub/ (the data files of silero-vad and
 #                moonshine-cpp, without their native libraries), q/ (spoken questions);
 #   .devcarry/b: Moonshine base-en's encoder/decoder ORT files, gzipped;
-#   .devcarry/s: pipecat_stub.tgz (Smart Turn's ONNX file and the metadata that finds it).
+#   .devcarry/s: pipecat_stub.tgz (Smart Turn's ONNX file and the metadata that finds it);
+#   .devcarry/d: the video model's wheels (diffusers and its needs the image lacks), for
+#                benchmarks/video/gpu_video_peer.sh.
 # Each carry stays under the 64 MiB a call may take. Needs network to PyPI and espeak-ng.
 #   bash benchmarks/gpu_serving/gpu_serve_carry.sh      # then: run phase a with carry [".devcarry/a"]
 set -euo pipefail
@@ -17,7 +19,7 @@ grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || echo '/.devcarry/' >> .g
 site=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 rm -rf "$out"
 mkdir -p $out/a/whl $out/a/stub/silero_vad/data $out/a/stub/moonshine_cpp/models/base-en \
-  $out/a/q $out/b $out/s
+  $out/a/q $out/b $out/s $out/d
 
 # Not in the image's package list (KINDS.md): the API server, WebRTC, IPC, codecs, MCP.
 names="aioice aiortc annotated-types av cffi cryptography dnspython fastapi google-crc32c
@@ -43,6 +45,11 @@ for n in 39 35 34 31 28 27 24 17 5; do platforms+=" --platform manylinux_2_${n}_
 # shellcheck disable=SC2086  # word splitting of the pins and platforms is meant
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   $platforms --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d $out/a/whl $pins
+video=$($PY -c 'from importlib.metadata import version as v
+print(" ".join(f"{n}=={v(n)}" for n in ("diffusers", "ftfy", "wcwidth", "importlib-metadata", "zipp")))')
+# shellcheck disable=SC2086
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  $platforms --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d $out/d $video
 
 cp "$site/silero_vad/data/silero_vad.onnx" $out/a/stub/silero_vad/data/
 touch $out/a/stub/silero_vad/__init__.py

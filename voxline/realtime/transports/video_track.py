@@ -64,6 +64,7 @@ class VideoPlayout:
         self._start: float | None = None  # when the current video's frame 0 played
         self._start_pts = 0
         self._sent = 0  # frames of the current video played (held ones included)
+        self._held = 0  # of those, the last frame sent again (underrun)
         self._last: np.ndarray | None = None
         self._next_pts = 0  # the least pts the next frame may carry
         self._origin: float | None = None  # when the track's first frame played
@@ -121,6 +122,7 @@ class VideoPlayout:
             self._start = now
             self._start_pts = max(self._next_pts, round((now - self._origin) * VIDEO_CLOCK))
         held = not self._queue
+        self._held += held
         if not held:
             self._last = self._queue.popleft()
         assert self._last is not None, "take() before any frame was due"
@@ -130,6 +132,10 @@ class VideoPlayout:
         return PlayedFrame(self._last, pts, held)
 
     def _reset(self) -> None:
+        if self.video_id is not None and self._sent:  # read by benchmarks/video/bench_video_peer.py
+            logger.info("video %s played: %d frames sent, %d of them held", self.video_id,
+                        self._sent, self._held)
+        self._held = 0
         self.video_id = None
         self._queue.clear()
         self._ending = False

@@ -26,7 +26,7 @@ names="aioice aiortc annotated-types av cffi cryptography dnspython fastapi goog
 ifaddr jsonschema jsonschema-specifications mcp msgspec pycparser pydantic pydantic-core
 pydantic-settings pyee pyjwt pylibsrtp pyopenssl python-dotenv python-multipart pyzmq
 referencing rpds-py soxr sse-starlette starlette typing-inspection uvicorn websockets gguf httpx2
-mcp-types opentelemetry-api httpcore2 truststore"
+mcp-types opentelemetry-api httpcore2 truststore aiosipua aiortp"
 pins=$($PY - $names <<'EOF'
 import sys
 from importlib.metadata import PackageNotFoundError, version

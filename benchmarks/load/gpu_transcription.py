@@ -66,23 +66,6 @@ def serve_command(args: argparse.Namespace) -> list[str]:
             "--tts-device", "cuda", "--tts-max-streams", "8", *args.serve_args.split()]
 
 
-def wait_ready(url: str, server: subprocess.Popen, limit_s: float) -> float:
-    import urllib.request
-
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < limit_s:
-        if server.poll() is not None:
-            raise RuntimeError(f"voxline serve exited with {server.returncode} before ready")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return time.perf_counter() - t0
-        except OSError:
-            pass
-        time.sleep(1.0)
-    raise RuntimeError(f"voxline serve not ready after {limit_s:.0f} s")
-
-
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -99,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
                               stderr=subprocess.STDOUT, env=env, start_new_session=True)
     rc = 1
     try:
+        sys.path.insert(0, str(GPU_SERVING))
+        from bench_gpu_serve import wait_ready  # one home for the serve-ready wait
+
         print(f"== ready after {wait_ready(url, server, args.ready_timeout):.1f} s", flush=True)
         bench = [sys.executable, str(HERE / "bench_transcription.py"), "--url", url,
                  "--sessions", args.levels, "--turns", str(args.turns), "--procs",

@@ -76,10 +76,14 @@ def test_urgent_stages_get_the_higher_cuda_priority(monkeypatch, urgent_streams_
     made: list[int] = []
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None, priority=0: made.append(priority))
     assert StageStream("cuda", urgent=True).priority == cuda_graphs.URGENT_PRIORITY < 0
-    assert StageStream("cuda").priority == cuda_graphs.NORMAL_PRIORITY == 0
-    assert made == [cuda_graphs.URGENT_PRIORITY, 0]  # the streams are made with them
+    normal = cuda_graphs.NORMAL_PRIORITY
+    assert StageStream("cuda").priority == normal > cuda_graphs.URGENT_PRIORITY
+    assert made == [cuda_graphs.URGENT_PRIORITY, normal]  # the streams are made with them
     cuda_graphs.set_urgent_streams(False)
-    assert StageStream("cuda", urgent=True).priority == 0 and made[-1] == 0
+    assert StageStream("cuda", urgent=True).priority == normal and made[-1] == normal
+    # video below every voice stage, its decode (frames due now) above its denoise
+    assert normal < cuda_graphs.VIDEO_DECODE_PRIORITY < cuda_graphs.VIDEO_DENOISE_PRIORITY
+    assert cuda_graphs.URGENT_PRIORITY >= -3 and cuda_graphs.VIDEO_DENOISE_PRIORITY <= 0
     assert StageStream("cpu", urgent=True).stream is None  # off CUDA: no stream at all
 
 
@@ -89,13 +93,13 @@ def test_the_llm_stream_is_urgent_the_speech_stream_is_not(monkeypatch, urgent_s
     from voxline.engines.llm_stage import LLMStage
     from voxline.engines.speech_model import SentenceSpeechModel
     from voxline.engines.tts_stage import TTSStage
-    from voxline.kernels.cuda_graphs import URGENT_PRIORITY
+    from voxline.kernels.cuda_graphs import NORMAL_PRIORITY, URGENT_PRIORITY
 
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None, priority=0: object())
     lm, speech = CountingLM(max_slots=1), SentenceSpeechModel(ToneTTS())
     lm.device = speech.device = torch.device("cuda")  # as the models on a GPU say
     assert LLMStage(lm)._stream.priority == URGENT_PRIORITY
-    assert TTSStage(speech)._stream.priority == 0
+    assert TTSStage(speech)._stream.priority == NORMAL_PRIORITY
 
 
 def test_gpu_stream_priority_setting(monkeypatch, urgent_streams_restored):
@@ -106,7 +110,8 @@ def test_gpu_stream_priority_setting(monkeypatch, urgent_streams_restored):
     factory.set_stream_priority(Settings())  # auto on the CPU: nothing to do, no error
     assert cuda_graphs.stream_priority(urgent=True) == cuda_graphs.URGENT_PRIORITY
     factory.set_stream_priority(Settings(asr_device="cuda", gpu_stream_priority="off"))
-    assert cuda_graphs.stream_priority(urgent=True) == 0  # the ASR's stream made after this
+    # the ASR's stream made after this gets the speech steps' priority
+    assert cuda_graphs.stream_priority(urgent=True) == cuda_graphs.NORMAL_PRIORITY
     factory.set_stream_priority(Settings(llm_device="cuda", gpu_stream_priority="auto"))
     assert cuda_graphs.stream_priority(urgent=True) == cuda_graphs.URGENT_PRIORITY
     # 'off' where neither the ASR nor an embedded LLM is on CUDA is refused, naming it
@@ -121,10 +126,11 @@ def test_gpu_stream_priority_setting(monkeypatch, urgent_streams_restored):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_cuda_an_urgent_stream_has_the_higher_priority(urgent_streams_restored):
-    from voxline.kernels.cuda_graphs import URGENT_PRIORITY
+    from voxline.kernels.cuda_graphs import NORMAL_PRIORITY, URGENT_PRIORITY
 
     urgent, normal = StageStream("cuda", urgent=True), StageStream("cuda")
-    assert urgent.stream.priority == URGENT_PRIORITY and normal.stream.priority == 0
+    assert urgent.stream.priority == URGENT_PRIORITY
+    assert normal.stream.priority == NORMAL_PRIORITY
     assert urgent.run(torch.cuda.current_stream).priority == URGENT_PRIORITY
 
 

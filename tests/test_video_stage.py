@@ -366,7 +366,7 @@ def test_a_video_is_denoised_at_most_decode_ahead_chunks_ahead_of_its_decode(ahe
     from voxline.engines.video_stage import VideoJob, VideoStage
 
     model = FakeVideoModel(decode_ahead=ahead)
-    stage = VideoStage(model)
+    stage = VideoStage(model, first_frame_first=False)
     job = VideoJob(1, "a", model.begin_video(video("s1", "a", frames=8)))  # 4 chunks
     stage.add(job)
     for _ in range(ahead + 1):  # chunk 0, and chunk 1 beside its decode when pipelined
@@ -379,6 +379,41 @@ def test_a_video_is_denoised_at_most_decode_ahead_chunks_ahead_of_its_decode(ahe
     piece = decoder.update(item, decoder.execute(item))
     assert (piece.index, piece.last, job.chunks_decoded) == (0, True, 1)
     assert stage.has_work() and stage.schedule() is job  # the next chunk may go
+
+
+class TwoPieces(OnePiece):
+    """A chunk decoded in two pieces (the first frame, then the rest)."""
+
+    def __init__(self, frames: np.ndarray) -> None:
+        super().__init__(frames)
+        self.sent = 0
+
+    def next_piece(self) -> tuple[np.ndarray, bool]:
+        self.sent += 1
+        return self.frames[self.sent - 1:self.sent], self.sent == 2
+
+
+def test_the_second_chunk_waits_for_the_first_frame_then_overlaps_the_rest():
+    from voxline.engines.video_stage import VideoJob, VideoStage
+
+    model = FakeVideoModel(decode_ahead=1)
+    stage = VideoStage(model)  # first_frame_first by default
+    render = model.begin_video(video("s1", "a", frames=6))  # 3 chunks
+    render.denoise_next = lambda r=render, f=render.denoise_next: TwoPieces(f().frames)
+    job = VideoJob(1, "a", render)
+    stage.add(job)
+    stage.update(job, stage.execute(stage.schedule()))  # chunk 0 denoised
+    assert not stage.has_work() and stage.schedule() is None  # chunk 1 waits for frame 1
+    decoder = stage.decoder
+    item = decoder.schedule()
+    first = decoder.update(item, decoder.execute(item))
+    assert (first.index, first.piece, first.last, first.frames.shape[0]) == (0, 0, False, 1)
+    assert stage.schedule() is job  # the first frame is out: chunk 1 denoises beside the rest
+    stage.update(job, stage.execute(job))
+    assert stage.schedule() is None  # chunk 2: one chunk ahead of the decode at most
+    rest = decoder.update(item, decoder.execute(decoder.schedule()))
+    assert (rest.index, rest.piece, rest.last, job.chunks_decoded) == (0, 1, True, 1)
+    assert stage.schedule() is job  # no hold after the first chunk: only the backpressure
 
 
 def test_cancel_mid_chunk_sends_nothing_more_of_the_video(helios_dir):

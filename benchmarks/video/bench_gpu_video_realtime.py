@@ -64,6 +64,10 @@ from voxline.engines.models.helios import (  # noqa: E402
     set_video_weights,
 )
 from voxline.engines.models.helios.driver import compile_blocks, to_uint8  # noqa: E402
+from voxline.kernels.cuda_graphs import (  # noqa: E402
+    VIDEO_DECODE_PRIORITY,
+    VIDEO_DENOISE_PRIORITY,
+)
 
 
 @dataclass(frozen=True)
@@ -173,25 +177,36 @@ def pipelined(driver: HeliosPyramidDriver, spec: VideoSpec, device: str) -> dict
     return {"first_chunk_ms": ms(ends[0] - t0), **steady(ends, t0)}
 
 
-def product(driver: HeliosPyramidDriver, spec: VideoSpec, device: str, ahead: int
-            ) -> dict[str, Any]:
+# the product path's variants: (the decode stream's CUDA priority, first frame first)
+PRODUCT_PATHS = {"product": (VIDEO_DECODE_PRIORITY, True),  # as the server runs it
+                 "product-nohold": (VIDEO_DECODE_PRIORITY, False),
+                 "product-flat": (VIDEO_DENOISE_PRIORITY, False)}  # one priority, no hold
+
+
+def product(driver: HeliosPyramidDriver, spec: VideoSpec, device: str, ahead: int,
+            path: str = "product") -> dict[str, Any]:
     """One video through the server's own video stages (`voxline.engines.video_stage`:
     the denoise row and the decode row of the engine's stage table, each its own worker
     thread; on CUDA the driver's denoise and decode streams), `ahead` chunks of backpressure
     (1: pipelined, `video_pipelined_decode=auto`; 0: serial). Times are taken when each
-    decoded piece reaches the loop thread, as the server would send it."""
+    decoded piece reaches the loop thread, as the server would send it. `path` picks a
+    variant (`PRODUCT_PATHS`): the decode stream's priority and the first-frame hold."""
+    from voxline.engines.models.helios.driver import VideoStreams
     from voxline.engines.stage import StageWorker
     from voxline.engines.stage_table import StageSlot, StageTable
     from voxline.engines.video_stage import VideoJob, VideoStage
 
+    decode_priority, first_frame_first = PRODUCT_PATHS[path]
+    shipped = driver.streams
+    driver.streams = VideoStreams(driver.device, decode_priority=decode_priority)
     driver.decode_ahead = ahead
-    stage = VideoStage(driver)
+    stage = VideoStage(driver, first_frame_first=first_frame_first)
     woke = threading.Event()
-    pieces: list[tuple[float, int, bool]] = []  # (clock, chunk, its last piece)
+    pieces: list[tuple[float, int, bool, int]] = []  # (clock, chunk, its last piece, frames)
     errors: list[Exception] = []
 
     def route(_item: Any, out: Any, _seconds: float) -> None:
-        pieces.append((time.perf_counter(), out.index, out.last))
+        pieces.append((time.perf_counter(), out.index, out.last, out.frames.shape[0]))
 
     def fail(_plan: Any, error: Exception) -> None:
         errors.append(error)
@@ -214,12 +229,27 @@ def product(driver: HeliosPyramidDriver, spec: VideoSpec, device: str, ahead: in
     finally:
         table.close()
         driver.decode_ahead = 1
+        driver.streams = shipped
     if errors:
         raise errors[0]
-    ends = [t for t, _index, last in pieces if last]
+    ends = [t for t, _index, last, _n in pieces if last]
     load = table.load_report(0.0) or ""
     return {"first_frame_ms": ms(pieces[0][0] - t0), "first_chunk_ms": ms(ends[0] - t0),
-            "pieces": len(pieces), **steady(ends, t0), "stage_load": load}
+            "pieces": len(pieces), **steady(ends, t0),
+            **played([(t, n) for t, _i, _l, n in pieces]), "stage_load": load}
+
+
+def played(pieces: list[tuple[float, int]], fps: float = 24.0) -> dict[str, Any]:
+    """The pieces (arrival, frames) played at `fps` from the first frame, as a player with
+    no buffer would: a piece out after its first frame was due is a stall (the picture
+    holds the last frame until it comes, and the clock moves on from there)."""
+    clock, shown, stalls, frozen = pieces[0][0], 0, 0, 0.0
+    for t, frames in pieces:
+        due = clock + shown / fps
+        if t > due:
+            stalls, frozen, clock = stalls + 1, frozen + t - due, clock + t - due
+        shown += frames
+    return {"stalls_played": stalls, "frozen_ms": ms(frozen)}
 
 
 def steady(ends: list[float], start: float | None = None) -> dict[str, Any]:
@@ -326,9 +356,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if "pipelined" in paths:
                 row["pipelined"] = (pipelined(driver, spec_for(args, arm), device) if native
                                     else {"skipped": "SDPA kernel flags are process-wide"})
-            if "product" in paths:  # the server's stages; serial where the server is
-                row["product"] = product(driver, spec_for(args, arm), device,
-                                         ahead=1 if native else 0)
+            for path in PRODUCT_PATHS:  # the server's stages; serial where the server is
+                if path in paths:
+                    row[path] = product(driver, spec_for(args, arm), device,
+                                        ahead=1 if native else 0, path=path)
         if device == "cuda":
             row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
         out["arms"][arm.name] = row
@@ -338,8 +369,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"pipelined {piped.get('steady_fps')} fps ({piped.get('overall_fps')} overall, "
               f"{piped.get('stalls_at_24fps')} stalls)  product first frame "
               f"{prod.get('first_frame_ms')} ms, {prod.get('steady_fps')} fps "
-              f"({prod.get('overall_fps')} overall, {prod.get('stalls_at_24fps')} stalls)  "
+              f"({prod.get('overall_fps')} overall, {prod.get('stalls_played')} stalls played, "
+              f"{prod.get('frozen_ms')} ms frozen)  "
               f"denoise {s['denoise_ms']}  decode {s['decode_ms']}", flush=True)
+        for path in [p for p in PRODUCT_PATHS if p != "product" and p in row]:
+            v = row[path]
+            print(f"{'':12s} {path}: first frame {v['first_frame_ms']} ms, "
+                  f"{v['steady_fps']} fps ({v['overall_fps']} overall, {v['stalls_played']} "
+                  f"stalls played, {v['frozen_ms']} ms frozen)", flush=True)
         write(args, out)
     if "fp8" in frames and "compiled" in frames:
         out["fp8_psnr_db_vs_bf16"] = psnr(frames["fp8"], frames["compiled"])
@@ -370,9 +407,11 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=5, help="chunks of each arm's video")
     parser.add_argument("--arms", default="", help="comma-separated arm names (default all): "
                         + ",".join(a.name for a in arms()))
-    parser.add_argument("--paths", default="pipelined,product",
+    parser.add_argument("--paths", default="pipelined,product,product-flat",
                         help="besides serial, which paths each arm times: pipelined (this "
-                        "script's side-stream thread), product (the server's video stages)")
+                        "script's side-stream thread), product (the server's video stages), "
+                        "product-nohold (no first-frame hold), product-flat (the decode at "
+                        "the denoise's priority, no hold)")
     parser.add_argument("--budget-s", type=float, default=420.0,
                         help="stop starting arms after this many seconds")
     parser.add_argument("--out", default="", help="JSON results path")

@@ -18,7 +18,10 @@ Two stages (`voxline.engines.stage`), two rows of the stage table, each its own 
 Backpressure: a video is denoised at most `VideoModel.decode_ahead` chunks ahead of its
 decode (1: chunk n decodes beside chunk n+1's denoise, and chunk n+2 waits for chunk n's
 last piece, so memory stays one chunk's latents a video; 0: nothing is denoised while any
-chunk decodes, the serial order).
+chunk decodes, the serial order). First frame first: a video's second chunk starts its
+denoise only once the first chunk's first piece is out, so the first frame is not slowed by
+the GPU's sharing (on an H100 it came 1.35 s after the request beside the second chunk's
+denoise, 0.84 s alone); `first_frame_first=False` drops the hold.
 
 `Videos` is the stages' owner on the loop thread: it admits `CreateVideo` (validated by
 the model before anything is queued), holds the engine to `max_videos` rendering at once
@@ -104,6 +107,7 @@ class VideoJob:
     render: VideoRender
     chunks_done: int = 0  # denoised
     chunks_decoded: int = 0
+    pieces_decoded: int = 0
     cancelled: bool = False
     waiting: bool = False  # admitted, waiting for a free slot (`wait_for_slot`)
 
@@ -180,6 +184,7 @@ class VideoDecodeStage:
             if self._queue and self._queue[0] is item:
                 self._queue.popleft()
             item.decode.close()
+        item.job.pieces_decoded += 1
         if last:
             item.job.chunks_decoded += 1
         if item.job.cancelled:
@@ -190,8 +195,9 @@ class VideoDecodeStage:
 class VideoStage:
     """Stage interface over a `VideoModel`'s denoise; see the module docstring."""
 
-    def __init__(self, model: VideoModel) -> None:
+    def __init__(self, model: VideoModel, first_frame_first: bool = True) -> None:
         self.model = model
+        self.first_frame_first = first_frame_first
         self.decoder = VideoDecodeStage()
         self._queue: deque[VideoJob] = deque()
 
@@ -210,6 +216,8 @@ class VideoStage:
     def _ready(self, job: VideoJob) -> bool:
         ahead = self.model.decode_ahead
         if ahead <= 0 and self.decoder.decoding():
+            return False
+        if self.first_frame_first and job.chunks_done and not job.pieces_decoded:
             return False
         return job.chunks_done - job.chunks_decoded <= ahead
 

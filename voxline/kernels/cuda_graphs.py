@@ -349,11 +349,15 @@ class GraphBackfill:
 
 
 # CUDA stream priorities: a lower number is served sooner. When multiprocessors free up,
-# the GPU starts the waiting blocks of an urgent stream's kernels before a normal one's
-# (running blocks are never preempted). The stages a reply's first words wait on (ASR,
-# LLM) are urgent; the speech steps, whose audio sits in a playout buffer, are not.
-URGENT_PRIORITY = -1
-NORMAL_PRIORITY = 0
+# the GPU starts the waiting blocks of a higher-priority stream's kernels first (running
+# blocks are never preempted). PyTorch keeps four levels, 0 to -3, one for each kind of
+# work by how soon a user notices it waiting: the stages a reply's first words wait on (ASR,
+# LLM) are urgent; the speech steps, whose audio sits in a playout buffer, come next; then a
+# video's VAE decode (frames due at the player now); last the denoise of its next chunk.
+URGENT_PRIORITY = -3
+NORMAL_PRIORITY = -2
+VIDEO_DECODE_PRIORITY = -1
+VIDEO_DENOISE_PRIORITY = 0
 _urgent_streams = True
 
 

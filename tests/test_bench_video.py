@@ -73,6 +73,8 @@ def test_an_empty_clip_and_the_arm_summary():
     assert s["first_frame_ms"]["p50"] == 1000.0
     with pytest.raises(ValueError):
         frame_measures([0.0], [], FPS)
+    held = frame_measures([i * P for i in range(5)], [False] * 5, FPS)  # a clip cut short:
+    assert (held["new_frames"], held["stalls"], held["worst_late_ms"]) == (0, 0, None)
 
 
 def test_the_chunk_events_tell_which_frames_were_new():

@@ -68,14 +68,14 @@ def frame_measures(arrivals: Sequence[float], new: Sequence[bool], fps: float,
     due = t[0] + np.arange(len(fresh)) * period
     late = fresh - (due + tolerance_s)
     gaps = np.diff(fresh)
-    span = fresh[-1] - fresh[0] if len(fresh) > 1 else 0.0
+    span = fresh[-1] - fresh[0] if len(fresh) > 1 else 0.0  # no new picture: held frames only
     track_span = t[-1] - t[0]
     inter = np.diff(t)
     out |= {
         "steady_fps": round((len(fresh) - 1) / span, 2) if span > 0 else None,
         "track_fps": round((len(t) - 1) / track_span, 2) if track_span > 0 else None,
         "stalls": int((late > 0).sum()),
-        "worst_late_ms": round(float(late.max() + tolerance_s) * 1e3, 1),
+        "worst_late_ms": round(float(late.max() + tolerance_s) * 1e3, 1) if len(late) else None,
         "freezes": int((gaps > 2 * period).sum()),
         "worst_gap_ms": round(float(gaps.max()) * 1e3, 1) if len(gaps) else None,
         "jitter_p99_ms": (round(percentile(np.abs(inter - period).tolist(), 99) * 1e3, 1)

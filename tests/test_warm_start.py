@@ -438,3 +438,44 @@ def test_the_engine_core_runs_each_stage_backfill_on_its_worker_thread():
     assert tts.threads and all(t.startswith("voxline-tts") for t in tts.threads)
     assert asr.threads and all(t.startswith("voxline-asr") for t in asr.threads)
     assert len(tts.threads) == 3 and len(asr.threads) == 2
+
+
+def _in_other_thread(fn) -> tuple[threading.Thread, threading.Event]:
+    done = threading.Event()
+
+    def run() -> None:
+        fn()
+        done.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, done
+
+
+def test_a_drawing_graphs_replay_waits_for_a_capture_in_another_thread():
+    """A background capture puts the default CUDA generator in capture mode; a graph that
+    draws on it (the LLM's pick_rows) must not replay meanwhile, one that does not may."""
+    from types import SimpleNamespace
+
+    from voxline.kernels.cuda_graphs import DEFAULT_RNG_LOCK, StaticStep, default_rng_draw
+
+    replays: list[str] = []
+    drawing = StaticStep(lambda: {}, {}, draws=True)
+    drawing.graph = SimpleNamespace(replay=lambda: replays.append("drawing"))
+    plain = StaticStep(lambda: {}, {})
+    plain.graph = SimpleNamespace(replay=lambda: replays.append("plain"))
+
+    def cpu_draw() -> None:
+        with default_rng_draw("cpu"):  # off CUDA there is no capture to wait for
+            replays.append("cpu draw")
+
+    with DEFAULT_RNG_LOCK:  # a capture in progress in this thread
+        waiting, replayed = _in_other_thread(drawing)
+        for fn in (plain, cpu_draw):
+            thread, done = _in_other_thread(fn)
+            assert done.wait(30)
+        assert not replayed.is_set() and replays == ["plain", "cpu draw"]
+        with default_rng_draw("cuda"):  # reentrant: a draw inside the capture's own thread
+            pass
+    waiting.join(30)
+    assert replays == ["plain", "cpu draw", "drawing"]

@@ -27,10 +27,12 @@ talker's steps and code2wav overlapping) would race on it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -39,15 +41,34 @@ from torch import Tensor
 
 from voxline.logs import log_phase
 
-__all__ = ["BucketedSteps", "GraphBackfill", "PackedInputs", "StageStream", "StaticStep",
-           "bucket_for", "copy_in", "covers", "first_keys", "ladder_buckets", "pow2_buckets",
-           "same_tail", "set_urgent_streams", "stream_priority", "to_device"]
+__all__ = ["DEFAULT_RNG_LOCK", "BucketedSteps", "GraphBackfill", "PackedInputs", "StageStream",
+           "StaticStep", "bucket_for", "copy_in", "covers", "default_rng_draw", "first_keys",
+           "ladder_buckets", "pow2_buckets", "same_tail", "set_urgent_streams",
+           "stream_priority", "to_device"]
 
 logger = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 StepFn = Callable[..., dict[str, Tensor]]
+
+# While any thread captures a CUDA graph, PyTorch's default CUDA generator is in capture
+# mode, and a draw on it from another thread raises ("Offset increment outside graph
+# capture encountered unexpectedly"): an eager draw, or the replay of a graph that draws
+# (its replay advances the generator). Graphs are captured in the background while other
+# stages serve (`GraphBackfill`), so every capture and every such draw or replay holds
+# this lock; it is reentrant, since a draw inside a capture is the capture's own.
+DEFAULT_RNG_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def default_rng_draw(device: torch.device | str) -> Iterator[None]:
+    """Around a draw on `device`'s default generator: the lock on CUDA, nothing elsewhere."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    with DEFAULT_RNG_LOCK:
+        yield
 
 
 def pow2_buckets(lo: int, hi: int) -> list[int]:
@@ -144,9 +165,12 @@ class StaticStep:
     """``fn(**inputs)`` over static buffers; a CUDA-graph replay once captured."""
 
     def __init__(self, fn: StepFn, inputs: dict[str, Tensor],
-                 packed: PackedInputs | None = None) -> None:
-        """``packed``: some of the inputs in one buffer (its views join ``inputs``)."""
+                 packed: PackedInputs | None = None, draws: bool = False) -> None:
+        """``packed``: some of the inputs in one buffer (its views join ``inputs``);
+        ``draws``: ``fn`` draws on the default generator (its replays take
+        `DEFAULT_RNG_LOCK`)."""
         self.fn = fn
+        self.draws = draws
         self.inputs = {**inputs, **packed.tensors} if packed is not None else inputs
         self.packed = packed
         self.outputs: dict[str, Tensor] = {}
@@ -176,8 +200,8 @@ class StaticStep:
         t1 = time.perf_counter()  # the warm-up's host time (a compile's), not its kernels'
 
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=stream,
-                              capture_error_mode=mode):  # type: ignore[arg-type]
+        with DEFAULT_RNG_LOCK, torch.cuda.graph(graph, pool=pool, stream=stream,
+                                                capture_error_mode=mode):  # type: ignore[arg-type]
             self._run()
         self.graph = graph
         # warm-up (a compiled step compiles on its first run of a shape), then recording
@@ -186,10 +210,13 @@ class StaticStep:
     @torch.inference_mode()
     def __call__(self) -> dict[str, Tensor]:
         """Run once; the returned buffers are overwritten by the next call."""
-        if self.graph is not None:
-            self.graph.replay()
-        else:
+        if self.graph is None:
             self._run()
+        elif self.draws:
+            with DEFAULT_RNG_LOCK:
+                self.graph.replay()
+        else:
+            self.graph.replay()
         return self.outputs
 
 

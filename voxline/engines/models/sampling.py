@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from voxline.kernels.cuda_graphs import to_device
+from voxline.kernels.cuda_graphs import default_rng_draw, to_device
 from voxline.kernels.layer_ops import top_k_top_p_drop
 
 __all__ = ["pick_rows", "sample"]
@@ -64,7 +64,8 @@ def sample(
     # draw their own.
     noise = torch.empty_like(probs)
     if not generators or any(generators[i] is None for i in sampled_rows):
-        noise.exponential_()
+        with default_rng_draw(noise.device):
+            noise.exponential_()
     for j, i in enumerate(sampled_rows):
         gen = generators[i] if generators else None
         if gen is None:
@@ -90,5 +91,7 @@ def pick_rows(logits: Tensor, temperatures: Tensor) -> Tensor:
     sampled = temperatures > 0
     temp = torch.where(sampled, temperatures, torch.ones_like(temperatures))
     probs = (logits.float() / temp[:, None]).softmax(dim=-1)
-    picked = (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1)
+    with default_rng_draw(probs.device):
+        noise = torch.empty_like(probs).exponential_()
+    picked = (probs / noise).argmax(dim=-1)
     return torch.where(sampled, picked, greedy)

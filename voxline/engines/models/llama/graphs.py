@@ -192,7 +192,7 @@ class GraphedLlamaDecoder:
 
     def _make(self, key: tuple[int, int]) -> StaticStep:
         b, length = key
-        return StaticStep(self._fn(length), {}, packed=self._inputs(b))
+        return StaticStep(self._fn(length), {}, packed=self._inputs(b), draws=True)  # pick_rows
 
     def _prefill_fn(self, q: int, length: int):
         """One row of ``q`` queries attending over its slot's first ``length`` positions.
@@ -232,7 +232,8 @@ class GraphedLlamaDecoder:
 
     def _make_prefill(self, key: tuple[int, int]) -> StaticStep:
         q, length = key
-        return StaticStep(self._prefill_fn(q, length), {}, packed=self._prefill_inputs(q))
+        return StaticStep(self._prefill_fn(q, length), {}, packed=self._prefill_inputs(q),
+                          draws=True)  # pick_rows
 
     # -- stepping ---------------------------------------------------------------------
 

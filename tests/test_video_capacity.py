@@ -151,3 +151,21 @@ async def test_past_video_streams_a_job_stays_queued_and_a_wait_is_a_503(client)
     GATE.release(2)  # the queued one now takes the slot and makes its two chunks
     done = await status_of(client, queued["id"], "completed")
     assert done["progress"] == 100 and done["error"] is None
+
+
+def test_the_video_footprint_counts_float8_block_linears_at_one_byte(tmp_path):
+    """`video_weights=fp8` stores the transformer blocks' linears in one byte a weight; the
+    GPU sizing counts them so (a float8 Helios leaves room for more voice sessions)."""
+    from tiny_helios import save_tiny_helios
+
+    from voxline.engines.model_memory import block_projection_params, safetensors_params
+    from voxline.engines.stage_registry import _video_footprint
+
+    root = save_tiny_helios(tmp_path / "helios")
+    bf16 = _video_footprint(Settings(video=f"helios:{root}"), gpu_in_use=True)
+    fp8 = _video_footprint(Settings(video=f"helios:{root}", video_weights="fp8"), gpu_in_use=True)
+    linears = block_projection_params(root / "transformer")
+    assert bf16[0] == fp8[0] == "cuda" and 0 < linears < safetensors_params(root / "transformer")
+    assert bf16[1].weights == 2 * safetensors_params(root)
+    assert bf16[1].weights - fp8[1].weights == linears
+    assert _video_footprint(Settings(video=f"helios:{root}"), gpu_in_use=False) is None

@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import fractions
 import json
-import math
 import os
 import re
 import signal
@@ -63,6 +62,7 @@ from voxline.bench_video import (  # noqa: E402
     new_by_chunks,
     summarize_clips,
 )
+from voxline.engines.video_frames import chunk_count, output_frames  # noqa: E402
 from voxline.realtime.transports.ice import LOOPBACK, restrict_gathering  # noqa: E402
 
 AUDIO_RATE, AUDIO_FRAME = 48000, 960
@@ -240,7 +240,8 @@ class VideoPeer:
 
 
 def video_request(args: argparse.Namespace, k: int) -> dict[str, Any]:
-    frames = 32 * max(1, math.ceil((args.clip_s * args.fps - 1) / 32)) + 1  # Helios: 32k+1
+    # the first count Helios makes exactly at or above the clip (its chunks' arithmetic)
+    frames = output_frames(chunk_count(round(args.clip_s * args.fps) + 1))
     video = {"prompt": PROMPTS[k % len(PROMPTS)], "width": args.width, "height": args.height,
              "fps": args.fps, "num_frames": frames, "seed": k}
     if args.steps_per_stage:
@@ -447,10 +448,9 @@ def wait_ready(url: str, server: subprocess.Popen | None, log: Path | None,
         if server is not None and log is not None and server.poll() is not None:
             raise RuntimeError(f"voxline serve exited with {server.returncode} before ready; "
                                f"log tail:\n{log.read_text(errors='replace')[-3000:]}")
-        if log is not None and log.exists() and "engine failed to start" in log.read_text(
-                errors="replace"):
-            raise RuntimeError("the engine failed to start; log tail:\n"
-                               + log.read_text(errors="replace")[-3000:])
+        text = log.read_text(errors="replace") if log is not None and log.exists() else ""
+        if "engine failed to start" in text or "voxline serve: error:" in text:
+            raise RuntimeError("voxline serve failed to start; log tail:\n" + text[-3000:])
         with contextlib.suppress(OSError):
             with urllib.request.urlopen(url + "/health", timeout=2) as resp:
                 if resp.status == 200:

@@ -19,7 +19,9 @@
 # (voxline bench's own reports), server.log, gpu.csv.
 #   bash benchmarks/video/gpu_video_peer.sh a
 #   bash benchmarks/video/gpu_video_peer.sh b [bench_video_peer.py flags]
-# SERVE_ARGS adds `voxline serve` flags; BUDGET_S (default 560) bounds phase b.
+# SERVE_ARGS adds `voxline serve` flags (the server is sized for the 32 voice sessions:
+# with the float8 Helios they fit an H100's memory, with bf16 19 do); BUDGET_S (default
+# 560) bounds phase b. To restart the server with other flags: kill $(cat /tmp/serve.pid).
 set -u
 phase=$1; shift
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
@@ -57,7 +59,8 @@ b)
     setsid nohup python3 -m voxline.cli serve --port 8765 --ice-hosts 127.0.0.1 --device cuda \
       --tts qwen3:/tmp/ckpt/tts --llm-checkpoint /tmp/ckpt/llm --asr-device cuda \
       --tts-max-frames 100 --video helios:/tmp/helios --video-compile \
-      --video-weights fp8 ${SERVE_ARGS:-} > /tmp/serve.log 2>&1 < /dev/null &
+      --video-weights fp8 --max-sessions 32 --max-responses 32 --tts-max-streams 32 \
+      ${SERVE_ARGS:-} > /tmp/serve.log 2>&1 < /dev/null &
     echo $! > /tmp/serve.pid
   fi
   python3 benchmarks/video/bench_video_peer.py --url http://127.0.0.1:8765 \

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -112,15 +113,26 @@ def qwen3_tts_footprint(model_dir: Path) -> tuple[Footprint, int]:
     return footprint, talker_params + codec_params
 
 
-def safetensors_params(directory: Path) -> int:
-    """Elements in every ``*.safetensors`` under `directory`, read from the headers."""
-    total = 0
+def _tensor_shapes(directory: Path) -> Iterator[tuple[str, list[int]]]:
+    """(name, shape) of every tensor in the ``*.safetensors`` under `directory`, read from
+    the headers."""
     for file in sorted(directory.rglob("*.safetensors")):
         with file.open("rb") as fh:
             size = int.from_bytes(fh.read(8), "little")
             header = json.loads(fh.read(size))
-        total += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
-    return total
+        yield from ((name, t["shape"]) for name, t in header.items() if name != "__metadata__")
+
+
+def safetensors_params(directory: Path) -> int:
+    """Elements in every ``*.safetensors`` under `directory`, read from the headers."""
+    return sum(math.prod(shape) for _name, shape in _tensor_shapes(directory))
+
+
+def block_projection_params(directory: Path) -> int:
+    """Elements of the 2-D `blocks.*` weights (the block linears) under `directory`: what
+    `video_weights=fp8` stores in one byte instead of two."""
+    return sum(math.prod(shape) for name, shape in _tensor_shapes(directory)
+               if name.startswith("blocks.") and name.endswith(".weight") and len(shape) == 2)
 
 
 def bf16_weights_footprint(directory: Path, part: str) -> Footprint:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ import numpy as np
 
 from voxline.engines import protocol as p
 from voxline.engines.capacity import Footprint
-from voxline.engines.model_memory import bf16_weights_footprint
+from voxline.engines.model_memory import bf16_weights_footprint, block_projection_params
 from voxline.engines.stage import StageWorker, StreamId
 from voxline.engines.stage_table import StageSlot
 
@@ -194,7 +194,11 @@ def _video_footprint(settings: Settings, gpu_in_use: bool) -> tuple[str, Footpri
     video = settings.video_backend
     if not gpu_in_use or video is None:  # Helios loads on the default GPU if there is one
         return None
-    return "cuda", bf16_weights_footprint(Path(video.target), "video")
+    footprint = bf16_weights_footprint(Path(video.target), "video")
+    if str(settings.video_weights) == "fp8":  # the block linears at one byte a weight
+        saved = block_projection_params(Path(video.target) / "transformer")
+        footprint = replace(footprint, weights=footprint.weights - saved)
+    return "cuda", footprint
 
 
 STAGES: tuple[StageRegistration, ...] = (

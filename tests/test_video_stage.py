@@ -557,3 +557,18 @@ def test_a_video_chunk_waits_while_a_spoken_reply_runs_low_then_the_video_comple
     assert any(isinstance(o, p.AudioChunk) for o in after[:last_chunk])
     assert "video v: its denoise waited" in caplog.text and "in 1 hold(s)" in caplog.text
     h.close()
+
+
+@pytest.mark.parametrize("fields", [
+    {"video_voice_reserve_ms": -1},
+    {"video_voice_reserve_ms": 20000},
+    {"video": "helios:/ckpt", "generation_lead_s": 0.4},  # the reserve (500 ms) past the lead
+])
+def test_a_bad_voice_reserve_is_refused_naming_the_field(fields):
+    from pydantic import ValidationError
+
+    from voxline.config import Settings
+
+    with pytest.raises(ValidationError, match="video_voice_reserve_ms"):
+        Settings(**fields)
+    assert Settings(generation_lead_s=0.4).video_voice_reserve_ms == 500  # no video: unused

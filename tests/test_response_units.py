@@ -4,11 +4,13 @@ test_speculation, test_engine_core and test_streaming_speech_responses.)"""
 
 from __future__ import annotations
 
+import pytest
+
 from voxline.engines import protocol as p
 from voxline.engines.conversation import AudioSpan, Conversation
 from voxline.engines.input_audio import InputAudio
 from voxline.engines.response_run import ResponseBook, ResponseRun, Speculative, new_chunker
-from voxline.engines.speech_pacing import PlayoutPacing
+from voxline.engines.speech_pacing import PlayoutPacing, VoiceReserve
 from voxline.engines.streams import StreamState
 from voxline.engines.truncation import truncate_to_heard
 
@@ -66,3 +68,71 @@ def test_truncation_keeps_what_was_heard_and_refuses_a_users_item() -> None:
     assert isinstance(out[-1], p.StreamError) and "user message" in out[-1].message
     truncate_to_heard(stream, p.TruncateItem("s1", "gone", 10), book, changed.append)
     assert out[-1] == p.TruncationApplied("s1", "gone", 0, "")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_playout_clock_runs_in_real_time_restarts_after_a_gap_and_follows_reports() -> None:
+    clock = Clock()
+    pacing, run = PlayoutPacing(clock=clock), _run()
+    assert pacing.unplayed_ms(run, 0.0) is None  # no audio out yet
+    run.audio_ms = 300
+    pacing.sent(run, 300)
+    clock.now = 0.1
+    assert pacing.unplayed_ms(run, clock.now) == pytest.approx(200)
+    run.audio_ms += 400
+    pacing.sent(run, 400)
+    assert pacing.unplayed_ms(run, clock.now) == pytest.approx(600)
+    clock.now = 2.0  # ran dry at 0.7 s: the listener resumes with the next chunk
+    assert pacing.unplayed_ms(run, clock.now) == pytest.approx(-1300)
+    run.audio_ms += 250
+    pacing.sent(run, 250)
+    assert pacing.unplayed_ms(run, clock.now) == pytest.approx(250)
+    pacing.reported(run, 250)  # the client is behind the clock: what it heard counts
+    assert pacing.unplayed_ms(run, clock.now) == pytest.approx(700)
+    speculative = _run()
+    speculative.speculative = Speculative(user_item=None, slot_tokens=0)
+    speculative.audio_ms = 500
+    pacing.sent(speculative, 500)
+    assert pacing.unplayed_ms(speculative, clock.now) is None  # held, not sent
+    speculative.speculative = None
+    pacing.committed(speculative)
+    assert pacing.unplayed_ms(speculative, clock.now) == pytest.approx(500)
+
+
+def test_voice_is_low_while_a_sent_reply_is_under_the_reserve_and_not_otherwise() -> None:
+    clock = Clock()
+    pacing = PlayoutPacing(lead_ms=5000, clock=clock)
+    runs = {1: _run(), 2: _run()}
+    reserve = VoiceReserve(runs, pacing, reserve_ms=500)
+    assert not reserve.low()  # replies with no audio yet: no listener is waiting
+    runs[1].audio_ms = 800
+    pacing.sent(runs[1], 800)
+    assert not reserve.low()
+    clock.now = 0.4  # 400 ms left
+    assert reserve.low()
+    runs[2].audio_ms = 100
+    pacing.sent(runs[2], 100)
+    runs[1].audio_ms += 300
+    pacing.sent(runs[1], 300)
+    assert reserve.low()  # any reply short is enough
+    del runs[2]  # that reply ended (or was cancelled)
+    assert not reserve.low()
+    runs[1].audio_ms = 6000
+    pacing.reported(runs[1], 900)  # a generation lead ahead: held by flow control
+    clock.now = 10.0  # no report for a long time: its clock ran out, but it is held
+    assert runs[1].held and not reserve.low()
+    pacing.reported(runs[1], 5800)
+    assert not runs[1].held and reserve.low()
+    runs[1].speculative = Speculative(user_item=None, slot_tokens=0)
+    assert not reserve.low()  # a speculation's audio has not left
+    runs[1].speculative = None
+    assert not VoiceReserve(runs, pacing, reserve_ms=0).low()  # 0: off
+    with pytest.raises(ValueError, match="video_voice_reserve_ms"):
+        VoiceReserve(runs, pacing, reserve_ms=-1)

@@ -4,6 +4,9 @@ plain diffusers call on the tiny local checkpoint."""
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import numpy as np
 import pytest
 from core_driver import CoreDriver
@@ -72,11 +75,12 @@ class FakeVideoModel:
 
 
 class Harness(CoreDriver):
-    def __init__(self, video=None, max_videos: int = 4) -> None:
+    def __init__(self, video=None, max_videos: int = 4, core: dict | None = None,
+                 tts: ToneTTS | None = None) -> None:
         super().__init__()
-        models = Models(EnergyVAD(), FixedASR(), CountingLM(), SentenceSpeechModel(ToneTTS()),
-                        stages={"video": video})
-        self.core = EngineCore(models, self.woke.set, max_videos=max_videos)
+        models = Models(EnergyVAD(), FixedASR(), CountingLM(),
+                        SentenceSpeechModel(tts or ToneTTS()), stages={"video": video})
+        self.core = EngineCore(models, self.woke.set, max_videos=max_videos, **(core or {}))
         self.steps: list[list[p.EngineOutput]] = []
 
     def run_until(self, pred, timeout: float = 20.0):
@@ -450,3 +454,121 @@ def test_cancel_mid_chunk_sends_nothing_more_of_the_video(helios_dir):
     assert h.of(p.VideoDone)[-1].status == DONE.COMPLETED
     assert len(h.chunks("v")) == 2  # still: the held piece came back after the cancel
     h.close()
+
+
+def test_no_denoise_chunk_starts_while_the_voice_is_low_and_the_decode_goes_on():
+    from voxline.engines.video_stage import VideoJob, VideoStage
+
+    now, low = [0.0], [False]
+    model = FakeVideoModel(decode_ahead=1)
+    stage = VideoStage(model, first_frame_first=False, voice_low=lambda: low[0],
+                       clock=lambda: now[0])
+    job = VideoJob(1, "a", model.begin_video(video("s1", "a", frames=6)))  # 3 chunks
+    stage.add(job)
+    stage.update(job, stage.execute(stage.schedule()))  # chunk 0 denoised
+    low[0] = True
+    assert not stage.has_work() and stage.schedule() is None  # chunk 1 held: no busy loop
+    decoder = stage.decoder
+    assert decoder.has_work()  # frames already denoised are due at the player
+    item = decoder.schedule()
+    assert decoder.update(item, decoder.execute(item)).index == 0
+    now[0] = 1.5
+    assert stage.schedule() is None and job.holds == 1  # one hold, however often asked
+    low[0], now[0] = False, 2.0
+    assert stage.has_work() and stage.schedule() is job  # resumes as the pressure goes
+    assert (job.holds, job.held_s, job.held_since) == (1, 2.0, None)
+    stage.update(job, stage.execute(job))
+    low[0], now[0] = True, 3.0
+    item = decoder.schedule()
+    decoder.update(item, decoder.execute(item))
+    assert stage.schedule() is None and job.holds == 2
+    assert job.held_seconds(3.5) == 2.5
+
+
+class GatedTTS(ToneTTS):
+    """ToneTTS whose segments wait for `gate` (set: they go at once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def synthesize(self, text: str, *, speed: float = 1.0, seed: int | None = None):
+        assert self.gate.wait(30)
+        yield from super().synthesize(text, speed=speed, seed=seed)
+
+
+class GatedRender(CountingRender):
+    """CountingRender whose chunk `gated`'s denoise waits for `gate`; counts starts."""
+
+    def __init__(self, chunks: int, gated: int) -> None:
+        super().__init__(chunks)
+        self.gated = gated
+        self.gate = threading.Event()
+        self.started = 0
+
+    def denoise_next(self) -> OnePiece:
+        self.started += 1
+        if self.made == self.gated:
+            assert self.gate.wait(30)
+        return super().denoise_next()
+
+
+class GatedVideoModel(FakeVideoModel):
+    def begin_video(self, msg: p.CreateVideo) -> GatedRender:
+        render = GatedRender(msg.num_frames // 2, gated=1)
+        self.renders[msg.prompt] = render
+        return render
+
+
+def test_a_video_chunk_waits_while_a_spoken_reply_runs_low_then_the_video_completes(caplog):
+    """A real core: a spoken reply (flow-controlled by playout reports) and a video. A
+    report leaves the reply 100 ms of unplayed audio while its next segment is slow: the
+    video's chunk in flight finishes and decodes, the next one waits (the loop idle, not
+    spinning) until the reply's audio comes, then the video completes."""
+    caplog.set_level(logging.INFO, logger="voxline.engines.video_stage")
+    tts, model = GatedTTS(), GatedVideoModel()
+    h = Harness(model, core=dict(generation_lead_ms=1000, video_voice_reserve_ms=500),
+                tts=tts)
+    text = " ".join(f"This is sentence number {i}." for i in range(40))
+    h.send(p.OpenStream("s1"), p.Speak("s1", "r1", text), p.PlayoutProgress("s1", "r1", 0.0))
+    stream = h.core.streams["s1"]
+    h.run_until(lambda _o: h.core.responses.active(stream).held)  # a lead ahead of playout
+    tts.gate.clear()
+    h.send(video("s1", "v", frames=6))  # 3 chunks
+    render = model.renders["a train"]
+    h.run_until(lambda _o: has(p.VideoChunk, video_id="v", index=0)(_o) and render.started == 2)
+    audio_ms = sum(a.duration_ms for a in h.of(p.AudioChunk))
+    h.send(p.PlayoutProgress("s1", "r1", audio_ms - 100))  # the reply's buffer runs low
+    reported = len(h.outputs)
+    render.gate.set()
+    h.run_until(has(p.VideoChunk, video_id="v", index=1))  # the decode is not held
+    for _ in range(5):
+        assert not h.core.has_work()  # the video is held and the loop would sleep
+        h.outputs.extend(h.core.step())
+    assert render.started == 2 and [c.index for c in h.chunks("v")] == [0, 1]
+    tts.gate.set()  # the reply's next audio comes: its lead recovers
+    h.run_until(has(p.VideoDone, video_id="v"))
+    assert [(d.video_id, d.status) for d in h.of(p.VideoDone)] == [("v", DONE.COMPLETED)]
+    assert [c.index for c in h.chunks("v")] == [0, 1, 2]
+    after = h.outputs[reported:]
+    last_chunk = next(i for i, o in enumerate(after) if isinstance(o, p.VideoChunk)
+                      and o.index == 2)
+    assert any(isinstance(o, p.AudioChunk) for o in after[:last_chunk])
+    assert "video v: its denoise waited" in caplog.text and "in 1 hold(s)" in caplog.text
+    h.close()
+
+
+@pytest.mark.parametrize("fields", [
+    {"video_voice_reserve_ms": -1},
+    {"video_voice_reserve_ms": 20000},
+    {"video": "helios:/ckpt", "generation_lead_s": 0.4},  # the reserve (500 ms) past the lead
+])
+def test_a_bad_voice_reserve_is_refused_naming_the_field(fields):
+    from pydantic import ValidationError
+
+    from voxline.config import Settings
+
+    with pytest.raises(ValidationError, match="video_voice_reserve_ms"):
+        Settings(**fields)
+    assert Settings(generation_lead_s=0.4).video_voice_reserve_ms == 500  # no video: unused

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Generic, Literal, TypeVar, get_args, get_origin
 
-from pydantic import Field, TypeAdapter, ValidationError, field_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -365,6 +365,12 @@ class Settings(BaseSettings):
         "server_busy, /v1/videos?wait=true answers 503 + Retry-After and a /v1/videos job "
         "stays queued until one ends; empty: measured capacity on a GPU (the capacity "
         "table's video rows; 1 where the GPU was not measured), 1 on a CPU")
+    video_voice_reserve_ms: float = Field(
+        default=500.0, ge=0, le=10000, description="voice comes first: no video chunk starts "
+        "its denoise while a spoken reply still being generated has less than this much audio "
+        "sent and not yet played (its playout buffer runs low); the chunk starts once the "
+        "reply's next audio, a playout report or its end lifts it; the VAE decode of chunks "
+        "already denoised goes on (0: off); below generation_lead_s")
     llm_timeout: float = Field(default=30.0, gt=0, description="remote server: seconds to "
                                "connect and to wait for each streamed chunk")
     llm_retries: int = Field(default=2, ge=0, description="remote server: retries of a request "
@@ -484,6 +490,16 @@ class Settings(BaseSettings):
             raise ValueError(f"tts_batch_buckets must lie in 1..tts_max_streams "
                              f"({self.tts_max_streams}), got {self.tts_batch_buckets}")
         return sizes
+
+    @model_validator(mode="after")
+    def _voice_reserve_under_lead(self) -> Settings:
+        lead_ms = self.generation_lead_s * 1000
+        if self.video and lead_ms and self.video_voice_reserve_ms >= lead_ms:
+            raise ValueError(f"video_voice_reserve_ms ({self.video_voice_reserve_ms:g}) must be "
+                             f"below generation_lead_s ({self.generation_lead_s:g} s): a reply "
+                             "is generated at most that far ahead of its playout, so video "
+                             "would wait through every reply")
+        return self
 
     @field_validator("sip_early_media")
     @classmethod

@@ -259,7 +259,9 @@ def summarize(clips: list[dict[str, Any]]) -> dict[str, Any]:
             "timing": summarize_clips([c["timing"] for c in good]),
             "chunk_late_frames": sum(c["chunk"]["late_frames"] for c in good if c.get("chunk")),
             "generated_fps_p50": round(float(np.median(gen)), 2) if gen else None,
-            "server_held_frames": sum(c.get("server_held") or 0 for c in good)}
+            "server_held_frames": sum(c.get("server_held") or 0 for c in good),
+            "voice_held_s": round(sum(c.get("voice_held_s") or 0.0 for c in clips), 2),
+            "voice_holds": sum(c.get("voice_holds") or 0 for c in clips)}
 
 
 async def open_peers(base: str, n: int, cell: int) -> list[VideoPeer]:
@@ -399,6 +401,11 @@ def tables(result: dict[str, Any]) -> str:
                 f"{fmt(v.get('p50_ms'))}/{fmt(v.get('p95_ms'))} | {v.get('underruns', '-')} "
                 f"({v.get('turns_underran', '-')}) | {v.get('errors') or '-'} | "
                 f"{video_cells(row['video'])} | {len(row['video_errors'])}")
+        for row in result["voice"]:
+            s = row["video"]
+            lines.append(f"  {row['videos']} videos: denoise waited for the voice "
+                         f"{s.get('voice_held_s', '-')} s in {s.get('voice_holds', '-')} "
+                         "hold(s) (video_voice_reserve_ms; server log)")
     lines.append("timing: new frames read from the chunk events (the server's playout rule); "
                  "picture: from the frames' pixels; server: held frames the server logged")
     for note in result.get("notes", []):
@@ -409,21 +416,31 @@ def tables(result: dict[str, Any]) -> str:
 
 
 PLAYED = re.compile(r"video (\S+) played: (\d+) frames sent, (\d+) of them held")
+# the engine's line at a video's end when its denoise waited for a reply short of audio
+VOICE_HELD = re.compile(r"video (\S+): its denoise waited ([\d.]+) s for the voice in (\d+) hold")
 
 
 def attach_server_held(result: dict[str, Any], log: Path | None) -> None:
-    """Each clip's held frames as the server's track counted them (its log), then the
-    summaries again."""
+    """Each clip's held frames as the server's track counted them and its denoise's waits
+    for the voice (the server's log), then the summaries again."""
     if log is None or not log.exists():
         return
-    held = {m.group(1): int(m.group(3)) for m in PLAYED.finditer(log.read_text(errors="replace"))}
+    text = log.read_text(errors="replace")
+    held = {m.group(1): int(m.group(3)) for m in PLAYED.finditer(text)}
+    voice = {m.group(1): (float(m.group(2)), int(m.group(3))) for m in VOICE_HELD.finditer(text)}
+
+    def attach(clip: dict[str, Any]) -> None:
+        video_id = clip.get("video_id", "")
+        clip["server_held"] = held.get(video_id)
+        clip["voice_held_s"], clip["voice_holds"] = voice.get(video_id, (0.0, 0))
+
     for arm in result["peer"]:
         for clip in arm["clips"]:
-            clip["server_held"] = held.get(clip.get("video_id", ""))
+            attach(clip)
         arm["summary"] = summarize(arm["clips"])
     for row in result["voice"]:
         for clip in row["clips"]:
-            clip["server_held"] = held.get(clip.get("video_id", ""))
+            attach(clip)
         row["video"] = summarize(row["clips"])
 
 

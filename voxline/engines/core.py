@@ -106,6 +106,8 @@ class EngineCore:
     when its words end a sentence, before the pause is reported (see `turns`).
     `llm_step_tokens`: the embedded LLM's tokens per batched step (`LLMStage.token_budget`).
     `max_videos`: videos rendered at once (the `video_streams` setting; see `Videos`).
+    `video_voice_reserve_ms` (0: off): no video chunk starts while a spoken reply has less
+    unplayed audio than this (`speech_pacing.VoiceReserve`).
     """
 
     def __init__(self, models: Models, wake: Callable[[], None], max_streams: int = 64,
@@ -116,7 +118,9 @@ class EngineCore:
                  generation_lead_ms: float | None = None, warm_prefill: bool = False,
                  early_pause_transcript: bool = True, early_speculation: bool = True,
                  llm_step_tokens: int = STEP_TOKENS,
-                 max_videos: int = 4) -> None:
+                 max_videos: int = 4,
+                 video_voice_reserve_ms: float = setting_default("video_voice_reserve_ms"),
+                 ) -> None:
         self.models = models
         self.max_responses = max_responses
         self.max_utterance_ms = max_utterance_ms
@@ -130,7 +134,8 @@ class EngineCore:
         self.tts = TTSStage(models.tts)
         self._outputs: list[p.EngineOutput] = []
         self.responses = Responses(models.llm, self.llm, self.tts, self._outputs.append,
-                                   self.registry.live, lead_ms=generation_lead_ms)
+                                   self.registry.live, lead_ms=generation_lead_ms,
+                                   voice_reserve_ms=video_voice_reserve_ms)
         self.warm = (WarmPrefills(models.llm, self.llm, self.responses, max_responses)
                      if warm_prefill and isinstance(self.llm, LLMStage) else None)
         self.responses.warm = self.warm
@@ -139,7 +144,7 @@ class EngineCore:
                            warm=self.warm, early_pause=early_pause_transcript,
                            early_speculation=early_speculation)
         context = StageContext(wake, self._outputs.append, self.registry.live, self.turns,
-                               max_videos=max_videos)
+                               max_videos=max_videos, voice_low=self.responses.reserve.low)
         self.parts: dict[str, StagePart] = {
             reg.name: reg.attach(context, models.stages.get(reg.name)) for reg in STAGES}
         self._handlers: dict[type[p.EngineInput], InputHandler] = {
@@ -188,7 +193,8 @@ class EngineCore:
                    early_speculation=settings.early_speculation,
                    generation_lead_ms=settings.generation_lead_s * 1000 or None,
                    llm_step_tokens=settings.llm_step_tokens,
-                   max_videos=settings.video_streams or 1)
+                   max_videos=settings.video_streams or 1,
+                   video_voice_reserve_ms=settings.video_voice_reserve_ms)
 
     @property
     def streams(self) -> Mapping[str, StreamState]:

@@ -94,7 +94,7 @@ class ReplySpeech:
             response.audio_ms += ms
             self.book.send(response, p.AudioChunk(stream.external_id, response.response_id,
                                               audio.tobytes(), out.sample_rate, ms, out.text))
-            self.pacing.pace(response)
+            self.pacing.sent(response, ms)
         if out.finished:
             response.tts_job = None
             self._finish_if_done(stream)

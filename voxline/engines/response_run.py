@@ -92,6 +92,7 @@ class ResponseRun:
     tts_ms: float = 0.0
     played_ms: float | None = None  # playout its caller reported (None: none, never held)
     held: bool = False  # flow control: too far ahead of playout to generate more (see above)
+    playout_until: float | None = None  # when its sent audio runs out (`speech_pacing`'s clock)
 
     def __post_init__(self) -> None:
         self.key = self.key or self.response_id

@@ -15,6 +15,7 @@ The units, each readable and testable alone:
   committed or discarded without a trace;
 - `reply_speech.ReplySpeech`: segments to the TTS stage, audio back (the TTS row);
 - `speech_pacing.PlayoutPacing`: flow control, a bounded lead ahead of playout;
+  `speech_pacing.VoiceReserve`: whether a reply is short of unplayed audio (video waits);
 - `truncation.truncate_to_heard`: an item cut to what its listener heard.
 `Responses` keeps the lifecycle itself and the LLM row of the stage table.
 """
@@ -39,7 +40,7 @@ from voxline.engines.response_run import (
 )
 from voxline.engines.speculation import Speculations
 from voxline.engines.speech_model import SpeechOut
-from voxline.engines.speech_pacing import PlayoutPacing
+from voxline.engines.speech_pacing import PlayoutPacing, VoiceReserve
 from voxline.engines.stage import StreamId
 from voxline.engines.streams import StreamState
 from voxline.engines.trace import trace
@@ -61,12 +62,13 @@ class Responses:
     def __init__(self, model: ChatModel, llm: LLMStage | RemoteLLMStage, tts: TTSStage,
                  emit: Callable[[p.EngineOutput], None],
                  live: Callable[[StreamId], StreamState | None],
-                 lead_ms: float | None = None) -> None:
+                 lead_ms: float | None = None, voice_reserve_ms: float = 0.0) -> None:
         self.model = model
         self.llm = llm
         self.tts = tts
         self.book = ResponseBook(emit, live)
         self.pacing = PlayoutPacing(lead_ms)
+        self.reserve = VoiceReserve(self.book.runs, self.pacing, voice_reserve_ms)
         self.prompts = ReplyPrompts(model, tts, self.book)
         self.speech = ReplySpeech(tts, self.book, self.pacing, self.finish_if_done)
         self.speculations = Speculations(self.book, llm, self.prompts, self._stop,
@@ -126,6 +128,7 @@ class Responses:
         if run is not None and run.speculative is not None:
             if msg.config == stream.config.auto_response and stream.pending_finals == 0:
                 self.speculations.commit(stream, run, msg)
+                self.pacing.committed(run)
                 return
             self.speculations.discard(stream)
         active = self.book.runs.get(sid) or self.book.deferred.get(sid)

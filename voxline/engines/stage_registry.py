@@ -51,6 +51,8 @@ class StageContext:
     live: Callable[[StreamId], StreamState | None]  # an open stream by internal id
     turns: Turns  # turn routing, for a stage that hears turns
     max_videos: int = 1  # videos rendered at once (`video_streams`)
+    # some spoken reply is short of unplayed audio (`speech_pacing.VoiceReserve.low`)
+    voice_low: Callable[[], bool] = lambda: False
 
 
 def _ignore(stream: StreamState) -> None:
@@ -171,12 +173,12 @@ def decode_ahead(settings: Settings) -> int:
 
 
 def _attach_video(ctx: StageContext, model: VideoModel | None) -> StagePart:
-    """Without a model `CreateVideo` is still taken, and refused naming the setting."""
+    """Without a model `CreateVideo` is still taken, and refused naming the setting. The
+    denoise starts no chunk while `ctx.voice_low()` (voice comes first)."""
     from voxline.engines.video_stage import Videos, VideoStage
 
-    videos = Videos(VideoStage(model) if model is not None else None, ctx.emit, ctx.live,
-                    ctx.max_videos)
-    stage = videos.stage
+    stage = VideoStage(model, voice_low=ctx.voice_low) if model is not None else None
+    videos = Videos(stage, ctx.emit, ctx.live, ctx.max_videos)
     rows = [] if stage is None else [
         StageSlot("video", stage, StageWorker(stage, ctx.wake, "voxline-video"),
                   route=videos.denoised, fail=videos.fail),

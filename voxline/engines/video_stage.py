@@ -23,6 +23,15 @@ denoise only once the first chunk's first piece is out, so the first frame is no
 the GPU's sharing (on an H100 it came 1.35 s after the request beside the second chunk's
 denoise, 0.84 s alone); `first_frame_first=False` drops the hold.
 
+Voice comes first: `voice_low` (injected; the engine's `speech_pacing.VoiceReserve.low`,
+the `video_voice_reserve_ms` setting) says some spoken reply still being generated is
+short of unplayed audio. While it does, no new denoise chunk starts (a chunk is ~1 s of
+GPU time beside the voice; one running goes on, and the decode row is never held: its
+frames are due at the player). `has_work` is False meanwhile, so the loop does not spin;
+the pressure ends only on an event that steps the loop (audio out, a playout report, a
+reply's end), and the next `schedule` starts the chunk. Each video counts its holds and
+their time, logged once at its end.
+
 `Videos` is the stages' owner on the loop thread: it admits `CreateVideo` (validated by
 the model before anything is queued), holds the engine to `max_videos` rendering at once
 (the `video_streams` setting: a request past it is refused `server_busy`, or with
@@ -42,6 +51,8 @@ torch nor diffusers.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +63,8 @@ import numpy as np
 from voxline.engines import protocol as p
 from voxline.engines.stage import RequestRefused, StreamId
 from voxline.engines.streams import StreamState
+
+logger = logging.getLogger(__name__)
 
 NO_VIDEO_MODEL = ("CreateVideo: no video model is loaded; start the server with "
                   "--video helios:/path/to/checkpoint (the `video` setting)")
@@ -110,6 +123,13 @@ class VideoJob:
     pieces_decoded: int = 0
     cancelled: bool = False
     waiting: bool = False  # admitted, waiting for a free slot (`wait_for_slot`)
+    holds: int = 0  # times its next chunk waited for the voice (`VideoStage.voice_low`)
+    held_s: float = 0.0  # their time, the open one excepted
+    held_since: float | None = None  # the open hold's start
+
+    def held_seconds(self, now: float) -> float:
+        """Time its chunks waited for the voice, the open hold up to `now` included."""
+        return self.held_s + (now - self.held_since if self.held_since is not None else 0.0)
 
 
 @dataclass(eq=False)
@@ -195,9 +215,13 @@ class VideoDecodeStage:
 class VideoStage:
     """Stage interface over a `VideoModel`'s denoise; see the module docstring."""
 
-    def __init__(self, model: VideoModel, first_frame_first: bool = True) -> None:
+    def __init__(self, model: VideoModel, first_frame_first: bool = True,
+                 voice_low: Callable[[], bool] = lambda: False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
         self.first_frame_first = first_frame_first
+        self.voice_low = voice_low
+        self.clock = clock
         self.decoder = VideoDecodeStage()
         self._queue: deque[VideoJob] = deque()
 
@@ -222,16 +246,29 @@ class VideoStage:
         return job.chunks_done - job.chunks_decoded <= ahead
 
     def has_work(self) -> bool:
-        return any(not job.cancelled and self._ready(job) for job in self._queue)
+        return (any(not job.cancelled and self._ready(job) for job in self._queue)
+                and not self.voice_low())
 
     def schedule(self) -> VideoJob | None:
-        for job in list(self._queue):
-            if job.cancelled:
-                self._queue.remove(job)
-            elif self._ready(job):
-                self._queue.remove(job)
-                return job
-        return None
+        """The first ready job, unless the voice is low: then the ready jobs are held."""
+        for job in [j for j in self._queue if j.cancelled]:
+            self._queue.remove(job)
+        ready = [job for job in self._queue if self._ready(job)]
+        if not ready:
+            return None
+        now = self.clock()
+        if self.voice_low():
+            for job in ready:
+                if job.held_since is None:
+                    job.held_since = now
+                    job.holds += 1
+            return None
+        for job in self._queue:  # the pressure is over: every open hold ends
+            if job.held_since is not None:
+                job.held_s += now - job.held_since
+                job.held_since = None
+        self._queue.remove(ready[0])
+        return ready[0]
 
     def execute(self, job: VideoJob) -> ChunkDecode:
         return job.render.denoise_next()
@@ -339,6 +376,10 @@ class Videos:
         """`job` holds no slot any more: the first waiting video (if any) takes it."""
         if self._jobs.pop((job.stream_id, job.video_id), None) is None:
             return
+        if job.holds and self.stage is not None:
+            logger.info("video %s: its denoise waited %.2f s for the voice in %d hold(s) (a "
+                        "spoken reply short of video_voice_reserve_ms of unplayed audio)",
+                        job.video_id, job.held_seconds(self.stage.clock()), job.holds)
         if job.waiting:
             self._waiting.remove(job)
             return

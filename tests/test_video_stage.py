@@ -572,3 +572,40 @@ def test_a_bad_voice_reserve_is_refused_naming_the_field(fields):
     with pytest.raises(ValidationError, match="video_voice_reserve_ms"):
         Settings(**fields)
     assert Settings(generation_lead_s=0.4).video_voice_reserve_ms == 500  # no video: unused
+
+
+def test_a_gpu_video_model_is_warmed_with_a_two_chunk_realtime_video_before_ready():
+    """On CUDA the start-up warm-up renders one real-time video at the default size through
+    the model's own path (compile, prompt encoder, the streams' memory); off CUDA nothing."""
+    from voxline.engines.stage_registry import STAGES
+
+    warm_up = next(reg.warm_up for reg in STAGES if reg.name == "video")
+    asked: list[p.CreateVideo] = []
+
+    class Pieces(OnePiece):
+        def __init__(self, frames):
+            super().__init__(frames)
+            self.left = 3
+
+        def next_piece(self):
+            self.left -= 1
+            return self.frames, self.left == 0
+
+    class Model(FakeVideoModel):
+        device = "cuda:0"
+
+        def begin_video(self, msg):
+            asked.append(msg)
+            render = super().begin_video(msg)
+            made = render.denoise_next
+            render.denoise_next = lambda: Pieces(made().frames)
+            return render
+
+    model = Model()
+    warm_up(model)
+    assert [(m.width, m.height, m.num_frames, m.realtime) for m in asked] == [(640, 384, 65, True)]
+    render = model.renders["a warm-up clip"]
+    assert render.finished and render.made == render.total_chunks
+    cpu = FakeVideoModel()
+    warm_up(cpu)  # no device attribute: a CPU model, nothing rendered
+    assert cpu.renders == {}

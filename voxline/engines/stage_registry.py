@@ -156,6 +156,25 @@ def load_video(settings: Settings) -> VideoModel | None:
     return driver
 
 
+def _warm_up_video(model: VideoModel) -> None:
+    """On a GPU, one two-chunk real-time video at the default size through the driver's own
+    streams before ready: the compile of both chunk shapes (`video_compile`: ~20 s on an
+    H100), the prompt encoder, and each CUDA stream's memory pool (the caching allocator
+    keeps blocks per stream: a stream's first chunk waited ~0.4 s for fresh memory), so a
+    user's first video is not the one that pays. Off CUDA nothing is warmed."""
+    if str(getattr(model, "device", "cpu")).split(":")[0] != "cuda":
+        return
+    t0 = time.perf_counter()
+    render = model.begin_video(p.CreateVideo("", "warm-up", "a warm-up clip", num_frames=65,
+                                             realtime=True, seed=0))
+    while not render.finished:
+        decode = render.denoise_next()
+        while not decode.next_piece()[1]:
+            pass
+    logger.info("video warm-up: %d chunks at the default size in %.1f s", render.total_chunks,
+                time.perf_counter() - t0)
+
+
 def decode_ahead(settings: Settings) -> int:
     """1 (chunk n's decode beside chunk n+1's denoise) unless `video_pipelined_decode` is
     off or the transformer's attention is cuDNN's: diffusers' `_native_cudnn` turns
@@ -207,5 +226,5 @@ STAGES: tuple[StageRegistration, ...] = (
     StageRegistration("end_of_turn", load=_load_smart_turn, attach=_attach_end_of_turn,
                       warm_up=_warm_up_end_of_turn),
     StageRegistration("video", load=load_video, attach=_attach_video,
-                      footprint=_video_footprint),
+                      warm_up=_warm_up_video, footprint=_video_footprint),
 )

@@ -22,6 +22,23 @@ from voxline.engines.speech_model import SentenceSpeechModel
 from voxline.engines.turn_detector import TurnDetector, TurnEvent
 
 
+def test_a_wh_question_that_strands_its_preposition_is_left_to_the_sound():
+    """ASR drops the question mark of "... what is it famous for?"; the words alone read
+    as trailing off, so the turn waited the INCOMPLETE pause (4 s at auto). A wh-clause
+    ending on its preposition is NEUTRAL: a finished sound ends it, a mid-phrase one
+    still waits long."""
+    for text in ("What is the capital of France, and what is it famous for",
+                 "Who are you talking to", "where are you from.", "Which one is it for"):
+        assert eot.ending(text) == Ending.NEUTRAL, text
+        assert eot.decide("auto", eot.ending(text), Sound.CONFIDENT) == eot.AGREED_MS["auto"]
+        assert eot.decide("auto", eot.ending(text), Sound.GOING_ON) == eot.SILENCE_MS["auto"][2]
+    # not a wh-clause, or a clause not opened by one: trailing off, as before
+    for text in ("I would like a table for", "Can you book a table for", "Tell me about",
+                 "Where is the station, and I need a ticket for"):
+        assert eot.ending(text) == Ending.INCOMPLETE, text
+    assert eot.ending("Who is it for?") == Ending.COMPLETE
+
+
 @pytest.mark.parametrize("eagerness", eot.EAGERNESS)
 def test_more_coming_by_either_waits_long_else_a_finished_sound_shortens_the_words(eagerness):
     complete, neutral, incomplete = eot.SILENCE_MS[eagerness]

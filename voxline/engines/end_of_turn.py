@@ -5,7 +5,8 @@ Two witnesses judge each pause in a turn:
 - the words: rules over the transcript of the turn up to the pause (the engine
   transcribes every pause anyway, to speculate). Words that end a sentence are
   COMPLETE; words that trail off on a connective ("and", "so", "for") or a filler
-  ("um") are INCOMPLETE; anything else is NEUTRAL. Until the transcript lands the
+  ("um") are INCOMPLETE, unless a wh-clause strands its preposition ("what is it
+  famous for"); anything else is NEUTRAL. Until the transcript lands the
   words are pending.
 - the sound: an end-of-turn model (Smart Turn v3.2, `models.smart_turn`) hears the last
   8 s and gives the probability that the speaker sounds finished; `sound` reads it as
@@ -109,6 +110,13 @@ _CONNECTIVES = frozenset("""
     should shall may might must i i'm we're you're they're let's whether
 """.split())
 _WORD = re.compile(r"[a-z']+")
+# A wh-question may end on its preposition ("What is it famous for?", "Who are you talking
+# to?", "Where are you from?"): when the last clause opens with one of these words, such
+# an ending reads NEUTRAL (the sound decides) rather than INCOMPLETE. ASR often drops the
+# question mark that would have said so, and the turn waited the INCOMPLETE pause (4 s).
+_STRANDED = frozenset("for to from about with of in on at by into".split())
+_WH = frozenset("what which who whom whose where".split())
+_CLAUSE = re.compile(r"[,.;:?!]|\b(?:and|but|or|so)\b")
 
 
 def ending(text: str) -> Ending:
@@ -123,11 +131,21 @@ def ending(text: str) -> Ending:
         return Ending.INCOMPLETE
     if text.endswith("?"):  # "What is it?", "Is that so?": a question mark is trusted
         return Ending.COMPLETE
+    if words[-1] in _STRANDED and _wh_clause(text):
+        return Ending.NEUTRAL
     if words[-1] in _CONNECTIVES:
         return Ending.INCOMPLETE
     if text.endswith((".", "!")):
         return Ending.COMPLETE
     return Ending.NEUTRAL
+
+
+def _wh_clause(text: str) -> bool:
+    """The last clause of `text` (after its last punctuation or and/but/or/so) opens with
+    a wh-word."""
+    last = _CLAUSE.split(text.lower().rstrip(" .!"))[-1]
+    words = _WORD.findall(last)
+    return len(words) > 1 and words[0] in _WH
 
 
 def comma_only(text: str) -> bool:

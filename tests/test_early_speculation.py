@@ -114,16 +114,22 @@ def test_voice_before_the_pause_drops_it_leaving_cache_and_conversation_as_if_it
     assert cache == slot_tokens
 
 
-def test_the_resumed_turn_is_one_item_answered_once():
-    h = harness("What time is it?", "And the date?")
-    _before_the_pause(h)
-    feed(h, np.concatenate([tone(0.4), silence(0.2)]))
-    h.run_until(lambda _: outcomes(h) == ["started", "discarded", "started"])
+def _answered(h) -> p.TranscriptFinal:
+    """The rest of the turn: the pause runs out, its final transcript, the reply to it."""
     feed(h, silence(0.6))
     h.run_until(has(p.TranscriptFinal))
     h.send(p.CreateResponse("s1", "r1", "a1", AUTO))
     h.run_until(has(p.ResponseFinished))
     final, = h.of(p.TranscriptFinal)
+    return final
+
+
+def test_the_resumed_turn_is_one_item_answered_once():
+    h = harness("What time is it?", "And the date?")
+    _before_the_pause(h)
+    feed(h, np.concatenate([tone(0.4), silence(0.2)]))
+    h.run_until(lambda _: outcomes(h) == ["started", "discarded", "started"])
+    final = _answered(h)
     assert final.text == "What time is it? And the date?"
     assert outcomes(h) == ["started", "discarded", "started", "committed"]
     assert [i.text for i in h.core.streams["s1"].conversation.items][0] == final.text
@@ -140,11 +146,7 @@ def test_a_breath_before_the_pause_drops_it_and_the_pause_speculates_on_what_it_
     assert outcomes(h) == ["started"]
     feed(h, np.concatenate([tone(0.1, level=0.11), silence(0.25)]))
     h.run_until(lambda _: outcomes(h) == ["started", "discarded", "started"])
-    feed(h, silence(0.6))
-    h.run_until(has(p.TranscriptFinal))
-    h.send(p.CreateResponse("s1", "r1", "a1", AUTO))
-    h.run_until(has(p.ResponseFinished))
-    final, = h.of(p.TranscriptFinal)
+    final = _answered(h)
     assert outcomes(h)[-1] == "committed"
     assert h.core.streams["s1"].conversation.items[0].text == final.text == \
         "What time is it? And the date?"

@@ -216,7 +216,9 @@ def _video_footprint(settings: Settings, gpu_in_use: bool) -> tuple[str, Footpri
     if not gpu_in_use or video is None:  # Helios loads on the default GPU if there is one
         return None
     footprint = bf16_weights_footprint(Path(video.target), "video")
-    if str(settings.video_weights) == "fp8":  # the block linears at one byte a weight
+    from voxline.config import VideoWeights
+
+    if settings.video_weights == VideoWeights.FP8:  # the block linears at one byte a weight
         saved = block_projection_params(Path(video.target) / "transformer")
         footprint = replace(footprint, weights=footprint.weights - saved)
     return "cuda", footprint

@@ -154,15 +154,18 @@ def check(ckpt: Path, slots: int, streams: int) -> None:
 # --------------------------------------------------------------------------- run
 
 
-def wait_ready(url: str, server: subprocess.Popen, limit_s: float,
+def wait_ready(url: str, server: subprocess.Popen | None, limit_s: float,
                log: Path | None = None) -> float:
-    """Seconds until /health answers 200; raises if the server exits or `limit_s` passes."""
+    """Seconds until /health answers 200 (`server` None: one started elsewhere); raises,
+    with the log's tail, if the server exits, its log says it failed, or `limit_s` passes."""
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < limit_s:
-        if server.poll() is not None:
-            raise RuntimeError(f"voxline serve exited with {server.returncode} before ready")
-        if log is not None and "engine failed to start" in log.read_text(errors="replace"):
-            raise RuntimeError("the engine failed to start (server log)")
+        text = log.read_text(errors="replace") if log is not None and log.exists() else ""
+        if server is not None and server.poll() is not None:
+            raise RuntimeError(f"voxline serve exited with {server.returncode} before ready; "
+                               f"log tail:\n{text[-3000:]}")
+        if "engine failed to start" in text or "voxline serve: error:" in text:
+            raise RuntimeError("voxline serve failed to start; log tail:\n" + text[-3000:])
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as resp:
                 if resp.status == 200:

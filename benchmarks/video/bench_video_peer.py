@@ -40,7 +40,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +62,10 @@ from voxline.bench_video import (  # noqa: E402
     summarize_clips,
 )
 from voxline.engines.video_frames import chunk_count, output_frames  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks" / "gpu_serving"))
+from bench_gpu_serve import wait_ready  # noqa: E402  (one home for the serve-ready wait)
+
 from voxline.realtime.transports.ice import LOOPBACK, restrict_gathering  # noqa: E402
 
 AUDIO_RATE, AUDIO_FRAME = 48000, 960
@@ -457,25 +460,6 @@ def capacity_lines(log: Path | None) -> list[str]:
 # ------------------------------------------------------------------ server
 
 
-def wait_ready(url: str, server: subprocess.Popen | None, log: Path | None,
-               limit_s: float) -> float:
-    """Seconds until /health answers 200 (a server started elsewhere: `server` None)."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < limit_s:
-        if server is not None and log is not None and server.poll() is not None:
-            raise RuntimeError(f"voxline serve exited with {server.returncode} before ready; "
-                               f"log tail:\n{log.read_text(errors='replace')[-3000:]}")
-        text = log.read_text(errors="replace") if log is not None and log.exists() else ""
-        if "engine failed to start" in text or "voxline serve: error:" in text:
-            raise RuntimeError("voxline serve failed to start; log tail:\n" + text[-3000:])
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return time.monotonic() - t0
-        time.sleep(1.0)
-    raise RuntimeError(f"voxline serve not ready after {limit_s:.0f} s")
-
-
 def start_server(args: argparse.Namespace, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "voxline.cli", "serve", "--port", str(args.port),
            "--ice-hosts", "127.0.0.1", "--video", args.video, *args.serve_args.split()]
@@ -649,10 +633,10 @@ def main(argv: list[str] | None = None) -> int:
                 log = out.parent / (out.stem + "_server.log")
                 server = start_server(args, log)
                 base = f"http://127.0.0.1:{args.port}"
-                result["ready_s"] = round(wait_ready(base, server, log, args.ready_timeout), 1)
+                result["ready_s"] = round(wait_ready(base, server, args.ready_timeout, log), 1)
                 print(f"== ready after {result['ready_s']} s", flush=True)
             else:  # a server started beside this script may still be loading
-                result["ready_s"] = round(wait_ready(base, None, log, args.ready_timeout), 1)
+                result["ready_s"] = round(wait_ready(base, None, args.ready_timeout, log), 1)
             result["capacity_lines"] = capacity_lines(log)
             save()
             asyncio.run(run_arms(base.rstrip("/"), args, out.parent, result, save))

@@ -10,7 +10,9 @@ import gc
 import logging
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
+
+from voxline.aio import cancel_and_wait
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -62,10 +64,7 @@ class LoopLag:
 
     async def stop(self) -> None:
         """Stop watching, once the watch task has ended."""
-        task = self.cancel()
-        if task is not None:
-            with suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self.cancel())
 
     def cancel(self) -> asyncio.Task[None] | None:
         """Stop watching without waiting (for a caller that is itself being cancelled)."""

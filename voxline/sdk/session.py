@@ -20,6 +20,7 @@ import typing
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from voxline.aio import cancel_and_wait
 from voxline.errors import ProtocolError, VoxlineError
 from voxline.realtime.openai.session_object import beta_format, validate_session
 from voxline.sessions import commands as cmd
@@ -224,10 +225,7 @@ class Session:
     async def aclose(self) -> None:
         """End the session (frees its engine stream)."""
         await self._transport.close()
-        if self._pump is not None:
-            self._pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._pump
+        await cancel_and_wait(self._pump)
 
     async def _read(self) -> None:
         try:

@@ -104,8 +104,8 @@ class SessionRunner:
             # let the writer deliver what is queued (e.g. the final error), then stop it
             with contextlib.suppress(asyncio.QueueFull):
                 self._outgoing.put_nowait(None)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(tasks[0], 2.0)
+            # asyncio.wait, not wait_for: 3.11's wait_for can swallow our own cancellation
+            await asyncio.wait(tasks[:1], timeout=2.0)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

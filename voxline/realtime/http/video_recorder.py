@@ -15,12 +15,12 @@ the session left unfinished, leaves no file.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
 import numpy as np
 
+from voxline.aio import cancel_and_wait
 from voxline.realtime.http.audio_requests import AudioAPIError
 from voxline.realtime.http.videos import Mp4Writer, VideoRecord, VideoRequest, VideoStore
 from voxline.sessions import events as ev
@@ -124,6 +124,4 @@ class SessionVideoRecorder:
         """The session ended: videos it left unfinished fail and leave no file."""
         for rec in list(self._active.values()):
             self._fail(rec, "the session ended before the video did")
-            if rec.task is not None:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await rec.task
+            await cancel_and_wait(rec.task)

@@ -12,9 +12,10 @@ yet sent (a barge-in: the ``clear`` that follows goes out at once).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import Callable
+
+from voxline.aio import cancel_and_wait
 
 FRAME_S = 0.02
 LEAD_S = 0.06  # playback the peer holds ahead: three frames
@@ -87,7 +88,4 @@ class FramePacer:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)

@@ -20,13 +20,13 @@ end as one, once its events are out).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
 from fastapi import WebSocket, WebSocketDisconnect
 
+from voxline.aio import cancel_and_wait
 from voxline.realtime.ops.metrics import Metrics
 from voxline.realtime.session_host import (
     CLOSE_POLICY,
@@ -113,9 +113,7 @@ class Outbox:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
+            await cancel_and_wait(self._task)
 
 
 async def admit_or_close(ws: WebSocket, host: SessionHost) -> Admission | None:

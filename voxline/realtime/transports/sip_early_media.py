@@ -14,12 +14,12 @@ queue a little ahead until the app decides.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from voxline.aio import cancel_and_wait
 from voxline.codecs import float_to_alaw, float_to_ulaw, read_wav, resample
 from voxline.codecs.opus import OpusEncoder
 from voxline.sessions.settings import AudioEncoding
@@ -101,7 +101,5 @@ class EarlyMedia:
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
         self._drop()

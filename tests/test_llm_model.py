@@ -492,6 +492,86 @@ def test_int8_rows_follow_the_cpu_kernels(monkeypatch) -> None:
     assert int8_linear.Int8Linear(torch.nn.Linear(8, 4)).max_rows == int8_linear.AVX2_MAX_ROWS
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_dynamic_prefill_quantizes_each_tokens_activations(bias: bool, monkeypatch) -> None:
+    from voxline.kernels.int8_linear import Int8Linear
+
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(96, 40, bias=bias)
+    weight_only = Int8Linear(linear, max_rows=None)
+    q = Int8Linear(linear, max_rows=None, dynamic_prefill=True)
+    calls = []
+    int_mm = torch._int_mm
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(a.dtype) or int_mm(a, b))
+    # a decode step (one token per sequence, or the LM head's 2-D rows) stays weight-only
+    for shape in ((3, 1, 96), (5, 96)):
+        x = torch.randn(*shape)
+        assert torch.equal(q(x), weight_only(x))
+    assert calls == []
+    x = torch.randn(2, 7, 96)  # a prefill: several tokens per sequence
+    got, ref = q(x), linear(x).detach()
+    assert calls == [torch.int8] and got.shape == (2, 7, 40) and got.dtype == torch.float32
+    assert not torch.equal(got, weight_only(x))
+    assert (got - ref).norm() / ref.norm() < 0.02
+    # each token has its own scale and the int32 sums are exact: a prompt prefilled in
+    # pieces of several tokens reads exactly what one prefill would
+    x = torch.randn(1, 12, 96)
+    assert torch.equal(q(x), torch.cat([q(x[:, :5]), q(x[:, 5:])], dim=1))
+    assert torch.equal(q(torch.zeros(1, 3, 96)), q(torch.zeros(1, 3, 96)))  # no NaN at zero
+    assert not q(torch.zeros(1, 3, 96)).isnan().any()
+
+
+def test_dynamic_prefill_is_chosen_where_avx512_lacks_native_bfloat16(monkeypatch) -> None:
+    from voxline.kernels import int8_linear
+
+    for capability, bf16, amx, want in (("AVX512", False, False, True),
+                                        ("AVX512", True, False, False),
+                                        ("AVX512", False, True, False),
+                                        ("AVX2", False, False, False)):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda b=bf16: b,
+                            raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda a=amx: a, raising=False)
+        assert int8_linear.dynamic_prefill_default() is want, (capability, bf16, amx)
+
+
+def test_the_int8_prefill_setting_resolves_and_is_refused_without_int8_weights(monkeypatch):
+    from voxline.config import load_settings
+    from voxline.engines import factory
+
+    monkeypatch.setattr(factory, "dynamic_prefill_default", lambda: True)
+    assert factory.dynamic_prefill(load_settings()) is True  # auto: this CPU's choice
+    monkeypatch.setattr(factory, "dynamic_prefill_default", lambda: False)
+    assert factory.dynamic_prefill(load_settings()) is False
+    assert factory.dynamic_prefill(load_settings(llm_int8_prefill="dynamic")) is True
+    assert factory.dynamic_prefill(load_settings(llm_int8_prefill="weight-only")) is False
+    assert factory.dynamic_prefill(load_settings(llm_dtype="float32")) is False
+    for kwargs in ({"llm_int8_prefill": "dynamic", "llm_dtype": "float32"},
+                   {"llm_int8_prefill": "weight-only", "llm": "openai:http://127.0.0.1:9/v1"}):
+        with pytest.raises(ValueError, match="llm_int8_prefill=.* applies to the embedded LLM "
+                                             "with llm_dtype=int8"):
+            factory.dynamic_prefill(load_settings(**kwargs))
+    with pytest.raises(ValueError, match="needs int8 weights"):
+        from voxline.engines.models.llama.checkpoint import load_llm
+        load_llm("/nonexistent", torch.float32, dynamic_prefill=True)
+
+
+def test_an_int8_model_with_dynamic_prefill_stays_close_to_float32() -> None:
+    hf, ours = tiny_pair()
+    q = LlamaModel.from_state_dict(hf.config, hf.state_dict()).quantize_int8(
+        dynamic_prefill=True)
+    assert not q.lm_head.dynamic_prefill  # the next token is picked from weight-only logits
+    assert all(m.dynamic_prefill for m in q.model.layers.modules()
+               if type(m).__name__ == "Int8Linear")
+    ids = random_ids(12, 5)
+    for model in (ours, q):
+        model.allocate_cache(1, 32)
+    ref, got = ours.forward_batch([0], [ids]), q.forward_batch([0], [ids])
+    assert 0 < (got - ref).abs().max() < 0.05 * ref.abs().max()
+    ref_kv, got_kv = ours.cache.k[:, 0, :, :12], q.cache.k[:, 0, :, :12]
+    assert (got_kv - ref_kv).norm() / ref_kv.norm() < 0.02
+
+
 def test_int8_model_stays_close_to_float32_and_refuses_other_dtypes() -> None:
     hf, ours = tiny_pair()
     q = LlamaModel.from_state_dict(hf.config, hf.state_dict()).quantize_int8()

@@ -380,8 +380,10 @@ class WsServer:
 
     def __init__(self, label: str, speculate_ms: float, threads: int,
                  warm_prefill: bool = True, turn_detection: str = "server_vad",
-                 log_prefix: str = "", early_speculation: bool = True) -> None:
+                 log_prefix: str = "", early_speculation: bool = True,
+                 int8_prefill: str = "") -> None:
         self.early_speculation = early_speculation
+        self.int8_prefill = int8_prefill  # llm_int8_prefill ("": the server's default)
         self.label, self.speculate_ms, self.threads = label, speculate_ms, threads
         self.log_prefix = log_prefix  # the server's log goes to prefix + label + .log
         self.warm_prefill = warm_prefill
@@ -402,6 +404,8 @@ class WsServer:
                "--speculate-after-ms", str(self.speculate_ms),
                "--warm-prefill" if self.warm_prefill else "--no-warm-prefill",
                "--early-speculation" if self.early_speculation else "--no-early-speculation"]
+        if self.int8_prefill:
+            cmd += ["--llm-int8-prefill", self.int8_prefill]
         if not self.log_prefix:
             return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
@@ -585,6 +589,17 @@ def fmt(v: float | None) -> str:
     return "   -" if v is None else f"{v:5.0f}"
 
 
+def client_milestones(path: str, i: int, t: TurnTiming) -> None:
+    """Append a ws turn's client-side milestones, in ms of the same monotonic clock as the
+    server's VOXLINE_TRACE lines (perf_counter), so the two line up turn by turn."""
+    marks = {"speech_end": t.speech_end or None, "speech_stopped": t.stopped,
+             "transcript": t.final, "first_text": t.first_text, "first_audio": t.first_audio}
+    with open(path, "a") as out:
+        for name, at in marks.items():
+            if at is not None:
+                out.write(f"t={at * 1000:.1f} turn={i} client {name} text={t.text!r}\n")
+
+
 def print_turn(i: int, t: TurnTiming, clip: Clip) -> None:
     vad_ms = t.ms(t.speech_end, t.stopped)
     asr_ms = t.ms(t.stopped, t.final)
@@ -745,9 +760,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                          "audio); one variant, --mode inprocess")
     ap.add_argument("--trace-file", default="",
                     help="with --trace: also write every milestone line there, for per-turn reading")
+    ap.add_argument("--int8-prefill", default="",
+                    help="--mode ws: comma-separated llm_int8_prefill values, one server each "
+                         "side by side (weight-only,dynamic); default: the server's own (auto)")
     ap.add_argument("--server-log", default="",
                     help="--mode ws: write each server's log to this prefix + variant + .log "
-                         "(with VOXLINE_TRACE=1 in the environment, its turn milestones too)")
+                         "(with VOXLINE_TRACE=1 in the environment, its turn milestones too), "
+                         "and the client's milestones on the same clock to ... + .client.log")
     args = ap.parse_args(argv)
     args.voices = [v.strip() for v in args.voice.split(",") if v.strip()]
     if not args.voices or any(v != "piper" and v.split(":")[0] != "espeak" for v in args.voices):
@@ -786,6 +805,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.variants = {n: LADDER[n] for n in names}
     if args.trace_file and not args.trace:
         ap.error("--trace-file needs --trace")
+    args.int8_prefill = [v.strip() for v in args.int8_prefill.split(",") if v.strip()] or [""]
+    if args.int8_prefill != [""] and "ws" not in args.modes:
+        ap.error("--int8-prefill needs --mode ws (it is a `voxline serve` setting)")
     if args.server_log and "ws" not in args.modes:
         ap.error("--server-log needs --mode ws (the other modes start no server)")
     if args.trace and (args.modes != ["inprocess"] or len(variant_grid(args)) != 1
@@ -852,13 +874,16 @@ async def amain(args: argparse.Namespace) -> int:
                 t0 = time.perf_counter()
                 if mode == "ws":
                     for detection in args.turn_detection:
-                        named = detection_label(label, detection)
-                        server = WsServer(named, speculate, args.threads, v.warm, detection,
-                                          log_prefix=args.server_log,
-                                          early_speculation=v.early_spec)
-                        variants[named] = server
-                        await server.start()
-                        print(f"{named} ready in {time.perf_counter() - t0:.1f} s")
+                        for prefill in args.int8_prefill:
+                            named = detection_label(label, detection) + (
+                                f":{prefill}" if prefill else "")
+                            server = WsServer(named, speculate, args.threads, v.warm, detection,
+                                              log_prefix=args.server_log,
+                                              early_speculation=v.early_spec,
+                                              int8_prefill=prefill)
+                            variants[named] = server
+                            await server.start()
+                            print(f"{named} ready in {time.perf_counter() - t0:.1f} s")
                     continue
                 kwargs: dict[str, object] = {"speculate_after_ms": speculate,
                                              "warm_prefill": v.warm,
@@ -920,6 +945,8 @@ async def amain(args: argparse.Namespace) -> int:
                 t.mode = row(label, voice)
                 results[row(label, voice)].append(t)
                 print_turn(i, t, clip)
+                if args.server_log and isinstance(variants[label], WsServer):
+                    client_milestones(f"{args.server_log}{label}.client.log", i, t)
         summarize(results)
         markdown_table(results)
         if args.trace:

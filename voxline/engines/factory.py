@@ -27,6 +27,8 @@ import torch
 
 from voxline.config import (
     AutoOff,
+    Int8Prefill,
+    LLMDtype,
     Settings,
     TTSBackend,
     load_settings,
@@ -49,6 +51,7 @@ from voxline.kernels.cuda_graphs import (
     set_urgent_streams,
     stream_priority,
 )
+from voxline.kernels.int8_linear import dynamic_prefill_default
 from voxline.logs import phase
 
 logger = logging.getLogger(__name__)
@@ -234,6 +237,7 @@ def load_reply_model(settings: Settings, llm_path: str | None, max_slots: int,
         raise ValueError(f"llm_prefill_graphs=off applies to the embedded LLM on CUDA; with "
                          f"llm={settings.llm} and llm_device={settings.llm_device} no prompt "
                          "runs from a CUDA graph")
+    dynamic = dynamic_prefill(settings)  # refuses the setting where nothing is int8
     if settings.remote_llm:
         config = RemoteLLMConfig(parse_llm_spec(settings.llm), settings.llm_model or "",
                                  settings.llm_api_key, settings.llm_timeout, settings.llm_retries)
@@ -245,9 +249,25 @@ def load_reply_model(settings: Settings, llm_path: str | None, max_slots: int,
 
     device = llm_device(settings)
     path = llm_path or settings.llm_checkpoint
-    return ChatLLM(load_llm(path, settings.llm_dtype, device=device, cache=settings.cache),
+    return ChatLLM(load_llm(path, settings.llm_dtype, device=device, cache=settings.cache,
+                            dynamic_prefill=dynamic),
                    max_slots=max_slots, max_len=max_len,
                    prefill_graphs=settings.llm_prefill_graphs == AutoOff.AUTO)
+
+
+def dynamic_prefill(settings: Settings) -> bool:
+    """``settings.llm_int8_prefill`` resolved for this CPU; a choice other than auto is
+    refused where the embedded LLM has no int8 weights."""
+    choice = settings.llm_int8_prefill
+    if settings.llm_dtype != LLMDtype.INT8 or settings.remote_llm:
+        if choice != Int8Prefill.AUTO:
+            raise ValueError(f"llm_int8_prefill={choice} applies to the embedded LLM with "
+                             f"llm_dtype=int8; with llm={settings.llm} and "
+                             f"llm_dtype={settings.llm_dtype} there are no int8 weights")
+        return False
+    if choice == Int8Prefill.AUTO:
+        return dynamic_prefill_default()
+    return choice == Int8Prefill.DYNAMIC
 
 
 def llm_device(settings: Settings) -> str:

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from voxline.engines.checkpoints import checkpoint_dir
-from voxline.kernels.int8_linear import int8_max_rows
+from voxline.kernels.int8_linear import int8_max_rows, native_bfloat16
 from voxline.logs import timed
 
 from .model import LlamaModel
@@ -82,17 +82,21 @@ def load_llm(
     *,
     device: torch.device | str = "cpu",
     cache: Path | None = None,
+    dynamic_prefill: bool = False,
 ) -> LoadedLLM:
     """Our :class:`LlamaModel` + tokenizer + config; ``path=None`` is the shipped SmolLM2.
 
     ``path`` may be a local HF-layout directory or a hub id already in the local hub
     cache. ``dtype`` is a torch float dtype, or ``"int8"``: int8 linear weights with
-    float32 activations (CPU; see :meth:`LlamaModel.quantize_int8`). Raises
+    float32 activations (CPU; see :meth:`LlamaModel.quantize_int8`, which takes
+    ``dynamic_prefill``). Raises
     :class:`ModelUnavailableError` when weights cannot be found.
     """
     from transformers import AutoConfig, AutoTokenizer
 
     int8 = str(dtype) == INT8
+    if dynamic_prefill and not int8:
+        raise ValueError(f"dynamic int8 prefill needs int8 weights, not {dtype}")
     float_dtype = torch.float32 if int8 else _as_dtype(dtype)
     directory = resolve_checkpoint(path, cache)
     name = str(path) if path is not None else SMOLLM2_NAME
@@ -105,11 +109,14 @@ def load_llm(
             state = load_hf_llm(directory, torch.float32).state_dict()
         model = LlamaModel.from_state_dict(config, state, dtype=float_dtype, device=device)
         if int8:
-            model.quantize_int8()
+            model.quantize_int8(dynamic_prefill=dynamic_prefill)
             rows = int8_max_rows()
-            logger.info("int8 weights: %s (aten's %s kernels)",
+            logger.info("int8 weights: %s (aten's %s kernels, %s bfloat16)%s",
                         "every step" if rows is None else f"steps of up to {rows} rows, "
-                        "float32 above", torch.backends.cpu.get_cpu_capability())
+                        "float32 above", torch.backends.cpu.get_cpu_capability(),
+                        "native" if native_bfloat16() else "no native",
+                        "; prefill steps quantize their activations to int8 "
+                        "(llm_int8_prefill=dynamic)" if dynamic_prefill else "")
         tokenizer = fix_tokenizer(AutoTokenizer.from_pretrained(directory))
     return LoadedLLM(model, tokenizer, config)
 

@@ -211,18 +211,20 @@ class LlamaModel(nn.Module):
         """The activations' (and KV cache's) dtype; int8 linears keep float32 activations."""
         return self.model.norm.weight.dtype
 
-    def quantize_int8(self) -> LlamaModel:
+    def quantize_int8(self, *, dynamic_prefill: bool = False) -> LlamaModel:
         """Decode from int8 weights in every linear, the LM head included (CPU, in place).
 
         Decoding is memory-bound on a CPU: a quarter of the bytes per token is most of the
         win. Activations, norms, attention and the KV cache stay float32; prefill steps read
         the int8 weights too where that is faster on this CPU (see
-        :mod:`voxline.kernels.int8_linear`).
+        :mod:`voxline.kernels.int8_linear`). With ``dynamic_prefill`` the decoder layers'
+        prefill steps quantize their activations to int8 too; the LM head never does (the
+        next token is picked from its output).
         """
         if self.device.type != "cpu" or self.dtype != torch.float32:
             raise ValueError(f"int8 weights need a float32 model on the CPU, not "
                              f"{self.dtype} on {self.device}")
-        quantize_linears(self.model.layers)
+        quantize_linears(self.model.layers, dynamic_prefill=dynamic_prefill)
         self.lm_head = Int8Linear(self.lm_head)
         return self
 

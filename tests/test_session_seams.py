@@ -147,3 +147,22 @@ def _user_text(item_id: str, text: str):
 
     return MessageItem(id=item_id, role="user",
                        content=[ContentPart(type="input_text", text=text)])
+
+
+async def test_a_session_task_cancelled_by_someone_else_ends_it_as_an_error_not_a_cancel():
+    """A CancelledError out of the runner would read as its caller's own cancellation (and
+    escape Starlette's cancel scope); a stray cancel of one of its tasks is a server error."""
+    engine = InProcessEngineClient("fakes:make_fake_core", {"stop_after": 60})
+    await engine.start()
+    try:
+        client = Client()
+        runner = asyncio.create_task(SessionRunner(SessionActor("sess_stray", "stray-1"), engine,
+                                                   client.send).run(client.commands()))
+        await client.until(lambda e: isinstance(e, ev.SessionCreated))
+        reader = next(t for t in asyncio.all_tasks() if t.get_name() == "session-client")
+        reader.cancel()
+        with pytest.raises(RuntimeError, match="session-client task was cancelled"):
+            await asyncio.wait_for(runner, 10 * TIME_FACTOR)
+        assert not runner.cancelled()
+    finally:
+        await engine.close()

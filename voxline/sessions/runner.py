@@ -94,6 +94,8 @@ class SessionRunner:
                 self._flush()
                 raise SessionEnded(1000, "session expired")
             for task in done:
+                if task.cancelled():  # not by us: a bug to report, not our caller's cancel
+                    raise RuntimeError(f"the session's {task.get_name()} task was cancelled")
                 exc = task.exception()
                 if exc is not None:
                     raise exc

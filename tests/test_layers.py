@@ -7,9 +7,9 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "voxline"
-# errors, config, logs and version are the foundation every layer may use. The package
+# errors, config, logs, version and aio (asyncio helpers) are the foundation every layer may use. The package
 # root is the SDK's face, so it sits on top with sdk/, cli.py and commands.py.
-RANK = {"codecs": 0, "kernels": 0, "errors": 0, "config": 0, "logs": 0, "version": 0,
+RANK = {"codecs": 0, "kernels": 0, "errors": 0, "config": 0, "logs": 0, "version": 0, "aio": 0,
         "engines": 1, "sessions": 2, "realtime": 3}
 TOP = 4  # voxline (the root), sdk/, cli.py and commands.py: the composition on top
 

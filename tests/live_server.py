@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -10,6 +11,8 @@ from contextlib import contextmanager
 
 import httpx
 import uvicorn
+from conftest import TIME_FACTOR
+from websockets.sync.client import ClientConnection, connect
 
 from voxline.config import load_settings
 from voxline.engines.launch import make_engine
@@ -59,3 +62,26 @@ def live_server(startup_timeout: float = 300.0, **overrides: object) -> Iterator
     with serve_app(app, settings.port, startup_timeout=startup_timeout, name="live-server",
                    ws_max_size=settings.max_event_bytes + 1024) as base:
         yield base
+
+
+class JsonSocket:
+    """A live server's WebSocket with the Starlette test session's `send_json` and
+    `receive_json`, so event-level tests run unchanged over a real connection."""
+
+    def __init__(self, conn: ClientConnection) -> None:
+        self.conn = conn
+
+    def send_json(self, data: object) -> None:
+        self.conn.send(json.dumps(data))
+
+    def receive_json(self) -> dict:
+        return json.loads(self.conn.recv(timeout=30 * TIME_FACTOR))
+
+
+@contextmanager
+def live_socket(app: object, path: str = "/v1/realtime", **config: object) -> Iterator[JsonSocket]:
+    """`app` served by uvicorn on a free loopback port once healthy, and a WebSocket to
+    `path` on it; both closed when the block ends."""
+    with serve_app(app, free_port(), **config) as base, \
+            connect("ws" + base[len("http"):] + path, max_size=None) as conn:
+        yield JsonSocket(conn)

@@ -1,16 +1,16 @@
 """Parallel tool calls and reasoning effort with a remote reply model: a scripted
 OpenAI-compatible server on loopback (tests/fake_openai.py) returns two tool calls in one
-turn, over a real voxline app's /v1/realtime WebSocket; every event validates strictly
-against the `openai` package's GA types."""
+turn, over a real voxline server's /v1/realtime WebSocket (uvicorn on loopback); every
+event validates strictly against the `openai` package's GA types."""
 
 from __future__ import annotations
 
 import pytest
 from fake_openai import Reply, fake_openai
-from live_server import free_port, serve_app
+from live_server import free_port, live_socket, serve_app
 from openai_types import strict_problems
 from test_mcp_tools import _mcp_app, _mcp_tool
-from test_remote_llm import ready, realtime_app
+from test_remote_llm import remote_app
 from ws_events import until
 
 TOOLS = [
@@ -52,7 +52,7 @@ def test_two_calls_in_one_turn_answered_out_of_order_and_the_reply_waits_for_bot
     fake.plan.append(Reply(text=[], calls=TWO_CALLS))
     fake.plan.append(Reply(text=["Sunny in Paris, ", "nine in Tokyo."]))
     seen: list[dict] = []
-    with realtime_app(url) as client, ready(client).websocket_connect("/v1/realtime") as ws:
+    with live_socket(remote_app(url)) as ws:
         open_session(ws, seen, tools=TOOLS)
         ask(ws, "Weather in Paris and the time in Tokyo?")
         done = until(ws, "response.done", seen)
@@ -96,7 +96,7 @@ def test_answering_before_asking_replies_at_once_and_a_second_wait_is_refused(se
     fake.plan.append(Reply(text=[], calls=TWO_CALLS))
     fake.plan.append(Reply(text=["Done."]))
     seen: list[dict] = []
-    with realtime_app(url) as client, ready(client).websocket_connect("/v1/realtime") as ws:
+    with live_socket(remote_app(url)) as ws:
         open_session(ws, seen, tools=TOOLS)
         ask(ws, "Weather in Paris and the time in Tokyo?")
         until(ws, "response.done", seen)
@@ -117,7 +117,7 @@ def test_parallel_mcp_calls_both_run_before_the_follow_up():
                                                ("add", ['{"a": 4, ', '"b": 5}'])]))
         fake.plan.append(Reply(text=["Five and nine."]))
         seen: list[dict] = []
-        with realtime_app(url) as client, ready(client).websocket_connect("/v1/realtime") as ws:
+        with live_socket(remote_app(url)) as ws:
             open_session(ws, seen, tools=[_mcp_tool(base + "/mcp")])
             until(ws, "mcp_list_tools.completed", seen)
             ask(ws, "What are 2 + 3 and 4 + 5?")
@@ -137,7 +137,7 @@ def test_parallel_tool_calls_setting_reaches_the_remote_model_with_the_tools(ser
     fake, url = server
     fake.plan += [Reply(text=["One."]), Reply(text=["Two."]), Reply(text=["Three."])]
     seen: list[dict] = []
-    with realtime_app(url) as client, ready(client).websocket_connect("/v1/realtime") as ws:
+    with live_socket(remote_app(url)) as ws:
         open_session(ws, seen, tools=TOOLS, parallel_tool_calls=False)
         assert seen[-1]["session"]["parallel_tool_calls"] is False
         ask(ws, "Weather?")
@@ -159,7 +159,7 @@ def test_reasoning_effort_reaches_the_remote_model_from_the_session_and_a_respon
     fake, url = server
     fake.plan += [Reply(text=["Fine."]), Reply(text=["Thought hard."]), Reply(text=["Ok."])]
     seen: list[dict] = []
-    with realtime_app(url) as client, ready(client).websocket_connect("/v1/realtime") as ws:
+    with live_socket(remote_app(url)) as ws:
         open_session(ws, seen, reasoning={"effort": "low"})
         assert seen[-1]["session"]["reasoning"] == {"effort": "low"}
         ask(ws, "Hello?")
@@ -180,16 +180,13 @@ def test_reasoning_effort_reaches_the_remote_model_from_the_session_and_a_respon
 
 
 def test_the_embedded_model_refuses_reasoning_effort_by_name():
-    from starlette.testclient import TestClient
-
     from voxline.config import load_settings
     from voxline.engines.client import InProcessEngineClient
     from voxline.realtime.app import create_app
 
     engine = InProcessEngineClient("fakes:make_fake_core", {})
     seen: list[dict] = []
-    with TestClient(create_app(load_settings(), engine)) as client, \
-            ready(client).websocket_connect("/v1/realtime") as ws:
+    with live_socket(create_app(load_settings(), engine)) as ws:
         until(ws, "session.created", seen)
         ws.send_json({"type": "session.update", "session": {"type": "realtime",
                                                             "reasoning": {"effort": "low"}}})

@@ -282,10 +282,15 @@ def test_the_embedded_model_refuses_tools_in_the_engine_too():
 # ------------------------------------------------------------------- over /v1/realtime
 
 
-def realtime_app(url: str, **settings: object) -> TestClient:
+def remote_app(url: str, **settings: object):
+    """A voxline app whose reply model is the scripted OpenAI-compatible server at `url`."""
     conf = load_settings(llm="openai:" + url, llm_model="fake-model", **settings)
     engine = InProcessEngineClient("fake_openai:make_remote_core", {"url": url})
-    return TestClient(create_app(conf, engine))
+    return create_app(conf, engine)
+
+
+def realtime_app(url: str, **settings: object) -> TestClient:
+    return TestClient(remote_app(url, **settings))
 
 
 def ready(client: TestClient) -> TestClient:

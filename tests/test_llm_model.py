@@ -519,6 +519,8 @@ def test_dynamic_prefill_quantizes_each_tokens_activations(bias: bool, monkeypat
     assert torch.equal(q(x), torch.cat([q(x[:, :5]), q(x[:, 5:])], dim=1))
     assert torch.equal(q(torch.zeros(1, 3, 96)), q(torch.zeros(1, 3, 96)))  # no NaN at zero
     assert not q(torch.zeros(1, 3, 96)).isnan().any()
+    # one input feature: aten's CPU _int_mm mis-sums it, so that layer stays weight-only
+    assert not Int8Linear(torch.nn.Linear(1, 4), dynamic_prefill=True).dynamic_prefill
 
 
 def test_dynamic_prefill_is_chosen_where_avx512_lacks_native_bfloat16(monkeypatch) -> None:

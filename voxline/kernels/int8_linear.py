@@ -92,7 +92,9 @@ class Int8Linear(nn.Module):
         self.register_buffer("qweight", torch.round(weight / scales[:, None]).to(torch.int8),
                              persistent=False)
         self.register_buffer("scales", scales.to(torch.bfloat16), persistent=False)
-        self.dynamic_prefill = dynamic_prefill
+        # aten's CPU `_int_mm` gets a single-column product wrong (torch 2.13): no Llama
+        # linear has one input feature, but such a layer keeps the weight-only path
+        self.dynamic_prefill = dynamic_prefill and self.in_features > 1
         if dynamic_prefill:  # the dynamic path scales by the exact float32 steps
             self.register_buffer("scales32", scales, persistent=False)
         bias = None if linear.bias is None else linear.bias.detach().to(torch.float32).clone()

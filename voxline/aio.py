@@ -10,9 +10,8 @@ async def cancel_and_wait(*tasks: asyncio.Future | None) -> None:
 
     A cancellation of the caller itself still propagates. The familiar
     `task.cancel(); with suppress(CancelledError): await task` swallows it when the caller
-    is cancelled while it waits, and leaves the caller's `cancelling()` count raised: the
-    caller then runs on, and an anyio cancel scope around it (Starlette's, uvicorn's)
-    reads the count as another scope's cancellation and lets a CancelledError escape."""
+    is cancelled while it waits: the caller runs on with its `cancelling()` count raised
+    (`tests/test_aio.py`)."""
     live = [task for task in tasks if task is not None]
     for task in live:
         task.cancel()

@@ -7,7 +7,7 @@ quantize each token's activations to int8 and multiply with ``_int_mm``; single-
 decode steps stay weight-only). For each, in one process and interleaved:
 
 - one step of N tokens of one sequence (a prefill of N; N=1 is a decode step) after a
-  40-token prompt already in the cache, median ms over ``--reps``;
+  prompt of up to 40 tokens already in the cache, median ms over ``--reps``;
 - greedy replies to ten short questions (a system prompt, then the question prefilled in
   one step, then ``--tokens`` decode steps): how many tokens each variant keeps equal to
   float32's before the first difference (mean over the questions).
@@ -31,6 +31,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from voxline.engines.models.llama.chat import ChatLLM  # noqa: E402
 from voxline.engines.models.llama.checkpoint import INT8, load_llm  # noqa: E402
 from voxline.kernels.int8_linear import dynamic_prefill_default, native_bfloat16  # noqa: E402
 
@@ -49,12 +50,6 @@ QUESTIONS = [
 SYSTEM = "You are a helpful voice assistant. Answer in one or two short sentences."
 
 
-def chat_ids(tokenizer, role: str, text: str) -> list[int]:
-    rendered = tokenizer.apply_chat_template([{"role": role, "content": text}],
-                                             tokenize=False, add_generation_prompt=False)
-    return list(tokenizer.encode(rendered, add_special_tokens=False))
-
-
 def step_ms(model, context: list[int], rows: int, reps: int) -> float:
     """Median ms of one step of `rows` new tokens after `context` (cache slot 0)."""
     cache = model.cache
@@ -69,12 +64,11 @@ def step_ms(model, context: list[int], rows: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def greedy(model, tokenizer, question: str, tokens: int) -> list[int]:
-    cache = model.cache
-    cache.lengths[0] = 0
-    model.forward_batch([0], [chat_ids(tokenizer, "system", SYSTEM)])
-    prompt = chat_ids(tokenizer, "user", question) + list(
-        tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False))
+def greedy(llm: ChatLLM, question: str, tokens: int) -> list[int]:
+    model = llm.model
+    model.cache.lengths[0] = 0
+    model.forward_batch([0], [llm.render_message("system", SYSTEM)])
+    prompt = llm.render_message("user", question) + llm.generation_header()
     logits = model.forward_batch([0], [prompt])
     out: list[int] = []
     for _ in range(tokens):
@@ -106,23 +100,23 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{native_bfloat16()}; llm_int8_prefill=auto picks "
           f"{'dynamic' if dynamic_prefill_default() else 'weight-only'}; torch "
           f"{torch.__version__}, {args.threads} thread(s)")
-    variants = {
-        "float32": load_llm(None, torch.float32),
-        "int8 weight-only": load_llm(None, INT8, dynamic_prefill=False),
-        "int8 dynamic prefill": load_llm(None, INT8, dynamic_prefill=True),
+    variants = {  # the engine's chat wrapper: its chat format and a one-slot cache
+        "float32": ChatLLM(load_llm(None, torch.float32), max_slots=1, max_len=1024),
+        "int8 weight-only": ChatLLM(load_llm(None, INT8, dynamic_prefill=False),
+                                    max_slots=1, max_len=1024),
+        "int8 dynamic prefill": ChatLLM(load_llm(None, INT8, dynamic_prefill=True),
+                                        max_slots=1, max_len=1024),
     }
-    tokenizer = variants["float32"].tokenizer
-    for loaded in variants.values():
-        loaded.model.allocate_cache(1, 1024)
-    context = chat_ids(tokenizer, "system", SYSTEM) + chat_ids(tokenizer, "user", QUESTIONS[0])
-    context = context[:40]
+    chat = variants["float32"]
+    context = (chat.render_message("system", SYSTEM)
+               + chat.render_message("user", QUESTIONS[0]))[:40]
     times: dict[str, dict[int, float]] = {name: {} for name in variants}
     with torch.inference_mode():
         for r in rows:  # sizes outer, variants inner: each size sees the same machine
-            for name, loaded in variants.items():
-                times[name][r] = step_ms(loaded.model, context, r, args.reps)
-        replies = {name: [greedy(loaded.model, tokenizer, q, args.tokens) for q in QUESTIONS]
-                   for name, loaded in variants.items()}
+            for name, llm in variants.items():
+                times[name][r] = step_ms(llm.model, context, r, args.reps)
+        replies = {name: [greedy(llm, q, args.tokens) for q in QUESTIONS]
+                   for name, llm in variants.items()}
     print(f"\none step of N tokens after a {len(context)}-token context, median ms of "
           f"{args.reps}")
     print(f"{'N':>5} | " + " | ".join(f"{name:>20}" for name in variants)
@@ -137,8 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         kept = [same_prefix(a, b) for a, b in zip(replies["float32"], replies[name],
                                                   strict=True)]
         print(f"  {name:<22} mean {statistics.mean(kept):5.1f}  {kept}")
-    print(f"  float32's first reply: {tokenizer.decode(replies['float32'][0])!r}")
-    print(f"  dynamic's first reply: {tokenizer.decode(replies['int8 dynamic prefill'][0])!r}")
+    print(f"  float32's first reply: {chat.decode(replies['float32'][0])!r}")
+    print(f"  dynamic's first reply: {chat.decode(replies['int8 dynamic prefill'][0])!r}")
     return 0
 
 

@@ -232,3 +232,109 @@ def test_missing_files_are_named(tmp_path) -> None:
 
 def test_native_runtime_never_imported(asr: MoonshineASR) -> None:
     assert "moonshine_cpp" not in sys.modules
+
+
+# -- the int8 decoder (asr_decoder=int8, the CPU default) -----------------------------------
+
+
+def test_quantize_matmuls_rewrites_constant_weights_in_subgraphs_and_keeps_the_rest() -> None:
+    """A weight of the enclosing graph used inside an If branch, a branch's own weight, a
+    small weight and a MatMul of two activations: only the two large constants become
+    int8, the float copies no longer used are dropped, and the result stays close."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from voxline.engines.models.moonshine_asr import quantize_matmuls
+
+    rng = np.random.default_rng(0)
+    outer_w = rng.standard_normal((64, 1024)).astype(np.float32)
+    branch_w = rng.standard_normal((64, 1024)).astype(np.float32)
+    small_w = rng.standard_normal((64, 8)).astype(np.float32)
+
+    def branch(name: str, weight: str, local: list) -> onnx.GraphProto:
+        mm = helper.make_node("MatMul", ["x", weight], [f"{name}_y"])
+        out = helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, None)
+        return helper.make_graph([mm], name, [], [out], initializer=local)
+
+    then_g = branch("then", "outer_w", [])
+    else_g = branch("else", "branch_w", [numpy_helper.from_array(branch_w, "branch_w")])
+    nodes = [
+        helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g),
+        helper.make_node("MatMul", ["x", "small_w"], ["s"]),
+        helper.make_node("MatMul", ["x", "xt"], ["g"]),
+    ]
+    inputs = [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+              helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64]),
+              helper.make_tensor_value_info("xt", TensorProto.FLOAT, [64, 1])]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "ysg"]
+    graph = helper.make_graph(nodes, "top", inputs, outputs, initializer=[
+        numpy_helper.from_array(outer_w, "outer_w"), numpy_helper.from_array(small_w, "small_w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    assert quantize_matmuls(model) == 2
+    ops = [n.op_type for n in model.graph.node] + [
+        n.op_type for a in model.graph.node[0].attribute for n in a.g.node]
+    assert ops.count("DynamicQuantizeMatMul") == 2 and ops.count("MatMul") == 2
+    names = {i.name for i in model.graph.initializer}
+    assert "outer_w" not in names and "small_w" in names and "outer_w.int8" in names
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    for cond, w in ((True, outer_w), (False, branch_w)):
+        y, s, _ = session.run(None, {"c": np.array(cond), "x": x, "xt": x.T.copy()})
+        exact = x @ w
+        assert np.abs(y - exact).max() < 0.05 * np.abs(exact).max()
+        np.testing.assert_allclose(s, x @ small_w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def int8_asr() -> MoonshineASR:
+    model = MoonshineASR.load(int8_decoder=True)  # converted once into the settings' cache
+    assert model.folded and model.int8_decoder
+    return model
+
+
+def test_int8_decoder_hears_the_same_words(int8_asr: MoonshineASR, asr: MoonshineASR) -> None:
+    for sentence in ("What is the capital of France?",
+                     "Please set a timer for ten minutes and turn off the kitchen lights.",
+                     "I would like to book a table for four people tonight."):
+        clip = espeak(sentence)
+        text = int8_asr.transcribe(clip)
+        assert text == asr.transcribe(clip), sentence
+    hidden = asr.encode(espeak("How many legs does a spider have?"))
+    ref, got = first_step_logits(asr, hidden), first_step_logits(int8_asr, hidden)
+    assert got.argmax() == ref.argmax()
+    assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > 0.99
+
+
+def test_int8_decoder_conversion_is_cached_and_its_failure_falls_back(tmp_path, monkeypatch,
+                                                                       caplog) -> None:
+    from voxline.engines.models import moonshine_asr
+
+    fresh = MoonshineASR.load(cache_dir=tmp_path, int8_decoder=True)
+    assert fresh.int8_decoder
+    made = sorted(p.name.split("-")[0] for p in (tmp_path / "moonshine").iterdir())
+    assert made == ["decoder_model_merged.int8", "encoder_model.folded"]  # no float decoder
+    text = fresh.transcribe(espeak("Turn off the kitchen lights.")).lower()
+    assert "kitchen" in text and "lights" in text
+
+    def broken(src, cache_dir):
+        raise RuntimeError("no room")
+
+    monkeypatch.setattr(moonshine_asr, "int8_copy", broken)
+    with caplog.at_level(logging.WARNING):
+        fallback = MoonshineASR.load(cache_dir=tmp_path, int8_decoder=True)
+    assert fallback.folded and not fallback.int8_decoder
+    assert "int8 decoder conversion failed (no room)" in caplog.text
+
+
+def test_asr_decoder_setting_picks_the_decoder_and_is_refused_off_the_cpu_moonshine() -> None:
+    from voxline.config import load_settings
+    from voxline.engines.factory import load_asr
+
+    assert load_asr(load_settings(), threads=1).int8_decoder  # auto
+    assert not load_asr(load_settings(asr_decoder="float32"), threads=1).int8_decoder
+    for kwargs in ({"asr_decoder": "int8", "asr_device": "cuda"},
+                   {"asr_decoder": "float32", "asr": "whisper:/nowhere"}):
+        with pytest.raises(ValueError, match="asr_decoder=.* applies to Moonshine on the CPU"):
+            load_asr(load_settings(**kwargs), threads=1)

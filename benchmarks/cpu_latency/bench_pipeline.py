@@ -381,9 +381,9 @@ class WsServer:
     def __init__(self, label: str, speculate_ms: float, threads: int,
                  warm_prefill: bool = True, turn_detection: str = "server_vad",
                  log_prefix: str = "", early_speculation: bool = True,
-                 int8_prefill: str = "") -> None:
+                 serve_args: Sequence[str] = ()) -> None:
         self.early_speculation = early_speculation
-        self.int8_prefill = int8_prefill  # llm_int8_prefill ("": the server's default)
+        self.serve_args = list(serve_args)  # the variant's own settings (--int8-prefill ...)
         self.label, self.speculate_ms, self.threads = label, speculate_ms, threads
         self.log_prefix = log_prefix  # the server's log goes to prefix + label + .log
         self.warm_prefill = warm_prefill
@@ -404,8 +404,7 @@ class WsServer:
                "--speculate-after-ms", str(self.speculate_ms),
                "--warm-prefill" if self.warm_prefill else "--no-warm-prefill",
                "--early-speculation" if self.early_speculation else "--no-early-speculation"]
-        if self.int8_prefill:
-            cmd += ["--llm-int8-prefill", self.int8_prefill]
+        cmd += self.serve_args
         if not self.log_prefix:
             return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
@@ -763,6 +762,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--int8-prefill", default="",
                     help="--mode ws: comma-separated llm_int8_prefill values, one server each "
                          "side by side (weight-only,dynamic); default: the server's own (auto)")
+    ap.add_argument("--asr-decoder", default="",
+                    help="--mode ws: comma-separated asr_decoder values, one server each side "
+                         "by side (int8,float32); default: the server's own (auto)")
     ap.add_argument("--server-log", default="",
                     help="--mode ws: write each server's log to this prefix + variant + .log "
                          "(with VOXLINE_TRACE=1 in the environment, its turn milestones too), "
@@ -806,8 +808,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.trace_file and not args.trace:
         ap.error("--trace-file needs --trace")
     args.int8_prefill = [v.strip() for v in args.int8_prefill.split(",") if v.strip()] or [""]
-    if args.int8_prefill != [""] and "ws" not in args.modes:
-        ap.error("--int8-prefill needs --mode ws (it is a `voxline serve` setting)")
+    args.asr_decoder = [v.strip() for v in args.asr_decoder.split(",") if v.strip()] or [""]
+    for flag, values in (("--int8-prefill", args.int8_prefill),
+                         ("--asr-decoder", args.asr_decoder)):
+        if values != [""] and "ws" not in args.modes:
+            ap.error(f"{flag} needs --mode ws (it is a `voxline serve` setting)")
     if args.server_log and "ws" not in args.modes:
         ap.error("--server-log needs --mode ws (the other modes start no server)")
     if args.trace and (args.modes != ["inprocess"] or len(variant_grid(args)) != 1
@@ -833,6 +838,17 @@ def variant_grid(args: argparse.Namespace) -> dict[str, Variant]:
                 "-early" if spec and not early else "")
             grid[label] = Variant(speculate=spec, warm=warm, speculate_ms=ms, early_spec=early)
     return grid
+
+
+def server_settings(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """(label suffix, `voxline serve` flags) of each server setting compared side by side:
+    every --int8-prefill value with every --asr-decoder value ("": the server's default)."""
+    out = []
+    for prefill, decoder in itertools.product(args.int8_prefill, args.asr_decoder):
+        flags = (["--llm-int8-prefill", prefill] if prefill else []) + (
+            ["--asr-decoder", decoder] if decoder else [])
+        out.append(("".join(f":{v}" for v in (prefill, decoder) if v), flags))
+    return out
 
 
 def detection_label(label: str, detection: str) -> str:
@@ -874,13 +890,12 @@ async def amain(args: argparse.Namespace) -> int:
                 t0 = time.perf_counter()
                 if mode == "ws":
                     for detection in args.turn_detection:
-                        for prefill in args.int8_prefill:
-                            named = detection_label(label, detection) + (
-                                f":{prefill}" if prefill else "")
+                        for suffix, serve_args in server_settings(args):
+                            named = detection_label(label, detection) + suffix
                             server = WsServer(named, speculate, args.threads, v.warm, detection,
                                               log_prefix=args.server_log,
                                               early_speculation=v.early_spec,
-                                              int8_prefill=prefill)
+                                              serve_args=serve_args)
                             variants[named] = server
                             await server.start()
                             print(f"{named} ready in {time.perf_counter() - t0:.1f} s")

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from voxline.config import (
+    ASRDecoder,
     AutoOff,
     Int8Prefill,
     LLMDtype,
@@ -291,6 +292,10 @@ def load_asr(settings: Settings, threads: int,
     session."""
     checkpoint = settings.whisper_checkpoint
     gpu = settings.asr_device.startswith("cuda")
+    if (gpu or checkpoint is not None) and settings.asr_decoder != ASRDecoder.AUTO:
+        raise ValueError(f"asr_decoder={settings.asr_decoder} applies to Moonshine on the CPU "
+                         f"(onnxruntime); with asr={settings.asr} on asr_device="
+                         f"{settings.asr_device} leave it at auto")
     if gpu and settings.asr_workers != 1:
         raise ValueError(f"asr_workers={settings.asr_workers} applies to Moonshine on the CPU; "
                          f"on asr_device={settings.asr_device} the ASR batches every session's "
@@ -311,12 +316,15 @@ def load_asr(settings: Settings, threads: int,
         from voxline.engines.models.moonshine_asr import MoonshineASR
 
         workers = settings.asr_workers
+        int8 = settings.asr_decoder != ASRDecoder.FLOAT32
         if workers == 1:
-            return MoonshineASR.load(threads=threads, cache_dir=settings.cache)
+            return MoonshineASR.load(threads=threads, cache_dir=settings.cache,
+                                     int8_decoder=int8)
         from voxline.engines.models.asr_pool import ConcurrentASR
 
         return ConcurrentASR(MoonshineASR.load(threads=max(1, threads // workers),
-                                               cache_dir=settings.cache), workers)
+                                               cache_dir=settings.cache, int8_decoder=int8),
+                             workers)
     if settings.asr_workers != 1:
         raise ValueError(f"asr_workers={settings.asr_workers} applies to Moonshine; a Whisper "
                          "ASR batches every session's jobs on its device (use asr_workers=1)")

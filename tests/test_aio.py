@@ -1,14 +1,17 @@
-"""cancel_and_wait: stopping a child task never swallows the caller's own cancellation."""
+"""cancel_and_wait and wait_ended: stopping child tasks never swallows the caller's own
+cancellation, nor hands it on as someone else's."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import anyio
+import anyio.from_thread
 import pytest
 
-from voxline.aio import cancel_and_wait
+from voxline.aio import cancel_and_wait, wait_ended
 
 
 async def _stubborn() -> None:
@@ -84,3 +87,44 @@ async def test_finished_failed_and_missing_tasks_are_fine():
     await asyncio.sleep(0.01)
     await cancel_and_wait(failed, done, None)
     assert failed.done() and done.done()
+
+
+def _portal_task_after_its_scope_is_cancelled(stop) -> BaseException | None:
+    """What Starlette's test client does with a WebSocket session: the app runs as a portal
+    task inside an anyio cancel scope, and the scope is cancelled while the app stops two
+    children (one already ended by its cancel, one still cleaning up). Returns what the
+    task's future raised (None: it ended cleanly)."""
+    async def app(*, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        with anyio.CancelScope() as scope:
+            task_status.started(scope)
+            slow = asyncio.ensure_future(_stubborn())
+            quick = asyncio.ensure_future(asyncio.sleep(10))
+            await asyncio.sleep(0.01)
+            slow.cancel()
+            quick.cancel()
+            await stop(slow, quick)
+            await anyio.sleep_forever()
+
+    with anyio.from_thread.start_blocking_portal() as portal:
+        future, scope = portal.start_task(app)
+        time.sleep(0.02)  # the app is waiting for the slow child's clean-up
+        portal.call(scope.cancel)
+        try:
+            future.result(timeout=5)
+        except BaseException as exc:  # noqa: BLE001 - the outcome under test
+            return exc
+    return None
+
+
+def test_gather_hands_on_a_childs_cancel_that_the_scope_cannot_tell_for_its_own():
+    """3.11's gather raises the last argument's cancellation (here `quick`'s, with no
+    message): the scope does not absorb it and the task ends cancelled, as the flaky
+    Starlette WebSocket sessions did."""
+    async def gather(*tasks):
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    assert type(_portal_task_after_its_scope_is_cancelled(gather)).__name__ == "CancelledError"
+
+
+def test_wait_ended_lets_the_scope_absorb_its_own_cancellation():
+    assert _portal_task_after_its_scope_is_cancelled(wait_ended) is None

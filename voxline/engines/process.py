@@ -59,6 +59,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from voxline.aio import cancel_and_wait
 from voxline.engines.client import (
     DEFAULT_MAX_QUEUED_OUTPUTS,
     ENGINE_CLOSED,
@@ -372,9 +373,7 @@ class MultiprocessEngineClient(EngineClient):
         self._closed = True
         self._set_down(None)
         self._fail_all_streams("engine client closed", ENGINE_CLOSED)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks)
         self._child = None
         await asyncio.gather(*(self._stop_child(c) for c in list(self._children)))
         self._teardown()

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from voxline.aio import cancel_and_wait
 from voxline.config import Settings
 from voxline.engines.client import EngineClient
 from voxline.logs import GC_PAUSES, LoopLag
@@ -87,15 +88,12 @@ def create_app(settings: Settings, engine: EngineClient, *, manage_engine: bool 
         finally:
             if sip_server is not None:
                 await sip_server.close()
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await cancel_and_wait(*background)
             await webrtc.close_all_calls(app.state.voxline)
             await videos.close_videos(app.state)  # their files' folder goes too
             if starting is not None:
                 logger.info("stopping engine ...")
-                starting.cancel()
-                await asyncio.gather(starting, return_exceptions=True)
+                await cancel_and_wait(starting)
                 await engine.close()
 
     app = FastAPI(title="voxline", version=__version__, lifespan=lifespan)

@@ -41,6 +41,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from voxline.aio import cancel_and_wait
 from voxline.engines import protocol as p
 from voxline.engines.client import EngineClient
 from voxline.errors import ProtocolError
@@ -320,14 +321,12 @@ class SessionHost:
                                return_when=asyncio.FIRST_COMPLETED)
             replied.cancel()
             if not run.done():
-                run.cancel()  # the runner's clean-up still delivers events already queued
-                await asyncio.gather(run, return_exceptions=True)
+                # the runner's clean-up still delivers events already queued
+                await cancel_and_wait(run)
                 raise SessionEnded(CLOSE_GOING_AWAY, SHUTDOWN_REASON)
             run.result()
         finally:
-            for task in (run, drain):
-                task.cancel()
-            await asyncio.gather(run, drain, return_exceptions=True)
+            await cancel_and_wait(run, drain)
 
 
 class Admission:

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from voxline.aio import cancel_and_wait
 from voxline.sessions.mcp_servers import (
     CallMcpTool,
     ListMcpTools,
@@ -60,10 +61,7 @@ class McpWorker:
         self._done(outcome)
 
     async def aclose(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks)
 
 
 def _describe(exc: BaseException) -> str:

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from voxline.aio import cancel_and_wait
 from voxline.config import setting_default
 from voxline.engines import protocol as ep
 from voxline.engines.client import EngineClient, StreamHandle
@@ -108,9 +109,7 @@ class SessionRunner:
                 self._outgoing.put_nowait(None)
             # asyncio.wait, not wait_for: 3.11's wait_for can swallow our own cancellation
             await asyncio.wait(tasks[:1], timeout=2.0)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(*tasks)
             await self._mcp.aclose()
             if self._stream is not None and not self._stream.ended:
                 with contextlib.suppress(EngineError):

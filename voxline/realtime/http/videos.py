@@ -47,6 +47,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
+from voxline.aio import wait_ended
 from voxline.engines import protocol as p
 from voxline.realtime.http.audio_requests import (
     AudioAPIError,
@@ -171,9 +172,9 @@ async def close_videos(app_state: Any) -> None:
     store = getattr(app_state, "videos", None)
     if store is None:
         return
-    tasks = [r.task for r in store.videos.values() if r.task is not None]
+    tasks = [r.task for r in store.videos.values()]
     store.close()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await wait_ended(*tasks)
     store.remove_directory()  # and a file a cancelled task left
 
 

@@ -50,6 +50,7 @@ from aiosipua import (
 )
 from aiosipua import transport as aiosipua_transport
 
+from voxline.aio import wait_ended
 from voxline.config import Settings
 from voxline.realtime.http.voices import session_voice_check
 from voxline.realtime.session_host import Refusal, SessionEnd, SessionRefused
@@ -155,8 +156,7 @@ class SipServer:
         """Hang up every call, wait for their sessions to end, stop listening."""
         for call in list(self.calls.values()):
             call.hangup()
-        tasks = [c.task for c in self.calls.values() if c.task is not None]
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await wait_ended(*(c.task for c in self.calls.values()))
         for uas in self._uas:
             await uas.stop()
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response, WebSocket
 
+from voxline.aio import cancel_and_wait
 from voxline.errors import ProtocolError
 from voxline.realtime.auth.access import (
     Access,
@@ -170,9 +171,7 @@ async def watch_call(ws: WebSocket, call_id: str) -> None:
     try:
         await asyncio.wait({reader, ended}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (reader, ended):
-            task.cancel()
-        await asyncio.gather(reader, ended, return_exceptions=True)
+        await cancel_and_wait(reader, ended)
         with contextlib.suppress(ValueError):
             call.observers.remove(observe)
         await outbox.flush(2.0)

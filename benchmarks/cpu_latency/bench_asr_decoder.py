@@ -18,7 +18,6 @@ with one scale per output column, activations quantized per step). The questions
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import time
@@ -29,24 +28,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_pipeline as bench  # noqa: E402
+from bench_noise_reduction import edit_distance, words  # noqa: E402
 
 from voxline.engines.models.moonshine_asr import MoonshineASR  # noqa: E402
-
-
-def words(text: str) -> list[str]:
-    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
-
-
-def word_errors(reference: str, hypothesis: str) -> int:
-    """Word-level edit distance (substitutions, insertions, deletions)."""
-    ref, hyp = words(reference), words(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i in range(1, len(ref) + 1):
-        diagonal, row[0] = row[0], i
-        for j in range(1, len(hyp) + 1):
-            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1,
-                                           diagonal + (ref[i - 1] != hyp[j - 1]))
-    return row[len(hyp)]
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -88,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     times.append(time.perf_counter() - t0)
                 per_token[name].append(statistics.median(times) * 1000 / (len(ids) + 1))
                 texts[name] = model.tokenizer.decode(ids)
-                errors[name] += word_errors(clip.text, texts[name])
+                errors[name] += edit_distance(words(clip.text), words(texts[name]))
             reference_words += len(words(clip.text))
             identical += texts["int8"] == texts["float32"]
             clips += 1

@@ -356,8 +356,8 @@ def quantize_matmuls(model: onnx.ModelProto, min_size: int = 1 << 16) -> int:
 def int8_copy(src: Path, cache_dir: Path) -> Path:
     """Cached ORT-format copy of the decoder `src` with folded weights and int8 MatMuls
     (`quantize_matmuls`), about 2x faster per decoded token on an AVX-512 VNNI CPU (the
-    session pre-packs its int8 weights). Folding keeps Identity nodes (a subgraph output that passes an outer value on needs
-    one in an ONNX file)."""
+    session pre-packs its int8 weights). Folding keeps Identity nodes: in an ONNX file a
+    subgraph output that passes an outer value on needs one."""
     def to_onnx(path: Path, tmp: Path) -> bytes:
         import onnx  # lazy, as in `_name_subgraphs`
 
@@ -394,13 +394,14 @@ class MoonshineASR:
         tokenizer: MoonshineTokenizer,
         model_dir: Path,
         folded: bool = False,
+        int8_decoder: bool = False,
     ) -> None:
         self.encoder = encoder
         self.decoder = decoder
         self.tokenizer = tokenizer
         self.model_dir = model_dir
         self.folded = folded  # running the constant-folded copies (fast path)
-        self.int8_decoder = False  # the decoder runs `int8_copy` (see `load`)
+        self.int8_decoder = int8_decoder  # the decoder runs `int8_copy` (see `load`)
         self._past_names = [i.name for i in decoder.get_inputs() if i.name.startswith("past_")]
         first = next(i for i in decoder.get_inputs() if i.name.startswith("past_"))
         self._heads, self._head_dim = int(first.shape[1]), int(first.shape[3])
@@ -465,31 +466,27 @@ class MoonshineASR:
             " (decoder: int8 weights and activations)" if int8_decoder else "")
         with timed(log, label):
             sessions = None
-            int8 = False
+            int8 = None  # the int8 decoder's session, when asked for and made
             if fold_weights:
-                cache = Path(cache_dir) if cache_dir is not None else default_cache()
+                cache = (Path(cache_dir) if cache_dir is not None else default_cache()) / "moonshine"
+                if int8_decoder:
+                    try:
+                        int8 = session(int8_copy(shipped[1], cache))
+                    except Exception as exc:  # the float decoder still works, only slower
+                        log.warning("%s: int8 decoder conversion failed (%s); decoding with "
+                                    "float32 weights", _MODEL, exc)
                 try:
-                    decoder = None
-                    if int8_decoder:
-                        try:
-                            decoder = session(int8_copy(shipped[1], cache / "moonshine"))
-                            int8 = True
-                        except Exception as exc:  # the float decoder still works, only slower
-                            log.warning("%s: int8 decoder conversion failed (%s); decoding "
-                                        "with float32 weights", _MODEL, exc)
-                    sessions = [session(folded_copy(shipped[0], cache / "moonshine")),
-                                decoder or session(folded_copy(shipped[1], cache / "moonshine"))]
+                    sessions = [session(folded_copy(shipped[0], cache)),
+                                int8 or session(folded_copy(shipped[1], cache))]
                 except Exception as exc:  # the shipped files still work, only slower
-                    int8 = False
+                    int8 = None
                     log.warning(
                         "%s: weight folding failed (%s); running the shipped files", _MODEL, exc
                     )
             folded = sessions is not None
             encoder, decoder = sessions or [session(p) for p in shipped]
             tokenizer = MoonshineTokenizer.from_file(directory / _FILES[2])
-        model = cls(encoder, decoder, tokenizer, directory, folded)
-        model.int8_decoder = int8
-        return model
+        return cls(encoder, decoder, tokenizer, directory, folded, int8_decoder=int8 is not None)
 
     def max_tokens(self, num_samples: int) -> int:
         return token_budget(num_samples)
